@@ -1,0 +1,125 @@
+"""``vlcurate``: run, demo, inspect and export."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+EXAMPLES = """examples:
+  vlcurate demo                                  # render a demo dataset and run the DAG on it
+  vlcurate run config.yaml --set source.path=/data/pairs --set run.run_dir=runs/a
+  vlcurate inspect runs/a                        # counts, reject reasons with examples, schemas
+  vlcurate export runs/a --set 'export.drop=[ingest.*]' --out runs/a/export-loose
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set ingest.max_pixels=50000000 (YAML value)")
+    p.add_argument("--executor", choices=["ray", "local"], default="ray",
+                   help="ray (default): Ray Data on $RAY_ADDRESS or an embedded local Ray; "
+                        "local: the same stages in this process, no Ray")
+
+
+def _run(config, executor: str, only=None) -> int:
+    from .runner import RunError, run
+    from .summary import format_summary, problems
+    try:
+        results = run(config, executor=executor, only=only)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(format_summary(results))
+    for r in results:
+        if r.info.get("shards") is not None:
+            root = Path(config.export.out_dir or Path(config.run.run_dir) / "export")
+            print(f"\n{r.info['samples']} samples in {r.info['shards']} WebDataset shards: "
+                  f"{root / 'shards'}\nannotated Parquet: {root / 'data'}\n"
+                  f"inspect: vlcurate inspect {config.run.run_dir}")
+    return 1 if problems(results) else 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from . import config as C
+    return _run(C.load(a.config, a.overrides), a.executor)
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from . import config as C
+    from .demo import demo_overrides, make_demo
+    out = Path(a.out)
+    data = make_demo(out / "data", n=a.n)
+    print(f"demo dataset: {data} ({a.n} rendered pairs + near-duplicates + broken records)")
+    overrides = {**demo_overrides(data, out / "run"), **C.parse_overrides(a.overrides)}
+    return _run(C.load(a.config, overrides), a.executor)
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from . import config as C
+    run_json = Path(a.run_dir) / "run.json"
+    if not run_json.exists():
+        print(f"error: {a.run_dir} is not a vlcurate run directory (no run.json)", file=sys.stderr)
+        return 2
+    data = json.loads(run_json.read_text())["config"]
+    overrides = C.parse_overrides(a.overrides)
+    if a.out:
+        overrides["export.out_dir"] = str(Path(a.out).resolve())
+    cfg = C.from_dict(data)
+    cfg = cfg.replace(**overrides) if overrides else cfg
+    return _run(cfg, a.executor, only={"export"})
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from .inspect import inspect_run
+    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows))
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="vlcurate", description="Curate image-text pairs for "
+                                "CLIP-style training on Ray Data.", epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the DAG from a YAML config (resumes where it stopped)")
+    r.add_argument("config", help="YAML config (values only; see README)")
+    _common(r)
+    r.set_defaults(fn=cmd_run)
+    d = sub.add_parser("demo", help="render a small demo dataset and run the whole DAG locally")
+    d.add_argument("--out", default="runs/demo", help="folder for the demo data and run (runs/demo)")
+    d.add_argument("--n", type=int, default=200, help="rendered pairs (200)")
+    d.add_argument("--config", default=None, help="optional YAML config layered under the demo's")
+    _common(d)
+    d.set_defaults(fn=cmd_demo)
+    i = sub.add_parser("inspect", help="per-stage counts, reject reasons with examples, schemas")
+    i.add_argument("run_dir")
+    i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
+    i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
+    i.set_defaults(fn=cmd_inspect)
+    e = sub.add_parser("export", help="re-export a finished run with another keep policy "
+                       "(no stage is recomputed)")
+    e.add_argument("run_dir")
+    e.add_argument("--out", default=None, help="write this export here instead of RUN_DIR/export")
+    _common(e)
+    e.set_defaults(fn=cmd_export)
+    a = p.parse_args(argv)
+    from .config import ConfigError
+    from vlcurate.stages.ingest import SourceError
+    try:
+        return a.fn(a)
+    except (ConfigError, SourceError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: committed parts are kept; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

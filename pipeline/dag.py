@@ -1,0 +1,57 @@
+"""The DAG, declared in Python. Config holds values only; which stages run, and after what, is
+decided here. A stage's upstream is every stage it (transitively) runs after: their reasons
+decide which rows it still computes on, and their fingerprints enter its own."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlcurate.stages.export import ExportStage
+from vlcurate.stages.ids import IdsStage
+from vlcurate.stages.ingest import IngestStage
+
+
+@dataclass(frozen=True)
+class Node:
+    stage: type
+    after: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+
+def default_dag() -> list[Node]:
+    return [
+        Node(IngestStage),
+        Node(IdsStage, after=("ingest",)),
+        Node(ExportStage, after=("ingest", "ids")),
+    ]
+
+
+def topo_order(dag: list[Node]) -> list[Node]:
+    """Declaration order, checked: names unique, every dependency declared before its user."""
+    seen: set[str] = set()
+    for n in dag:
+        if n.name in seen:
+            raise ValueError(f"stage {n.name!r} appears twice in the DAG")
+        missing = [a for a in n.after if a not in seen]
+        if missing:
+            raise ValueError(f"stage {n.name!r} runs after {missing}, which are not declared before it")
+        seen.add(n.name)
+    sources = [n.name for n in dag if getattr(n.stage, "source", False)]
+    if len(sources) != 1 or dag[0].name != sources[0]:
+        raise ValueError(f"the DAG must start with exactly one source stage, got {sources}")
+    return list(dag)
+
+
+def ancestors(dag: list[Node], node: Node) -> tuple[str, ...]:
+    """Every stage ``node`` runs after, directly or not, in DAG order (the source first)."""
+    by_name = {n.name: n for n in dag}
+    out: set[str] = set()
+    todo = list(node.after)
+    while todo:
+        a = todo.pop()
+        if a not in out:
+            out.add(a)
+            todo.extend(by_name[a].after)
+    return tuple(n.name for n in dag if n.name in out)

@@ -1,0 +1,223 @@
+"""Per-part mechanics shared by both executors (Ray Data and in-process): read a part's inputs,
+call a stage on the rows still kept, write fragments, and commit whole parts.
+
+Nothing here imports ray; ``runner.py`` wires these functions into ``map_batches``.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import reasons as R
+
+from .rundir import StageDir
+
+ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
+INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name)
+
+
+class AlignmentError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PartIO:
+    """Everything a worker needs to read and write one stage's parts (picklable)."""
+    run_dir: str
+    stage: str
+    stage_root: Optional[str]               # None: <run_dir>/<stage>
+    ancestors: tuple[str, ...]              # every upstream stage, in DAG order
+    columns: dict = field(default_factory=dict)  # upstream -> [column names to read]
+    all_rows: bool = False                  # the stage sees every row (export)
+    all_reasons: bool = False               # add F.ALL_REASONS: every upstream stage's reasons
+    compute_on_flagged: bool = False
+    source_cfg: Any = None                  # source stages only
+    read_source: Any = None                 # source stages only: fn(source_cfg, spec) -> table
+
+    def dir(self, stage: Optional[str] = None) -> StageDir:
+        if stage is None or stage == self.stage:
+            return StageDir(self.run_dir, self.stage, self.stage_root)
+        return StageDir(self.run_dir, stage)
+
+
+def _with_position(t: pa.Table, part: int, active: np.ndarray) -> pa.Table:
+    n = t.num_rows
+    return (t.append_column(F.PART.name, pa.array(np.full(n, part, np.int64)))
+             .append_column(F.ROW.name, pa.array(np.arange(n, dtype=np.int64)))
+             .append_column(F.PART_ROWS.name, pa.array(np.full(n, n, np.int64)))
+             .append_column(ACTIVE.name, pa.array(active, pa.bool_())))
+
+
+def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None) -> pa.Table:
+    """Part ``part`` of every input, zipped by row (co-partitioned tables), plus position columns
+    and ``_active``: the row is still kept (no upstream stage flagged it)."""
+    if io.read_source is not None:
+        t = io.read_source(io.source_cfg, spec)
+        return _with_position(t, part, np.ones(t.num_rows, bool))
+    ids = None
+    flagged = None
+    cols: dict[str, pa.ChunkedArray] = {}
+    all_reasons: list[list[str]] = []
+    for up in io.ancestors:
+        want = [c for c in io.columns.get(up, ()) if c not in (F.SAMPLE_ID.name, F.REASONS.name)]
+        t = io.dir(up).read(part, columns=[F.SAMPLE_ID.name, F.REASONS.name, *want])
+        if ids is None:
+            ids = t.column(F.SAMPLE_ID.name)
+            flagged = np.zeros(t.num_rows, bool)
+            all_reasons = [[] for _ in range(t.num_rows)]
+        elif not t.column(F.SAMPLE_ID.name).equals(ids):
+            raise AlignmentError(f"{up} part {part} is not row-aligned with {io.ancestors[0]}: "
+                                 "rerun that stage (its table does not match the ingest order)")
+        for i, rs in enumerate(t.column(F.REASONS.name).to_pylist()):
+            if rs:
+                all_reasons[i].extend(rs)
+                if not io.compute_on_flagged or any(r.startswith(R.MANDATORY_PREFIX) for r in rs):
+                    flagged[i] = True
+        for c in want:
+            cols[c] = t.column(c)
+    table = pa.table({F.SAMPLE_ID.name: ids, **cols})
+    if io.all_reasons:
+        table = table.append_column(F.ALL_REASONS.name, pa.array(all_reasons, F.ALL_REASONS.type))
+    active = np.ones(table.num_rows, bool) if io.all_rows else ~flagged
+    return _with_position(table, part, active)
+
+
+class StageCall:
+    """Wraps a stage for ``map_batches``: only rows still kept reach the stage; the rows it did
+    not see come back with null columns and no reasons, so every input row has an output row."""
+
+    def __init__(self, stage_cls: type, config: Any, state: Any = None) -> None:
+        self.stage = stage_cls(config, state)
+        self.wants_position = getattr(stage_cls, "wants_position", False)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        active = batch.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+        drop = [c for c in INTERNAL if not (self.wants_position and c in (F.PART.name, F.ROW.name))]
+        sub = batch.drop_columns(drop)
+        if not active.all():
+            sub = sub.filter(pa.array(active))
+        out = self.stage(sub) if sub.num_rows or not hasattr(self.stage, "output") else None
+        if out is None:
+            out = self.stage.output.empty_table()
+        if out.num_rows != sub.num_rows:
+            raise RuntimeError(f"{type(self.stage).__name__} returned {out.num_rows} rows for "
+                               f"{sub.num_rows}: a stage must return one row per input row")
+        if F.SAMPLE_ID.name in sub.column_names and not out.column(F.SAMPLE_ID.name).equals(
+                sub.column(F.SAMPLE_ID.name)):
+            raise RuntimeError(f"{type(self.stage).__name__} reordered or changed sample_ids")
+        if not active.all():
+            out = scatter(out, active, batch.column(F.SAMPLE_ID.name))
+        for c in INTERNAL:
+            out = out.append_column(c, batch.column(c))
+        return out
+
+
+def scatter(out: pa.Table, active: np.ndarray, ids: pa.ChunkedArray) -> pa.Table:
+    """Spread the rows computed for ``active`` back over every row; the others get nulls."""
+    idx = np.cumsum(active) - 1
+    full = out.take(pa.array(idx, mask=~active))
+    full = full.set_column(full.schema.get_field_index(F.SAMPLE_ID.name), F.SAMPLE_ID, ids)
+    i = full.schema.get_field_index(F.REASONS.name)
+    if i >= 0:
+        empty = pa.scalar([], F.REASONS.type)
+        full = full.set_column(i, F.REASONS, pc.if_else(pa.array(active), full.column(i), empty))
+    return full
+
+
+def write_fragments(batch: pa.Table, io: PartIO) -> pa.Table:
+    """Write each contiguous run of rows of each part as a fragment; return one record each."""
+    if batch.num_rows == 0:
+        return pa.table({"record": pa.array([], pa.string())})
+    order = pc.sort_indices(batch, [(F.PART.name, "ascending"), (F.ROW.name, "ascending")])
+    batch = batch.take(order)
+    part = batch.column(F.PART.name).to_numpy()
+    row = batch.column(F.ROW.name).to_numpy()
+    breaks = np.flatnonzero((np.diff(part) != 0) | (np.diff(row) != 1)) + 1
+    sd = io.dir()
+    records = []
+    for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(part)]):
+        frag = batch.slice(lo, hi - lo)
+        p, r0, r1 = int(part[lo]), int(row[lo]), int(row[hi - 1]) + 1
+        counts = fragment_counts(frag)
+        rejects = rejects_of(frag, io.stage)
+        sd.write_fragment(p, r0, r1, frag.drop_columns(list(INTERNAL)), rejects)
+        records.append(json.dumps({"part": p, "rows": r1 - r0, "part_rows":
+                                   int(frag.column(F.PART_ROWS.name)[0].as_py()), **counts}))
+    return pa.table({"record": pa.array(records, pa.string())})
+
+
+def _flagged_active(frag: pa.Table) -> tuple[np.ndarray, list]:
+    active = frag.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    reasons = frag.column(F.REASONS.name).to_pylist() if F.REASONS.name in frag.column_names \
+        else [[]] * frag.num_rows
+    flagged = np.array([bool(r) for r in reasons], bool) & active
+    return flagged, reasons
+
+
+def fragment_counts(frag: pa.Table) -> dict:
+    flagged, reasons = _flagged_active(frag)
+    active = frag.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    rc = Counter(r for i in np.flatnonzero(flagged) for r in reasons[i])
+    return {"rows_in": int(active.sum()), "rows_kept": int((active & ~flagged).sum()),
+            "rows_rejected": int(flagged.sum()), "reason_counts": dict(rc)}
+
+
+def rejects_of(frag: pa.Table, stage: str) -> Optional[pa.Table]:
+    flagged, _ = _flagged_active(frag)
+    if not flagged.any():
+        return None
+    t = frag.filter(pa.array(flagged))
+    t = t.select([c for c in (F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name)
+                  if c in t.column_names])
+    t = t.append_column(F.STAGE.name, pa.array([stage] * t.num_rows, pa.string()))
+    return conform(t, tables.REJECTS)
+
+
+_COUNTS = ("rows", "rows_in", "rows_kept", "rows_rejected")
+
+
+def empty_counts() -> dict:
+    return {**{k: 0 for k in _COUNTS}, "reason_counts": {}}
+
+
+def add_counts(a: dict, b: dict) -> dict:
+    rc = Counter(a.get("reason_counts", {}))
+    rc.update(b.get("reason_counts", {}))
+    return {**{k: a.get(k, 0) + b.get(k, 0) for k in _COUNTS}, "reason_counts": dict(rc)}
+
+
+class Committer:
+    """Driver side: collects fragment records and commits each part once all its rows are in."""
+
+    def __init__(self, sd: StageDir, on_commit=None) -> None:
+        self.sd = sd
+        self.acc: dict[int, dict] = {}
+        self.on_commit = on_commit
+        self.committed: list[int] = []
+
+    def add(self, record: str | dict) -> None:
+        rec = json.loads(record) if isinstance(record, str) else record
+        p = rec["part"]
+        acc = self.acc[p] = add_counts(self.acc.get(p, empty_counts()), rec)
+        if acc["rows"] == rec["part_rows"]:
+            self.sd.commit(p, acc)
+            del self.acc[p]
+            self.committed.append(p)
+            if self.on_commit:
+                self.on_commit(p, acc)
+        elif acc["rows"] > rec["part_rows"]:
+            raise RuntimeError(f"{self.sd.name}: part {p} received {acc['rows']} rows for "
+                               f"{rec['part_rows']}")
+
+
+def commit_empty(io: PartIO, part: int, schema: pa.Schema) -> None:
+    sd = io.dir()
+    sd.write_fragment(part, 0, 0, schema.empty_table(), None)
+    sd.commit(part, empty_counts())

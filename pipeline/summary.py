@@ -1,0 +1,48 @@
+"""The run summary: one line per stage, and the check rows in = rows kept + rows rejected."""
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def _top(reasons: dict, n: int = 3) -> str:
+    items = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    s = ", ".join(f"{k} {v}" for k, v in items[:n])
+    return s + (f", +{len(items) - n} more" if len(items) > n else "")
+
+
+def problems(results: list) -> list[str]:
+    """Accounting checks: nothing is lost between stages, and every row is kept or rejected."""
+    out = []
+    ms = [r.manifest for r in results]
+    for m in ms:
+        if m["rows_in"] != m["rows_kept"] + m["rows_rejected"]:
+            out.append(f"{m['stage']}: rows in {m['rows_in']} != kept {m['rows_kept']} + "
+                       f"rejected {m['rows_rejected']}")
+        if ms and m["rows"] != ms[0]["rows"]:
+            out.append(f"{m['stage']}: {m['rows']} rows but the source gave {ms[0]['rows']}")
+    for r in results:
+        shards = r.info.get("samples") if isinstance(r.info, dict) else None
+        if shards is not None and shards != r.manifest["rows_kept"]:
+            out.append(f"{r.manifest['stage']}: {shards} samples in shards but "
+                       f"{r.manifest['rows_kept']} kept")
+    return out
+
+
+def format_summary(results: Iterable) -> str:
+    rows = [("stage", "status", "parts", "rows", "in", "kept", "rejected", "wall", "top reasons")]
+    results = list(results)
+    for r in results:
+        m = r.manifest
+        rows.append((m["stage"], r.status + (f" ({m['parts_reused']} reused)" if m["parts_reused"]
+                                             and r.status == "resumed" else ""),
+                     str(m["parts"]), str(m["rows"]), str(m["rows_in"]), str(m["rows_kept"]),
+                     str(m["rows_rejected"]), f"{m['wall_s']:.1f}s", _top(m["reason_counts"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i in (0, 1, 8) else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    bad = problems(results)
+    lines.append("rows in = rows kept + rows rejected for every stage, no row lost: "
+                 + ("yes" if not bad else "NO (a bug: please report it)"))
+    lines += [f"  ! {p}" for p in bad]
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Every column of every vlcurate table, declared once.
+
+Stages, the pipeline and the tests refer to columns only through these objects (``F.CAPTION.name``),
+never through string literals, so a rename or a type change is one reviewed diff here and in the
+golden schema files under ``tests/golden``.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+def embedding(name: str, dim: int, *, float16: bool = False, nullable: bool = True) -> pa.Field:
+    """An embedding column: ``fixed_size_list<float32|float16, dim>``."""
+    value = pa.float16() if float16 else pa.float32()
+    return pa.field(name, pa.list_(value, dim), nullable=nullable)
+
+
+# --- identity -------------------------------------------------------------------------------
+SAMPLE_ID = pa.field("sample_id", pa.string(), nullable=False,
+                     metadata={"doc": "stable id: blake2b-64 of (source name, source key), hex"})
+SOURCE = pa.field("source", pa.string(), nullable=False,
+                  metadata={"doc": "source name from config (default: the source folder name)"})
+KEY = pa.field("key", pa.string(), nullable=False,
+               metadata={"doc": "the record's key inside its source (file name, tar key, row key)"})
+
+# --- ingest: image ----------------------------------------------------------------------------
+IMAGE = pa.field("image", pa.binary(), metadata={"doc": "RGB image bytes (JPEG unless passthrough)"})
+IMAGE_REF = pa.field("image_ref", pa.string(),
+                     metadata={"doc": "where the image came from (path or tar member)"})
+WIDTH = pa.field("width", pa.int32())
+HEIGHT = pa.field("height", pa.int32())
+IMAGE_FORMAT = pa.field("image_format", pa.string(),
+                        metadata={"doc": "format of the source bytes as decoded (JPEG, PNG, WEBP, ...)"})
+IMAGE_MODE = pa.field("image_mode", pa.string(),
+                      metadata={"doc": "PIL mode of the source image before conversion to RGB"})
+IMAGE_REENCODED = pa.field("image_reencoded", pa.bool_(),
+                           metadata={"doc": "true when the stored bytes are a re-encode, not the source"})
+
+# --- ingest: caption --------------------------------------------------------------------------
+CAPTION = pa.field("caption", pa.string(), metadata={"doc": "NFC-normalised, whitespace-collapsed"})
+EXTRA = pa.field("extra", pa.string(),
+                 metadata={"doc": "JSON object of extra source columns / sidecar json, passed through"})
+
+# --- raw records (reader output, ingest input; never written to the run dir) -----------------
+RAW_IMAGE = pa.field("raw_image", pa.binary(), metadata={"doc": "image bytes as read; null if absent"})
+RAW_CAPTION = pa.field("raw_caption", pa.binary(), metadata={"doc": "caption bytes as read; null if absent"})
+READ_ERROR = pa.field("read_error", pa.string(),
+                      metadata={"doc": "reason code the reader already knows (missing file, ...)"})
+
+# --- decisions ----------------------------------------------------------------------------------
+REASONS = pa.field("reasons", pa.list_(pa.string()), nullable=False,
+                   metadata={"doc": "reason codes this stage flagged the row with; empty = passed"})
+REASON_DETAIL = pa.field("reason_detail", pa.string(),
+                         metadata={"doc": "human-readable detail for the first reason"})
+# position of a row inside its part: internal to the runner, never written to stage tables
+PART = pa.field("_part", pa.int64(), nullable=False)
+ROW = pa.field("_row", pa.int64(), nullable=False)
+PART_ROWS = pa.field("_part_rows", pa.int64(), nullable=False)
+KEEP = pa.field("keep", pa.bool_(), nullable=False, metadata={"doc": "export decision under the policy"})
+ALL_REASONS = pa.field("all_reasons", pa.list_(pa.string()), nullable=False,
+                       metadata={"doc": "every reason code any stage flagged the row with"})
+STAGE = pa.field("stage", pa.string(), nullable=False)
+REASON = pa.field("reason", pa.string(), nullable=False)
+SHARD = pa.field("shard", pa.string(), metadata={"doc": "WebDataset shard the kept row was written to"})
+
+# --- stage manifest ----------------------------------------------------------------------------
+M_STAGE = pa.field("stage", pa.string(), nullable=False)
+M_STATUS = pa.field("status", pa.string(), nullable=False, metadata={"doc": "running | complete"})
+M_FINGERPRINT = pa.field("fingerprint", pa.string(), nullable=False)
+M_UPSTREAM = pa.field("upstream", pa.map_(pa.string(), pa.string()), nullable=False,
+                      metadata={"doc": "upstream stage name -> its fingerprint"})
+M_CONFIG = pa.field("config", pa.string(), nullable=False, metadata={"doc": "stage config as JSON"})
+M_PARTS = pa.field("parts", pa.int64(), nullable=False)
+M_PARTS_REUSED = pa.field("parts_reused", pa.int64(), nullable=False,
+                          metadata={"doc": "parts committed by an earlier, interrupted attempt"})
+M_ROWS = pa.field("rows", pa.int64(), nullable=False, metadata={"doc": "rows in the stage table"})
+M_ROWS_IN = pa.field("rows_in", pa.int64(), nullable=False,
+                     metadata={"doc": "rows still kept when they reached the stage"})
+M_ROWS_KEPT = pa.field("rows_kept", pa.int64(), nullable=False)
+M_ROWS_REJECTED = pa.field("rows_rejected", pa.int64(), nullable=False)
+M_REASON_COUNTS = pa.field("reason_counts", pa.map_(pa.string(), pa.int64()), nullable=False)
+M_WALL_S = pa.field("wall_s", pa.float64(), nullable=False)
+M_STARTED = pa.field("started_at", pa.string(), nullable=False)
+M_FINISHED = pa.field("finished_at", pa.string())
+M_VERSIONS = pa.field("versions", pa.map_(pa.string(), pa.string()), nullable=False)
+
+# --- shard manifest ----------------------------------------------------------------------------
+SH_NAME = pa.field("shard", pa.string(), nullable=False)
+SH_SAMPLES = pa.field("samples", pa.int64(), nullable=False)
+SH_BYTES = pa.field("bytes", pa.int64(), nullable=False)
+SH_FIRST = pa.field("first_sample_id", pa.string())
+SH_LAST = pa.field("last_sample_id", pa.string())

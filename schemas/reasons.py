@@ -1,0 +1,31 @@
+"""Reason codes: ``<stage>.<reason>``. Every flagged or dropped row carries at least one."""
+from __future__ import annotations
+
+# ingest: the row has no usable image or caption; always dropped by export.
+MISSING_FILE = "ingest.missing_file"
+MISSING_IMAGE = "ingest.missing_image"          # a record (tar / parquet row) with no image bytes
+ZERO_BYTE = "ingest.zero_byte"
+UNDECODABLE = "ingest.undecodable_image"
+TRUNCATED = "ingest.truncated_image"
+TOO_LARGE = "ingest.image_too_large"
+TOO_SMALL = "ingest.image_too_small"
+MISSING_CAPTION = "ingest.missing_caption"
+EMPTY_CAPTION = "ingest.empty_caption"
+NON_UTF8 = "ingest.non_utf8_caption"
+CAPTION_TOO_LONG = "ingest.caption_too_long"
+DUPLICATE_ID = "ingest.duplicate_id"
+DOWNLOAD_FAILED = "ingest.download_failed"      # img2dataset status != success
+BAD_RECORD = "ingest.bad_record"                # unparsable JSONL line, unreadable tar member, ...
+
+INGEST = (MISSING_FILE, MISSING_IMAGE, ZERO_BYTE, UNDECODABLE, TRUNCATED, TOO_LARGE, TOO_SMALL,
+          MISSING_CAPTION, EMPTY_CAPTION, NON_UTF8, CAPTION_TOO_LONG, DUPLICATE_ID, DOWNLOAD_FAILED,
+          BAD_RECORD)
+
+# Reasons with this prefix can never be exported: the row has no usable image or caption.
+MANDATORY_PREFIX = "ingest."
+
+# Reserved for the stages that plug into the spine (declared here so names stay unique).
+HPM_NOISE = "hpm.noise_pair"
+CAT_LOW_COMPLEXITY = "cat.low_complexity"
+CAT_NO_ACTION = "cat.no_action"
+CAT_TEXT_SPOTTED = "cat.text_spotted"

@@ -1,0 +1,76 @@
+"""The stage contract. A stage never imports ray; only ``pipeline/`` turns it into Ray calls.
+
+A stage is a plain class:
+
+* heavy setup (model loads) in ``__init__(config, state=None)``;
+* work in ``__call__(batch: pa.Table) -> pa.Table``, the callable-class contract of Ray Data's
+  ``map_batches``, so a unit test calls it directly with no Ray;
+* ``inputs``: the upstream stages and the columns it reads from each (schema fields);
+* ``output``: the schema of the narrow table it writes (key, its columns, its decisions);
+* ``resources``: its default Ray resources (config may override them).
+
+The runner hands a stage only the rows that are still kept, one output row per input row in the
+same order, and fills the rows it skipped with nulls. A filter flags a row by putting reason codes
+in ``reasons``; it never drops rows.
+
+A *global* stage also defines ``prepare(config, read) -> state``: a function over the whole
+materialised upstream table (``read(part) -> pa.Table`` for each part index in ``range(n_parts)``),
+run once as a Ray task; its result is handed to every stage instance as ``state``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping, Optional
+
+import pyarrow as pa
+
+from vlcurate.schemas import F
+
+
+@dataclass(frozen=True)
+class Resources:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    batch_size: Optional[int] = 0        # 0 = one whole part per call
+    concurrency: Optional[int] = None    # actor pool size; None = as many as the CPUs allow
+
+
+class Stage:
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"         # bump when the output changes meaning: reruns the stage
+    config_sections: ClassVar[tuple[str, ...]] = ()   # config sections that shape the output
+    inputs: ClassVar[Mapping[str, tuple[pa.Field, ...]]] = {}
+    output: ClassVar[pa.Schema]
+    resources: ClassVar[Resources] = Resources()
+    # the stage needs the rows' positions (F.PART, F.ROW columns) in its input
+    wants_position: ClassVar[bool] = False
+
+    all_rows: ClassVar[bool] = False       # see every row, not only the ones still kept (export)
+    all_reasons: ClassVar[bool] = False    # receive F.ALL_REASONS, every upstream stage's reasons
+
+    prepare: ClassVar[Optional[Callable[..., Any]]] = None
+    finalize: ClassVar[Optional[Callable[..., Any]]] = None   # after all parts: (config, ctx)
+
+    @classmethod
+    def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
+        """Names of the columns to read from ``upstream`` (whose table has ``schema``)."""
+        return [f.name for f in cls.inputs.get(upstream, ())]
+
+    @classmethod
+    def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
+        return cls.output
+
+    def __init__(self, config: Any, state: Any = None) -> None:
+        self.config = config
+        self.state = state
+
+    def __call__(self, batch: pa.Table) -> pa.Table:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def reasons_array(per_row: list[list[str]]) -> pa.Array:
+    return pa.array(per_row, type=F.REASONS.type)
+
+
+def passthrough_ids(batch: pa.Table) -> pa.Array:
+    return batch.column(F.SAMPLE_ID.name)

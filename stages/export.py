@@ -1,0 +1,184 @@
+"""Export: join every stage's annotations, apply the keep policy, write WebDataset shards.
+
+Filters only annotate; this is the one place rows are dropped, so changing the policy
+(``export.drop``) re-runs this stage alone (``vlcurate export RUN_DIR --set export.drop=[...]``).
+
+Shards follow open_clip's conventions: ``{key}.jpg`` (RGB JPEG), ``{key}.txt`` (the caption),
+``{key}.json`` (the annotations), keyed by ``sample_id`` (no dots, stable); plus ``sizes.json``
+(open_clip reads it for the sample count) and ``manifest.json`` (one entry per shard). Shards are
+written deterministically (sorted members, zero mtimes), so the same run gives the same bytes.
+"""
+from __future__ import annotations
+
+import fnmatch
+import functools
+import io
+import json
+import os
+import shutil
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+
+import pyarrow as pa
+
+from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import reasons as R
+from vlcurate.stages.base import Resources, Stage
+
+_NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
+
+
+def drop_reasons(all_reasons: Iterable[str], patterns: Iterable[str]) -> list[str]:
+    """The reasons that drop a row: every ``ingest.*`` reason, and those matching a pattern."""
+    pats = tuple(patterns)
+    out: list[str] = []
+    for r in all_reasons:
+        if (r.startswith(R.MANDATORY_PREFIX) or any(fnmatch.fnmatchcase(r, p) for p in pats)) \
+                and r not in out:
+            out.append(r)
+    return out
+
+
+class ExportStage(Stage):
+    name = "export"
+    version = "1"
+    config_sections = ("export",)
+    all_rows = True
+    all_reasons = True
+    resources = Resources(num_cpus=0.5, batch_size=0)
+
+    @classmethod
+    def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
+        skip = _NEVER_ANNOTATED | set(config.export.exclude_columns)
+        return [f.name for f in (schema or []) if f.name not in skip]
+
+    @classmethod
+    def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
+        cols: list[pa.Field] = []
+        for name, schema in upstream.items():
+            keep = set(cls.input_columns(name, schema, config))
+            cols += [f for f in schema if f.name in keep]
+        return tables.stage_table(*tables.merge([pa.schema(cols)]).remove(0),
+                                  *tables.EXPORT_DECISION)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        schema: pa.Schema = self.state["schema"]
+        drops = [drop_reasons(rs, self.config.export.drop)
+                 for rs in batch.column(F.ALL_REASONS.name).to_pylist()]
+        t = batch.append_column(F.KEEP.name, pa.array([not d for d in drops], pa.bool_()))
+        t = t.append_column(F.REASONS.name, pa.array(drops, F.REASONS.type))
+        t = t.append_column(F.REASON_DETAIL.name, pa.array(
+            [f"export policy drops {', '.join(d)}" if d else None for d in drops], pa.string()))
+        return conform(t, schema, extra="drop")
+
+    @staticmethod
+    def finalize(config: Any, ctx: "FinalizeContext") -> dict:
+        kept = [c["rows_kept"] for c in ctx.counts]
+        specs = plan_shards(kept, config.export.samples_per_shard, config.export.shard_prefix)
+        tmp = Path(ctx.tmp_dir) / "shards"
+        tmp.mkdir(parents=True, exist_ok=True)
+        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=str(tmp)), specs)
+        return publish_shards(tmp, Path(ctx.root) / "shards", rows, list(config.export.drop))
+
+
+# --- shards ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardSpec:
+    name: str
+    slices: tuple[tuple[int, int, int], ...]   # (part, first kept row, end kept row) in kept order
+
+
+def plan_shards(kept_per_part: list[int], per_shard: int, prefix: str = "shard") -> list[ShardSpec]:
+    """Cut the kept rows, in part order, into shards of ``per_shard`` (the last may be short)."""
+    specs, cur, filled = [], [], 0
+    for part, n in enumerate(kept_per_part):
+        start = 0
+        while start < n:
+            take = min(n - start, per_shard - filled)
+            cur.append((part, start, start + take))
+            start += take
+            filled += take
+            if filled == per_shard:
+                specs.append(cur)
+                cur, filled = [], 0
+    if cur:
+        specs.append(cur)
+    return [ShardSpec(f"{prefix}-{i:06d}.tar", tuple(s)) for i, s in enumerate(specs)]
+
+
+def annotation(row: dict, schema: pa.Schema) -> dict:
+    """The ``{key}.json`` of a sample: every JSON-friendly annotation (no embeddings, no bytes)."""
+    out = {}
+    for f in schema:
+        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name):
+            continue
+        if pa.types.is_fixed_size_list(f.type) or pa.types.is_binary(f.type):
+            continue
+        out[f.name] = row.get(f.name)
+    if isinstance(out.get(F.EXTRA.name), str):
+        try:
+            out[F.EXTRA.name] = json.loads(out[F.EXTRA.name])
+        except ValueError:
+            pass
+    return out
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    info.uname = info.gname = ""
+    tf.addfile(info, io.BytesIO(data))
+
+
+def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
+                out_dir: str) -> dict:
+    """Write one shard from the kept rows of the parts it covers; returns its manifest row."""
+    out_path = os.path.join(out_dir, spec.name)
+    n, first, last = 0, None, None
+    with open(out_path, "wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for part, lo, hi in spec.slices:
+            ann = read("export", part, None)
+            keep = ann.column(F.KEEP.name)
+            ann = ann.filter(keep).slice(lo, hi - lo)
+            img = read("ingest", part, [F.SAMPLE_ID.name, F.IMAGE.name]).filter(keep).slice(lo, hi - lo)
+            if not img.column(F.SAMPLE_ID.name).equals(ann.column(F.SAMPLE_ID.name)):
+                raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
+            for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
+                key = row[F.SAMPLE_ID.name]
+                _add(tf, f"{key}.jpg", image)
+                _add(tf, f"{key}.txt", row[F.CAPTION.name].encode("utf-8"))
+                _add(tf, f"{key}.json", json.dumps(annotation(row, ann.schema), ensure_ascii=False,
+                                                   sort_keys=True, default=str).encode("utf-8"))
+                first = first or key
+                last = key
+                n += 1
+    return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n, F.SH_BYTES.name: os.path.getsize(out_path),
+            F.SH_FIRST.name: first, F.SH_LAST.name: last}
+
+
+def publish_shards(tmp: Path, final: Path, rows: list[dict], drop: list[str]) -> dict:
+    """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
+    table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
+    summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
+               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop}}
+    (tmp / "sizes.json").write_text(json.dumps({r[F.SH_NAME.name]: r[F.SH_SAMPLES.name]
+                                                for r in rows}, indent=1))
+    (tmp / "manifest.json").write_text(json.dumps({**summary, "files": table.to_pylist()}, indent=1))
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return summary
+
+
+class FinalizeContext(Protocol):
+    """What the runner hands to ``finalize`` (implemented in pipeline/runner.py)."""
+    counts: list[dict]                         # per part: rows, rows_in, rows_rejected, ...
+    read: Callable[[str, int, Optional[list[str]]], pa.Table]   # (stage, part, columns)
+    map: Callable[[Callable, list], list]      # parallel map (Ray tasks or in-process)
+    root: Path                                 # the stage's folder
+    tmp_dir: Path                              # scratch under the stage's _tmp

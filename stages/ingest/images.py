@@ -1,0 +1,102 @@
+"""Decode one image once, fully, behind a pixel-count guard; normalise it to RGB."""
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from vlcurate.schemas import reasons as R
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+@dataclass(frozen=True)
+class Decoded:
+    data: bytes            # what ingest stores: the source bytes or an RGB JPEG re-encode
+    width: int
+    height: int
+    format: str            # the source format as PIL identified it
+    mode: str              # the source mode before conversion
+    reencoded: bool
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    detail: str
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        # 16-bit (and 32-bit) greyscale: PIL's convert("L") clips at 255; rescale instead.
+        a = np.asarray(im, dtype=np.float64)
+        hi = 65535.0 if mode.startswith("I;16") or a.max(initial=0) > 255 else 255.0
+        a = np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(a, "L").convert("RGB")
+    if mode == "P":
+        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+        mode = im.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
+           reencode: str = "auto", jpeg_quality: int = 95) -> Decoded | Rejected:
+    """Decode ``data`` fully once. Returns :class:`Decoded` or :class:`Rejected` with a reason."""
+    if data is None:
+        return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
+    if len(data) == 0:
+        return Rejected(R.ZERO_BYTE, "image is 0 bytes")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+            w, h = im.size
+            if w * h > max_pixels:
+                return Rejected(R.TOO_LARGE, f"{w}x{h} = {w * h} pixels > max_pixels {max_pixels}")
+            if min(w, h) < min_side:
+                return Rejected(R.TOO_SMALL, f"{w}x{h}: a side is below min_side {min_side}")
+            fmt, mode = im.format or "UNKNOWN", im.mode
+            im.load()  # the one full decode; raises on truncated or corrupt data
+    except Image.DecompressionBombError as e:
+        return Rejected(R.TOO_LARGE, str(e))
+    except UnidentifiedImageError:
+        return Rejected(R.UNDECODABLE, f"not a recognised image format (starts {data[:8]!r})")
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
+        msg = str(e)
+        reason = R.TRUNCATED if ("truncated" in msg or "broken data stream" in msg
+                                 or isinstance(e, EOFError)) else R.UNDECODABLE
+        return Rejected(reason, f"{type(e).__name__}: {msg}")
+
+    rotate = _has_rotation(im)
+    if (reencode == "auto" and fmt == "JPEG" and mode in ("RGB", "L") and not rotate
+            and getattr(im, "n_frames", 1) == 1):
+        return Decoded(data, w, h, fmt, mode, False)
+    if rotate:
+        try:
+            im = ImageOps.exif_transpose(im)
+        except Exception:  # malformed EXIF must not lose an otherwise good image
+            pass
+    rgb = _to_rgb(im)
+    buf = io.BytesIO()
+    rgb.save(buf, format="JPEG", quality=jpeg_quality)
+    return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
+
+
+def _has_rotation(im: Image.Image) -> bool:
+    try:
+        return im.getexif().get(0x0112, 1) not in (1, None)
+    except Exception:
+        return False
+
