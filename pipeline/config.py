@@ -71,7 +71,7 @@ class IngestConfig:
     max_pixels: int = 89_478_485         # PIL's own bomb threshold; larger headers are rejected
     min_side: int = 8
     max_caption_chars: int = 2048
-    # auto: keep the source bytes when they are an RGB/L JPEG needing no EXIF rotation, else
+    # auto: keep the source bytes when they are an RGB JPEG needing no EXIF rotation, else
     # re-encode the decoded RGB image as JPEG; always: always re-encode
     reencode: Literal["auto", "always"] = "auto"
     jpeg_quality: int = 95

@@ -111,8 +111,9 @@ class StageDir:
         """Start (or resume) an attempt: keep committed parts, drop uncommitted fragments."""
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
-        if self.manifest_path.exists():
-            self.manifest_path.unlink()
+        for stale in (self.manifest_path, self.root / "_state.pkl"):
+            if stale.exists():
+                stale.unlink()
         committed = set(self.committed())
         if self.rejects.exists():  # rejects whose data part never committed
             for d in self.rejects.iterdir():

@@ -108,6 +108,19 @@ def _read_batch(batch: pa.Table, io: PartIO, schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(out) if len(out) > 1 else out[0]
 
 
+_INSTANCES: dict = {}
+
+
+def _stage_task(batch: pa.Table, stage_cls: type, config: Any, state_path: Optional[str]) -> pa.Table:
+    """A light stage in a Ray task: one stage instance per worker process, reused across tasks."""
+    key = (stage_cls, config, state_path)
+    call = _INSTANCES.get(key)
+    if call is None:
+        _INSTANCES.clear()
+        call = _INSTANCES[key] = _RayStageCall(stage_cls, config, state_path)
+    return call(batch)
+
+
 class _RayStageCall(StageCall):
     """Loads a global step's state from the run dir (not the object store), so that Ray can
     restart a lost actor on any node that sees the run dir."""
@@ -141,28 +154,41 @@ class RayExecutor:
         ray = self.ray
         from ray.data import ActorPoolStrategy
         items = [{"part": p, "spec": json.dumps(specs[p]) if specs else ""} for p in pending]
-        total = ray.cluster_resources()
-        if res.num_gpus:
-            most = max(1, int(total.get("GPU", 0) // res.num_gpus))
-        else:
-            most = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 0.01)))
-        compute = (ActorPoolStrategy(size=res.concurrency) if res.concurrency
-                   else ActorPoolStrategy(min_size=1, max_size=min(most, len(pending))))
         state_path = None
         if state is not None:
-            state_path = str(io.dir().tmp / "state.pkl")
-            os.makedirs(os.path.dirname(state_path), exist_ok=True)
+            # beside the stage's tables, not in _tmp: an actor still starting when the stage
+            # finishes must find it (it is replaced by the next attempt of this stage)
+            state_path = str(io.dir().root / "_state.pkl")
             with open(state_path, "wb") as fh:
                 pickle.dump(state, fh)
+        bs = res.batch_size or None
         ds = ray.data.from_items(items, override_num_blocks=len(items))
-        ds = ds.map_batches(_read_batch, fn_kwargs={"io": io, "schema": schema}, batch_size=1,
-                            batch_format="pyarrow", num_cpus=0.1)
-        ds = ds.map_batches(_RayStageCall, fn_constructor_kwargs={
-            "stage_cls": stage, "config": config, "state_path": state_path},
-            batch_size=res.batch_size or None, batch_format="pyarrow", compute=compute,
-            num_cpus=res.num_cpus, num_gpus=res.num_gpus or None)
-        ds = ds.map_batches(write_fragments, fn_kwargs={"io": io}, batch_size=None,
-                            batch_format="pyarrow", num_cpus=0.1)
+        if not getattr(stage, "heavy_init", False):
+            # read -> stage -> write with equal resources: Ray Data fuses them into one task
+            cpus = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus or None}
+            ds = ds.map_batches(_read_batch, fn_kwargs={"io": io, "schema": schema}, batch_size=1,
+                                batch_format="pyarrow", **cpus)
+            ds = ds.map_batches(_stage_task, fn_kwargs={"stage_cls": stage, "config": config,
+                                                        "state_path": state_path},
+                                batch_size=bs, batch_format="pyarrow", **cpus)
+            ds = ds.map_batches(write_fragments, fn_kwargs={"io": io}, batch_size=None,
+                                batch_format="pyarrow", **cpus)
+        else:
+            total = ray.cluster_resources()
+            if res.num_gpus:
+                most = max(1, int(total.get("GPU", 0) // res.num_gpus))
+            else:
+                most = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 0.01)))
+            compute = (ActorPoolStrategy(size=res.concurrency) if res.concurrency
+                       else ActorPoolStrategy(min_size=1, max_size=min(most, len(pending))))
+            ds = ds.map_batches(_read_batch, fn_kwargs={"io": io, "schema": schema}, batch_size=1,
+                                batch_format="pyarrow", num_cpus=0.1)
+            ds = ds.map_batches(_RayStageCall, fn_constructor_kwargs={
+                "stage_cls": stage, "config": config, "state_path": state_path},
+                batch_size=bs, batch_format="pyarrow", compute=compute,
+                num_cpus=res.num_cpus, num_gpus=res.num_gpus or None)
+            ds = ds.map_batches(write_fragments, fn_kwargs={"io": io}, batch_size=None,
+                                batch_format="pyarrow", num_cpus=0.1)
         for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             for rec in b.column("record").to_pylist():
                 committer.add(rec)
@@ -274,7 +300,7 @@ class Runner:
         extra: dict = {}
         if getattr(stage, "source", False):
             extra["source_signature"] = stage.signature(self.config.source)
-        else:
+        elif len(ups) > 1:  # which rows are still kept can depend on it (conservatively)
             extra["compute_on_flagged"] = self.config.run.compute_on_flagged
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream

@@ -44,6 +44,10 @@ class Stage:
     resources: ClassVar[Resources] = Resources()
     # the stage needs the rows' positions (F.PART, F.ROW columns) in its input
     wants_position: ClassVar[bool] = False
+    # heavy setup in __init__ (a model load): run on an actor pool, one instance per actor.
+    # Otherwise the stage runs in Ray tasks fused with its read and write, one instance per
+    # worker process (cheaper: no actor start-up, no hand-off between operators).
+    heavy_init: ClassVar[bool] = False
 
     all_rows: ClassVar[bool] = False       # see every row, not only the ones still kept (export)
     all_reasons: ClassVar[bool] = False    # receive F.ALL_REASONS, every upstream stage's reasons

@@ -14,6 +14,10 @@ from vlcurate.schemas import reasons as R
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 
+# libjpeg cannot write a side longer than this; an image that needs a re-encode and is wider or
+# taller (a long panorama under max_pixels) would otherwise raise from the JPEG encoder.
+JPEG_MAX_SIDE = 65_500
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -58,6 +62,8 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
     if len(data) == 0:
         return Rejected(R.ZERO_BYTE, "image is 0 bytes")
+    if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels  # our own guard below replaces Pillow's lower one
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -67,6 +73,9 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
                 return Rejected(R.TOO_LARGE, f"{w}x{h} = {w * h} pixels > max_pixels {max_pixels}")
             if min(w, h) < min_side:
                 return Rejected(R.TOO_SMALL, f"{w}x{h}: a side is below min_side {min_side}")
+            if max(w, h) > JPEG_MAX_SIDE:  # what ingest stores is JPEG: reject before decoding
+                return Rejected(R.TOO_LARGE,
+                                f"{w}x{h}: a side is over JPEG's limit of {JPEG_MAX_SIDE} pixels")
             fmt, mode = im.format or "UNKNOWN", im.mode
             im.load()  # the one full decode; raises on truncated or corrupt data
     except Image.DecompressionBombError as e:
@@ -75,12 +84,13 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         return Rejected(R.UNDECODABLE, f"not a recognised image format (starts {data[:8]!r})")
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         msg = str(e)
-        reason = R.TRUNCATED if ("truncated" in msg or "broken data stream" in msg
-                                 or isinstance(e, EOFError)) else R.UNDECODABLE
+        # Pillow says "image file is truncated" when the data runs out; "broken data stream"
+        # is its generic decoder error for corrupt data (garbage in a JPEG's scan), not a cut.
+        reason = R.TRUNCATED if ("truncated" in msg or isinstance(e, EOFError)) else R.UNDECODABLE
         return Rejected(reason, f"{type(e).__name__}: {msg}")
 
     rotate = _has_rotation(im)
-    if (reencode == "auto" and fmt == "JPEG" and mode in ("RGB", "L") and not rotate
+    if (reencode == "auto" and fmt == "JPEG" and mode == "RGB" and not rotate
             and getattr(im, "n_frames", 1) == 1):
         return Decoded(data, w, h, fmt, mode, False)
     if rotate:
@@ -88,9 +98,12 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
             im = ImageOps.exif_transpose(im)
         except Exception:  # malformed EXIF must not lose an otherwise good image
             pass
-    rgb = _to_rgb(im)
-    buf = io.BytesIO()
-    rgb.save(buf, format="JPEG", quality=jpeg_quality)
+    try:  # a header that lies about the data can still make conversion or encoding fail
+        rgb = _to_rgb(im)
+        buf = io.BytesIO()
+        rgb.save(buf, format="JPEG", quality=jpeg_quality)
+    except (OSError, ValueError) as e:
+        return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {type(e).__name__}: {e}")
     return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
 
 

@@ -70,9 +70,14 @@ def _read_jsonl(path: Path) -> Iterable[tuple[dict, Optional[str]]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line.decode("utf-8", "surrogateescape")), None
+                obj = json.loads(line.decode("utf-8", "surrogateescape"))
             except json.JSONDecodeError as e:
                 yield {"__line__": n}, f"line {n}: {e}"
+                continue
+            if not isinstance(obj, dict):  # valid JSON, not a record: a bad row, not a bad source
+                yield {"__line__": n}, f"line {n}: expected a JSON object, got {type(obj).__name__}"
+                continue
+            yield obj, None
 
 
 def _read_csv(path: Path, cfg: Any) -> Iterable[tuple[dict, Optional[str]]]:
@@ -107,17 +112,15 @@ def _raw_caption(v: Any) -> Optional[bytes]:
 def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
     path = _captions_path(cfg)
     rows = _read_jsonl(path) if path.suffix == ".jsonl" else _read_csv(path, cfg)
-    out, seen = [], {}
+    out, seen, columns, n_records = [], {}, set(), 0
     for i, (row, error) in enumerate(rows):
-        if error is None and cfg.image_column not in row:
-            raise SourceError(f"{path}: no column {cfg.image_column!r} (source.image_column); "
-                              f"columns: {sorted(row)}")
-        if error is None and cfg.caption_column not in row:
-            raise SourceError(f"{path}: no column {cfg.caption_column!r} (source.caption_column); "
-                              f"columns: {sorted(row)}")
+        if error is None:  # a JSONL record may lack a key (a bad row): columns are checked below
+            columns.update(row)
+            n_records += 1
         image = _text(row.get(cfg.image_column)) or ""
         n = seen[image] = seen.get(image, -1) + 1
-        if cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
+        # the cap is per image; rows with no image name (bad lines, empty cells) are never capped
+        if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
             continue
         if cfg.key_column:
             key = _text(row.get(cfg.key_column))
@@ -128,6 +131,11 @@ def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
                     F.EXTRA.name: _extra({c: _text(row.get(c)) for c in cfg.extra_columns}),
                     F.READ_ERROR.name: R.BAD_RECORD if error else (None if image else R.MISSING_FILE),
                     "error_detail": error})
+    for setting in ("image_column", "caption_column"):  # no record at all has it: a config error
+        column = getattr(cfg, setting)
+        if n_records and column not in columns:
+            raise SourceError(f"{path}: no column {column!r} (source.{setting}); "
+                              f"columns: {sorted(columns)}")
     schema = pa.schema([F.KEY, F.IMAGE_REF, F.RAW_CAPTION, F.EXTRA, F.READ_ERROR,
                         pa.field("error_detail", pa.string())])
     plan_path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +149,9 @@ def _read_folder(cfg: Any, spec: dict) -> pa.Table:
     rows = pq.ParquetFile(spec["plan"]).read_row_group(spec["row_group"]).to_pylist()
     root = Path(cfg.path) / cfg.images_dir
     for r in rows:
-        r.pop("error_detail", None)
+        detail = r.pop("error_detail", None)
+        if detail:  # say what was wrong with the line (as a corrupt tar's row does)
+            r[F.EXTRA.name] = _extra({"error": detail})
         if r[F.READ_ERROR.name] is None:
             p = root / r[F.IMAGE_REF.name]
             try:
@@ -187,13 +197,19 @@ def _image_cell(v: Any, base: Path) -> tuple[Optional[bytes], Optional[str], Opt
 def _read_parquet(cfg: Any, spec: dict, status_column: Optional[str] = None) -> pa.Table:
     f = Path(spec["file"])
     t = pq.ParquetFile(f).read_row_group(spec["row_group"])
-    for col in (cfg.image_column, cfg.caption_column):
+    image_column, key_column = cfg.image_column, cfg.key_column
+    if status_column:  # img2dataset: bytes in a column named after its encode format, ids in "key"
+        if image_column not in t.column_names:  # (the same keys as its tar and files layouts)
+            image_column = next((c for c in IMAGE_EXTS if c in t.column_names), image_column)
+        if key_column is None and "key" in t.column_names:
+            key_column = "key"
+    for col in (image_column, cfg.caption_column):
         if col not in t.column_names:
             raise SourceError(f"{f}: no column {col!r}; columns: {t.column_names}")
     rows = []
     for i, r in enumerate(t.to_pylist()):
-        key = _text(r.get(cfg.key_column)) if cfg.key_column else None
-        data, ref, err = _image_cell(r.get(cfg.image_column), f.parent)
+        key = _text(r.get(key_column)) if key_column else None
+        data, ref, err = _image_cell(r.get(image_column), f.parent)
         if status_column and r.get(status_column) not in (None, "success"):
             err = R.DOWNLOAD_FAILED
         extra = {c: r.get(c) for c in cfg.extra_columns}
@@ -247,6 +263,12 @@ def _tar_members(path: Path, errors: list[str]) -> Iterable[tuple[str, bytes]]:
                 if m.isfile():
                     fh = tf.extractfile(m)
                     yield m.name, fh.read() if fh else b""
+            # tarfile ends the loop without an error at a header that is cut short, missing or
+            # garbled after the first member; a complete archive has its zero end block there.
+            tf.fileobj.seek(tf.offset)
+            if tf.fileobj.read(tarfile.BLOCKSIZE) != bytes(tarfile.BLOCKSIZE):
+                errors.append(f"ReadError: no end-of-archive block at offset {tf.offset} "
+                              "(truncated or corrupt)")
     except (tarfile.TarError, EOFError, OSError) as e:
         errors.append(f"{type(e).__name__}: {e}")
 
@@ -294,7 +316,8 @@ def _read_files_dir(cfg: Any, spec: dict) -> pa.Table:
 def _img2dataset_layout(root: Path) -> str:
     if _files(root, ".tar"):
         return "tar"
-    if any(p.is_dir() and any(p.glob("*.jpg")) for p in root.iterdir()):
+    if any(p.is_dir() and any(q.suffix.lstrip(".").lower() in IMAGE_EXTS for q in p.iterdir())
+           for p in root.iterdir()):
         return "files"
     if _files(root, ".parquet"):
         return "parquet"
@@ -302,11 +325,16 @@ def _img2dataset_layout(root: Path) -> str:
                       ".parquet files)")
 
 
-def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
-    """The parts of the source, each a JSON-able dict with a ``part`` index."""
+def _root(cfg: Any) -> Path:
     root = Path(cfg.path)
     if not cfg.path or not root.exists():
         raise SourceError(f"source.path does not exist: {cfg.path!r}")
+    return root
+
+
+def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
+    """The parts of the source, each a JSON-able dict with a ``part`` index."""
+    root = _root(cfg)
     if cfg.kind == "folder":
         return _plan_folder(cfg, Path(plan_path))
     if cfg.kind == "parquet":
@@ -333,7 +361,7 @@ def read_part(cfg: Any, spec: dict) -> pa.Table:
 
 def signature(cfg: Any) -> str:
     """A cheap fingerprint of the source's content: names, sizes and mtimes of its index files."""
-    root = Path(cfg.path)
+    root = _root(cfg)
     if cfg.kind == "folder":
         files = [_captions_path(cfg)]
     elif root.is_file():

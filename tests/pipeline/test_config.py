@@ -1,0 +1,55 @@
+import dataclasses
+
+import pytest
+
+from vlcurate.pipeline import config as C
+
+
+def test_defaults_and_frozen():
+    cfg = C.load()
+    assert cfg.ingest.max_caption_chars == 2048 and cfg.export.drop == ("*",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.ingest.max_pixels = 1
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "source:\n  path: data\n  rows_per_part: 10\ningest:\n  resources: {num_cpus: 2}\n")
+    cfg = C.load(tmp_path / "c.yaml", ["export.drop=[cat.*, hpm.noise_pair]", "run.run_dir=/x"])
+    assert cfg.source.path == str(tmp_path / "data")  # relative to the config file
+    assert cfg.source.rows_per_part == 10 and cfg.ingest.resources.num_cpus == 2.0
+    assert cfg.export.drop == ("cat.*", "hpm.noise_pair") and cfg.run.run_dir == "/x"
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"ingest": {"max_pixel": 5}}, r"ingest\.max_pixel: unknown key \(did you mean 'max_pixels'\?\)"),
+    ({"bogus": {}}, r"bogus: unknown key"),
+    ({"ingest": {"max_pixels": "lots"}}, r"ingest\.max_pixels: expected int, got 'lots'"),
+    ({"ingest": {"max_pixels": 0}}, r"ingest\.max_pixels: must be > 0"),
+    ({"run": {"compute_on_flagged": "yes"}}, r"run\.compute_on_flagged: expected true/false"),
+    ({"source": {"kind": "zip"}}, r"source\.kind: expected one of"),
+    ({"export": {"drop": "cat.*"}}, r"export\.drop: expected a list"),
+    ({"export": {"drop": [1]}}, r"export\.drop\[0\]: expected a string"),
+    ({"ingest": {"resources": {"num_gpus": -1}}}, r"ingest\.resources\.num_gpus: must be >= 0"),
+    ({"ingest": 3}, r"ingest: expected a mapping"),
+])
+def test_errors_name_the_key(data, match):
+    with pytest.raises(C.ConfigError, match=match):
+        C.from_dict(data)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(C.ConfigError, match="not found"):
+        C.load(tmp_path / "nope.yaml")
+    (tmp_path / "l.yaml").write_text("- a\n- b\n")
+    with pytest.raises(C.ConfigError, match="mapping"):
+        C.load(tmp_path / "l.yaml")
+    with pytest.raises(C.ConfigError, match="KEY=VALUE"):
+        C.load(None, ["export.drop"])
+
+
+def test_replace_and_roundtrip():
+    cfg = C.load(None, {"source.path": "/d"})
+    again = C.from_dict(C.to_dict(cfg))
+    assert again == cfg and C.to_json(again) == C.to_json(cfg)
+    assert cfg.replace(**{"export.drop": []}).export.drop == ()
