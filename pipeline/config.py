@@ -21,7 +21,37 @@ class ConfigError(ValueError):
     pass
 
 
+class FrozenMap(dict):
+    """A read-only, hashable mapping for free-form option values (e.g. a model's kwargs)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+    def __reduce__(self) -> Any:  # pickle through the constructor, not item assignment
+        return (FrozenMap, (dict(self),))
+
+    def _ro(self, *a: Any, **k: Any) -> None:
+        raise TypeError("config mappings are read-only")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _ro  # type: ignore
+
+
 # --- sections ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model: an id (timm name, Hugging Face repo id, sentence-transformers id) plus an optional
+    local path. Loading order: ``path``, else the local cache, else (only with ``allow_download``)
+    the hub. ``random_init`` builds the architecture with random weights (tests, demos) and every
+    output row says so. ``options``: extra constructor arguments (e.g. a tiny test config)."""
+    id: str = ""
+    path: Optional[str] = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"   # auto: bf16 on GPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    random_init: bool = False
+    allow_download: bool = False
+    options: FrozenMap = FrozenMap()
+
+
 @dataclass(frozen=True)
 class Resources:
     """Ray resources for one stage. ``None`` means "the stage's own default"."""
@@ -83,6 +113,97 @@ class IdsConfig:
     resources: Resources = Resources()
 
 
+# --- stage sections: each plugged-in stage adds its section dataclass here -----------------------
+# (values only; a `resources: Resources = Resources()` field lets config override its defaults)
+# <<embed section>>
+@dataclass(frozen=True)
+class EmbedConfig:
+    """HELIP's unimodal encoders: DINO ViT-S/8 (CLS token) and a SentenceTransformer."""
+    image_model: ModelSpec = ModelSpec(id="vit_small_patch8_224.dino")
+    text_model: ModelSpec = ModelSpec(id="sentence-transformers/all-mpnet-base-v2")
+    image_batch_size: int = 64
+    text_batch_size: int = 256
+    float16_storage: bool = False
+    # decode and preprocess images in `threads` inside the encoder actor, overlapping the model,
+    # or in the CPU `tasks` that read each part, ahead of the actor
+    decode: Literal["threads", "tasks"] = "threads"
+    decode_threads: int = 4
+    resources: Resources = Resources()
+
+
+# <<mining section>>
+@dataclass(frozen=True)
+class HpmConfig:
+    """HELIP hard-pair mining (stage ``hpm``); ``positives`` shares its method/search settings."""
+    k: int = 100                  # hard pairs per target (HELIP's released code; Table 9 uses 500)
+    tau_image: float = 0.5        # HELIP sec. 4.1: tau = 0.5; similarities <= tau count as 0
+    tau_text: float = 0.5
+    # a pair with S_I or S_T above it is a duplicate: a positive, never a hard pair; null = off
+    dup_threshold: Optional[float] = 0.98
+    # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
+    # mark: only the hpm_is_noise column, no reason
+    noise_action: Literal["drop", "mark"] = "drop"
+    method: Literal["auto", "exact", "fast"] = "auto"   # auto: exact up to exact_max_n rows
+    exact_max_n: int = 50_000
+    pool_size: Optional[int] = None     # FastHPM candidate pool C (uniform, seeded); null = all
+    nlist: Optional[int] = None         # IVF lists; null = auto (power of 2 near 4 sqrt(C))
+    pq_m: Optional[int] = None          # PQ sub-quantizers of the joint vector; null = auto
+    pq_nbits: int = 8                   # 4 = FAISS fast-scan codes
+    nprobe: Optional[int] = None        # null = auto (nlist / 8)
+    k_prime: Optional[int] = None       # candidates re-scored per target; null = 2 k
+    k_prime_max: Optional[int] = None   # widen uncertified targets up to this; null = 8 k
+    train_size: Optional[int] = None    # IVF-PQ training sample; null = auto
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"    # torch matmuls and the FAISS index
+    block_size: int = 8192              # exact: rows per score block
+    query_block: int = 1024             # exact: targets per score block
+    build_threads: Optional[int] = None  # threads of the global index build; null = all cores
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        _check_mining("hpm", self, positive=("k", "exact_max_n", "pool_size", "nlist", "pq_m",
+                                             "nprobe", "k_prime", "k_prime_max", "train_size",
+                                             "block_size", "query_block", "build_threads"),
+                      unit=("tau_image", "tau_text", "dup_threshold"))
+        if not 1 <= self.pq_nbits <= 16:
+            raise ConfigError(f"hpm.pq_nbits: must be in 1..16, got {self.pq_nbits}")
+
+
+@dataclass(frozen=True)
+class PositivesConfig:
+    """FFF Eq. 1 positives (+ HELIP duplicates): stage ``positives``."""
+    p1: float = 0.27            # S_it > p1 (needs a cross-modal embedding)
+    p1_text: float = 0.24       # p1': a text-text positive also needs S_it > p1'
+    p2: float = 0.92            # S_ii > p2
+    p3: float = 0.99            # S_tt > p3
+    cross_modal: bool = False   # read cross_image_emb / cross_text_emb (schemas/mining.py)
+    duplicates: bool = True     # list HELIP duplicates (hpm.dup_threshold) as positives
+    max_positives: int = 64     # per row: best relation first, then highest similarity
+    k_prime: int = 64           # fast method: candidates per modality
+    nprobe: Optional[int] = None  # fast method; null = auto
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        _check_mining("positives", self, positive=("max_positives", "k_prime", "nprobe"),
+                      unit=("p1", "p1_text", "p2", "p3"))
+
+
+def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:
+    for name in positive:
+        v = getattr(obj, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ConfigError(f"{section}.{name}: must be an int > 0, got {v!r}")
+    for name in unit:
+        v = getattr(obj, name)
+        if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= 1):
+            raise ConfigError(f"{section}.{name}: must be in [0, 1], got {v!r}")
+
+
+# <<cat section>>
+# <<recaption section>>
+# <<finetune section>>
+
+
 @dataclass(frozen=True)
 class ExportConfig:
     # fnmatch patterns of reason codes that drop a row; "ingest.*" always drops.
@@ -101,6 +222,14 @@ class Config:
     source: SourceConfig = SourceConfig()
     ingest: IngestConfig = IngestConfig()
     ids: IdsConfig = IdsConfig()
+    # <<embed field>>
+    embed: EmbedConfig = EmbedConfig()
+    # <<mining field>>
+    hpm: HpmConfig = HpmConfig()
+    positives: PositivesConfig = PositivesConfig()
+    # <<cat field>>
+    # <<recaption field>>
+    # <<finetune field>>
     export: ExportConfig = ExportConfig()
 
     def section(self, name: str) -> Any:
@@ -162,6 +291,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return _build(tp, value, key)
+    if tp is FrozenMap:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return FrozenMap(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -197,7 +330,8 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     return obj
 
 
-_POSITIVE = {"rows_per_part", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side"}
+_POSITIVE = {"rows_per_part", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
+             "image_batch_size", "text_batch_size", "decode_threads"}
 
 
 def _validate(obj: Any, prefix: str) -> None:
@@ -267,6 +401,6 @@ def load(path: str | Path | None = None, overrides: list[str] | dict | None = No
     return from_dict(data)
 
 
-__all__ = ["Config", "ConfigError", "Resources", "RunConfig", "RayConfig", "SourceConfig",
+__all__ = ["Config", "ConfigError", "Resources", "ModelSpec", "FrozenMap", "EmbedConfig", "RunConfig", "RayConfig", "SourceConfig",
            "IngestConfig", "IdsConfig", "ExportConfig", "load", "from_dict", "to_dict", "to_json",
            "parse_overrides", "field"]

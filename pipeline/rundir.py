@@ -114,6 +114,7 @@ class StageDir:
         for stale in (self.manifest_path, self.root / "_state.pkl"):
             if stale.exists():
                 stale.unlink()
+        shutil.rmtree(self.root / "_prepare", ignore_errors=True)
         committed = set(self.committed())
         if self.rejects.exists():  # rejects whose data part never committed
             for d in self.rejects.iterdir():

@@ -205,11 +205,12 @@ def _apply(fn: Callable, x: Any) -> Any:
     return fn(x)
 
 
-def _prepare(stage: type[Stage], config: C.Config, io: PartIO, n_parts: int) -> Any:
+def _prepare(stage: type[Stage], config: C.Config, io: PartIO, n_parts: int, workdir: str) -> Any:
     def read(part: int) -> pa.Table:
         t = read_inputs(io, part)
         return t.filter(t.column("_active"))
-    return stage.prepare(config, read, n_parts)
+    os.makedirs(workdir, exist_ok=True)
+    return stage.prepare(config, read, n_parts, workdir)
 
 
 @dataclass(frozen=True)
@@ -311,10 +312,11 @@ class Runner:
         sd = self.stage_dir(name)
         fp, upstream = self.fingerprint(node, results)
         m = sd.manifest()
+        notes = stage.notes(self.config)
         if m and m.get("fingerprint") == fp and m.get("status") == "complete" \
                 and len(sd.committed()) == m.get("parts"):
             self.log(f"[{name}] up to date ({m['rows']} rows, fingerprint {fp}): skipped")
-            return StageResult(m, "skipped")
+            return StageResult(m, "skipped", {"notes": notes} if notes else {})
         if only is not None and name not in only:
             raise RunError(f"stage {name!r} is not up to date with this config, and only "
                            f"{sorted(only)} may run here: run `vlcurate run` first")
@@ -341,7 +343,9 @@ class Runner:
                     all_rows=stage.all_rows, all_reasons=stage.all_reasons,
                     compute_on_flagged=self.config.run.compute_on_flagged,
                     source_cfg=self.config.source if specs is not None else None,
-                    read_source=stage.read_part if specs is not None else None)
+                    read_source=stage.read_part if specs is not None else None,
+                    preprocess=functools.partial(stage.preprocess, self.config)
+                    if getattr(stage, "preprocess", None) else None)
         out_schema = stage.output_schema(schemas, self.config)
         res = resources(stage, self.config)
         self.log(f"[{name}] {n_parts} parts" + (f", {len(before)} already committed" if before else "")
@@ -350,7 +354,8 @@ class Runner:
         if pending:
             state = None
             if stage.prepare is not None:
-                state = self.executor.call(_prepare, stage, self.config, io, n_parts)
+                state = self.executor.call(_prepare, stage, self.config, io, n_parts,
+                                           str(sd.root / "_prepare"))
             if state is None and getattr(stage, "output", None) is None:
                 state = {"schema": out_schema}   # a stage whose columns depend on its upstream
             bar = tqdm(total=len(pending), desc=name, unit="part", disable=not self.config.run.progress,
@@ -373,6 +378,8 @@ class Runner:
                                                               tuple(self.roots.items())),
                               map=self.executor.map, root=sd.root, tmp_dir=tmp)
             info = stage.finalize(self.config, ctx) or {}
+        if notes:
+            info = {**info, "notes": notes}
         total = functools.reduce(add_counts, counts, empty_counts())
         manifest = {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,

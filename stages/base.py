@@ -13,9 +13,25 @@ The runner hands a stage only the rows that are still kept, one output row per i
 same order, and fills the rows it skipped with nulls. A filter flags a row by putting reason codes
 in ``reasons``; it never drops rows.
 
-A *global* stage also defines ``prepare(config, read) -> state``: a function over the whole
-materialised upstream table (``read(part) -> pa.Table`` for each part index in ``range(n_parts)``),
-run once as a Ray task; its result is handed to every stage instance as ``state``.
+Optional hooks (class attributes):
+
+* ``heavy_init = True``: the stage loads a model in ``__init__``; it runs on an actor pool (one
+  instance per actor, GPUs per actor from ``resources``). Otherwise it runs in Ray tasks fused
+  with its read and write, one instance per worker process.
+* ``prepare(config, read, n_parts, workdir) -> state``: a *global* step over the whole
+  materialised upstream table (``read(part) -> pa.Table`` gives the still-kept rows of a part,
+  with ``F.PART``/``F.ROW`` columns), run once as a Ray task before the parts; its result is every
+  instance's ``state`` (keep it small: put big things, an index say, as files in ``workdir``, a
+  folder under the stage's directory that every node sees, and return their paths).
+* ``preprocess(config, table) -> table`` (staticmethod): CPU work done in the tasks that read a
+  part, ahead of the stage's actors (image decoding for a GPU encoder); it sees every row of the
+  part, with the ``_active`` column, and must leave inactive rows alone.
+* ``finalize(config, ctx)``: runs once after every part is committed (export writes shards there).
+* ``config_sections``: the config sections that shape the output; they enter the fingerprint
+  (a section's ``resources`` never do).
+* ``version``: bump it when the stage's output changes meaning, so existing runs recompute it.
+* ``input_columns`` / ``output_schema`` (classmethods): for stages whose columns depend on the
+  upstream schemas or on config (an embedding's dimension, say).
 """
 from __future__ import annotations
 
@@ -63,6 +79,11 @@ class Stage:
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
         return cls.output
+
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        """Things the run summary must say plainly (random weights, parts skipped, ...)."""
+        return []
 
     def __init__(self, config: Any, state: Any = None) -> None:
         self.config = config

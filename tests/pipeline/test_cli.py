@@ -35,8 +35,9 @@ def demo_run(tmp_path_factory):
 def test_demo_prints_summary_and_checks(demo_run):
     out, res = demo_run
     assert "rows in = rows kept + rows rejected for every stage, no row lost: yes" in res.stdout
-    for stage in ("ingest", "ids", "export"):
+    for stage in ("ingest", "ids", "embed", "export"):
         assert f"\n{stage} " in res.stdout
+    assert "RANDOM weights" in res.stdout      # the demo's random image encoder is announced
     assert (out / "run" / "export" / "shards" / "sizes.json").exists()
 
 

@@ -53,3 +53,15 @@ def test_replace_and_roundtrip():
     again = C.from_dict(C.to_dict(cfg))
     assert again == cfg and C.to_json(again) == C.to_json(cfg)
     assert cfg.replace(**{"export.drop": []}).export.drop == ()
+
+
+def test_frozen_map_is_read_only_hashable_and_picklable():
+    import pickle
+    cfg = C.load(None, {"embed.image_model.options": {"img_size": 32, "depth": 2}})
+    opts = cfg.embed.image_model.options
+    assert opts == {"img_size": 32, "depth": 2} and hash(cfg)
+    with pytest.raises(TypeError):
+        opts["depth"] = 3
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    with pytest.raises(C.ConfigError, match="embed.image_model.options: expected a mapping"):
+        C.load(None, {"embed.image_model.options": [1]})

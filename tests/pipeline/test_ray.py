@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import shared_data
 from vlcurate.pipeline import config as C
-from vlcurate.pipeline.demo import demo_overrides, make_demo
+from vlcurate.pipeline.demo import DEMO_MODELS, demo_overrides, make_demo
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
 from vlcurate.schemas import F, tables
@@ -36,7 +36,7 @@ def coco_cfg(run_dir: Path, **over) -> C.Config:
     return C.load(None, {"source.path": str(data), "source.key_column": "caption_id",
                          "source.extra_columns": ["coco_split"], "source.rows_per_part": 150,
                          "run.run_dir": str(run_dir), "run.progress": False,
-                         "export.samples_per_shard": 200, **over})
+                         "export.samples_per_shard": 200, **DEMO_MODELS, **over})
 
 
 @pytest.mark.realdata

