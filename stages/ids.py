@@ -37,7 +37,7 @@ class IdsStage(Stage):
     wants_position = True
 
     @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int) -> Any:
+    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
         return find_duplicates(read, n_parts)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
