@@ -39,8 +39,13 @@ MANIFEST = pa.schema([F.M_STAGE, F.M_STATUS, F.M_FINGERPRINT, F.M_UPSTREAM, F.M_
 
 SHARDS = pa.schema([F.SH_NAME, F.SH_SAMPLES, F.SH_BYTES, F.SH_FIRST, F.SH_LAST])
 
+# shards/index/*.parquet: byte offsets of every sample's members inside its tar (random access)
+SHARD_INDEX = pa.schema([F.SAMPLE_ID, F.SH_NAME,
+                         *(pa.field(f"{ext}_{what}", pa.int64(), nullable=False)
+                           for ext in ("jpg", "txt", "json") for what in ("offset", "size"))])
+
 ALL = {"raw_records": RAW_RECORDS, "samples": SAMPLES, "ids": IDS, "rejects": REJECTS,
-       "manifest": MANIFEST, "shards": SHARDS}
+       "manifest": MANIFEST, "shards": SHARDS, "shard_index": SHARD_INDEX}
 
 
 class SchemaError(ValueError):

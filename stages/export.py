@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
@@ -125,11 +126,14 @@ def annotation(row: dict, schema: pa.Schema) -> dict:
     return out
 
 
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> int:
+    """Append a member; return the byte offset of its data in the tar (for random access)."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), 0, 0o644
     info.uname = info.gname = ""
+    start = tf.offset + len(info.tobuf(tf.format, tf.encoding, tf.errors))
     tf.addfile(info, io.BytesIO(data))
+    return start
 
 
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
@@ -137,6 +141,7 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
     """Write one shard from the kept rows of the parts it covers; returns its manifest row."""
     out_path = os.path.join(out_dir, spec.name)
     n, first, last = 0, None, None
+    index: dict[str, list] = {f.name: [] for f in tables.SHARD_INDEX}
     with open(out_path, "wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for part, lo, hi in spec.slices:
             ann = read("export", part, None)
@@ -147,13 +152,21 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
             for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
                 key = row[F.SAMPLE_ID.name]
-                _add(tf, f"{key}.jpg", image)
-                _add(tf, f"{key}.txt", row[F.CAPTION.name].encode("utf-8"))
-                _add(tf, f"{key}.json", json.dumps(annotation(row, ann.schema), ensure_ascii=False,
-                                                   sort_keys=True, default=str).encode("utf-8"))
+                members = {"jpg": image, "txt": row[F.CAPTION.name].encode("utf-8"),
+                           "json": json.dumps(annotation(row, ann.schema), ensure_ascii=False,
+                                              sort_keys=True, default=str).encode("utf-8")}
+                index[F.SAMPLE_ID.name].append(key)
+                index[F.SH_NAME.name].append(spec.name)
+                for ext, data in members.items():
+                    index[f"{ext}_offset"].append(_add(tf, f"{key}.{ext}", data))
+                    index[f"{ext}_size"].append(len(data))
                 first = first or key
                 last = key
                 n += 1
+    # where each sample's members sit: the trainer fetches a seed's hard pairs by random access
+    os.makedirs(os.path.join(out_dir, "index"), exist_ok=True)
+    pq.write_table(pa.table(index, schema=tables.SHARD_INDEX),
+                   os.path.join(out_dir, "index", spec.name.replace(".tar", ".parquet")))
     return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n, F.SH_BYTES.name: os.path.getsize(out_path),
             F.SH_FIRST.name: first, F.SH_LAST.name: last}
 

@@ -128,6 +128,16 @@ def test_end_to_end_accounting_and_shards(demo_data, tmp_path):
     key, img, txt, meta = samples[0]
     assert img.mode == "RGB" and img.size == (meta["width"], meta["height"])
     assert meta["sample_id"] == key and meta["caption"] == txt
+    # the shard index gives each sample's members by byte offset (random access for the trainer)
+    index = table(shards / "index").to_pylist()
+    assert len(index) == exp["rows_kept"]
+    raw = {s[0]: s for s in wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "jpg", "txt")}
+    for r in index[::7]:
+        with open(shards / r["shard"], "rb") as fh:
+            fh.seek(r["jpg_offset"])
+            assert fh.read(r["jpg_size"]) == raw[r["sample_id"]][1]
+            fh.seek(r["txt_offset"])
+            assert fh.read(r["txt_size"]) == raw[r["sample_id"]][2]
     # embed: computed for exactly the kept rows (bad rows never reach the encoders), and the
     # random demo image encoder is stated in every row and every shard json
     emb = res["embed"].manifest
