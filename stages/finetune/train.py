@@ -1,0 +1,197 @@
+"""The thin DDP trainer: run under torchrun (gloo on CPU, nccl on GPU; AMP on GPU).
+
+Each step gathers the embeddings of every rank with gradients and computes the configured loss on
+the global batch (the same value on every rank); DDP then averages the gradients, which gives the
+gradient of the global loss (see distributed.gather_with_grad). Checkpoints hold the model,
+optimiser, step and data position; a resumed run replays exactly the batches it would have seen.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from vlcurate.stages import models
+
+from . import distributed as D
+from . import losses as L
+from .compose import Batch, Composer, batches, step_rng
+from .data import ShardSet
+from .model import DualEncoder
+
+LOSSES = ("clip", "helip", "hn_nce", "sigmoid", "mp_nce")
+
+
+def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torch.Tensor,
+            obj: Optional[torch.Tensor], attr: Optional[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The configured loss on the global batch (+ DiHT's concept distillation on local rows)."""
+    gi, gt = D.gather_with_grad(img), D.gather_with_grad(txt)
+    cap = D.globalize_index(b.caption_col[:, None], txt.shape[0])[:, 0]
+    parts: dict[str, torch.Tensor] = {}
+    if cfg.loss in ("clip", "helip", "hn_nce"):      # one caption per image: a square problem
+        sq = gt[cap]
+        if cfg.loss == "clip":
+            parts["clip"] = L.info_nce(gi, sq, model.logit_scale())
+        elif cfg.loss == "helip":
+            hard = D.globalize_index(b.hard_index, img.shape[0])
+            parts["helip"] = L.helip_loss(gi, sq, model.logit_scale(), hard, gamma=cfg.helip_gamma)
+        else:
+            parts["hn_nce"] = L.hn_nce(gi, sq, model.logit_scale(), cfg.hn_alpha, cfg.hn_beta)
+    else:                                            # every text, FFF's positive matrix M
+        owner_keys = b.image_keys[b.text_owner]
+        pos = D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
+        if cfg.loss == "sigmoid":
+            parts["sigmoid"] = L.sigmoid_loss(gi, gt, model.sig_log_t.exp(), model.sig_bias, pos)
+        else:
+            w = L.pair_matrix(torch.ones(3, device=gi.device), 2)
+            parts["mp_nce"] = L.mp_nce_image_text(gi, gt, pos, L.pair_matrix(model.mp_log_scale.exp(), 2),
+                                                  L.pair_matrix(model.mp_offset, 2), w)
+    if cfg.concept_weight and obj is not None:
+        parts["concepts"] = cfg.concept_weight * L.concept_distillation_loss(
+            obj, b.obj_index, b.obj_value, attr, b.attr_index, b.attr_value)
+    total = sum(parts.values())
+    return total, {k: float(v.detach()) for k, v in parts.items()}
+
+
+def _trainable(model: DualEncoder, loss: str) -> None:
+    """Loss parameters the configured loss does not use are frozen (DDP needs every used one)."""
+    model.sig_log_t.requires_grad_(loss == "sigmoid")
+    model.sig_bias.requires_grad_(loss == "sigmoid")
+    model.mp_log_scale.requires_grad_(loss == "mp_nce")
+    model.mp_offset.requires_grad_(loss == "mp_nce")
+    model.clip.logit_scale.requires_grad_(loss in ("clip", "helip", "hn_nce"))
+
+
+def _to(b: Batch, device: str) -> Batch:
+    for k, v in vars(b).items():
+        if isinstance(v, torch.Tensor):
+            setattr(b, k, v.to(device, non_blocking=True))
+    return b
+
+
+@torch.no_grad()
+def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> float:
+    """FFF sec. 4.4: the bias minimising the initial loss on a few batches (same on all ranks)."""
+    sims, masks = [], []
+    for _ in range(cfg.bias_init_batches):
+        _, _, b = next(gen)
+        b = _to(b, device)
+        img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
+        gi, gt = D.gather_no_grad(img), D.gather_no_grad(txt)
+        owner_keys = b.image_keys[b.text_owner]
+        pos = D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
+        sims.append(gi @ gt.T)
+        masks.append(pos)
+    return L.sigmoid_bias_init(sims, masks, float(model.sig_log_t.exp()))
+
+
+@torch.no_grad()
+def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: str,
+             batch_size: int = 64) -> dict:
+    """Zero-shot retrieval on held-out shards: R@1/5/10, image->text and text->image."""
+    imgs, txts = [], []
+    chunk: list = []
+    stream = shards.stream(epoch=0, seed=0, rank=0, world=1, buffer=1)
+    for s in list(stream) + [None]:
+        if s is not None:
+            chunk.append(s)
+        if chunk and (s is None or len(chunk) == batch_size):
+            b = _to(composer(chunk, step_rng(0, 0, len(imgs), 0), train=False), device)
+            img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
+            imgs.append(img.float().cpu())
+            txts.append(txt.float().cpu())
+            chunk = []
+    return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T) if imgs else {}
+
+
+def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict:
+    """R@k both ways for a square similarity matrix whose diagonal holds the true pairs (a tie
+    with the true match counts against it)."""
+    truth = torch.arange(sim.shape[0])
+    out: dict = {"n": int(sim.shape[0])}
+    for name, s in (("i2t", sim), ("t2i", sim.T)):
+        beaten = (s >= s[truth, truth][:, None]).sum(1) - 1   # others at least as similar
+        for k in ks:
+            out[f"{name}_R@{k}"] = float((beaten < k).float().mean())
+    return out
+
+
+def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
+    rank, world = D.rank_world()
+    device = "cuda" if torch.cuda.is_available() and cfg.model.device != "cpu" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.manual_seed(cfg.seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = models.load_clip(cfg.model)
+    model = DualEncoder(loaded.model, cfg.n_objects, cfg.n_attributes).to(device)
+    _trainable(model, cfg.loss)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    all_shards = ShardSet(shards_dir)
+    train_set, eval_set = all_shards.split(cfg.eval_shards)
+    composer = Composer(cfg, all_shards, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
+    step, epoch, in_epoch = 0, 0, 0
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+        log(f"resumed from step {step} (epoch {epoch}, batch {in_epoch})")
+    gen = batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed, rank=rank,
+                  world=world, start_epoch=epoch, start_step=in_epoch, buffer=cfg.shuffle_buffer)
+    if cfg.loss == "sigmoid" and step == 0:
+        init_gen = batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
+                           rank=rank, world=world, buffer=cfg.shuffle_buffer)
+        model.sig_bias.data.fill_(init_sigmoid_bias(cfg, model, init_gen, device))
+        log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
+    amp = cfg.amp and device == "cuda"
+    logf = open(out / "log.jsonl", "a") if rank == 0 else None
+    t0 = time.time()
+    while step < cfg.steps:
+        epoch, in_epoch, b = next(gen)
+        b = _to(b, device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            img, txt, obj, attr = ddp(b.pixels, b.input_ids, b.attention_mask)
+        loss, parts = loss_fn(cfg, model, b, img, txt, obj, attr)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if logf is not None:
+            rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), **parts,
+                   "images": int(b.pixels.shape[0]) * world, "hard_added": b.n_hard_added,
+                   "composites": b.n_composites, "elapsed_s": round(time.time() - t0, 3)}
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+        if rank == 0 and (step % cfg.ckpt_every == 0 or step == cfg.steps):
+            tmp = out / "checkpoint.pt.tmp"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "epoch": epoch if in_epoch + 1 < _per_epoch(train_set, cfg, world) else epoch + 1,
+                        "step_in_epoch": (in_epoch + 1) % _per_epoch(train_set, cfg, world)}, tmp)
+            os.replace(tmp, ckpt)
+    # a checksum of the parameters on every rank (DDP keeps them identical; this shows it)
+    digest = float(sum(p.detach().double().sum() for p in model.parameters()))
+    (out / f"params-rank{rank}.json").write_text(json.dumps({"step": step, "param_sum": digest}))
+    result = {"steps": step}
+    if rank == 0 and cfg.eval_shards:
+        result["eval"] = evaluate(model, eval_set, composer, device, cfg.eval_batch_size)
+        (out / "eval.json").write_text(json.dumps(result["eval"], indent=1))
+        log(f"eval: {result['eval']}")
+    if logf is not None:
+        logf.close()
+    return result
+
+
+def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
+    return (len(shards) // world) // cfg.batch_size
+
+
+__all__ = ["train", "evaluate", "loss_fn", "retrieval_metrics", "LOSSES"]
