@@ -2,7 +2,10 @@
 (sec. 4.1-4.3), CLIP-C composites. Produces tensors plus the index/masks the losses take."""
 from __future__ import annotations
 
+import queue
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +45,10 @@ def _targets(metas: list[dict], ids: str, probs: str) -> tuple[torch.Tensor, tor
 
 class Composer:
     def __init__(self, cfg: Any, shards: ShardSet, tokenizer: Any, image_size: int,
-                 mean: tuple, std: tuple) -> None:
+                 mean: tuple, std: tuple, decode_threads: int = 4) -> None:
         self.cfg, self.shards, self.tok = cfg, shards, tokenizer
         self.size, self.mean, self.std = image_size, mean, std
+        self.pool = ThreadPoolExecutor(decode_threads)
 
     def helip(self, samples: list[Sample], rng: random.Random) -> tuple[list[Sample], list[list[int]]]:
         """B-bar = B + the p hard pairs of each seed in B' (HELIP Alg. 3; p sampled i.i.d. from
@@ -69,7 +73,8 @@ class Composer:
         c = self.cfg
         samples, hard = self.helip(samples, rng) if train else (samples, [[] for _ in samples])
         n_hard = sum(len(h) for h in hard)
-        images = [load_rgb(s.image) for s in samples]
+        # decode in threads (PIL releases the GIL); everything random stays sequential below
+        images = list(self.pool.map(lambda s: load_rgb(s.image, self.size), samples))
         captions = [s.caption for s in samples]
         metas = [dict(s.meta) for s in samples]
         keys = [key_int(s.key) for s in samples]
@@ -143,4 +148,27 @@ def batches(shards: ShardSet, composer: Composer, *, batch_size: int, seed: int,
         epoch, step = epoch + 1, 0
 
 
-__all__ = ["Batch", "Composer", "batches", "step_rng"]
+def prefetch(gen: Any, depth: int = 2) -> Any:
+    """Run a batch generator ``depth`` batches ahead in a thread (decode overlaps the step)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in gen:
+                q.put(item)
+        except BaseException as e:  # surface loader errors in the training loop
+            q.put(e)
+        q.put(done)
+
+    threading.Thread(target=fill, daemon=True).start()
+    while True:
+        item = q.get()
+        if item is done:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+__all__ = ["Batch", "Composer", "batches", "prefetch", "step_rng"]

@@ -131,9 +131,16 @@ def _all_shards(src: Any) -> Any:
 
 
 # --- images ------------------------------------------------------------------------------------
-def load_rgb(data: bytes) -> Any:
+def load_rgb(data: bytes, size: Optional[int] = None) -> Any:
+    """Decode; with ``size``, let the JPEG decoder downscale by DCT (1/2, 1/4, 1/8) to the
+    smallest scale still >= ``size`` on the short side: several times faster on large photos."""
     from PIL import Image
-    return Image.open(io.BytesIO(data)).convert("RGB")
+    im = Image.open(io.BytesIO(data))
+    if size and im.format == "JPEG":
+        w, h = im.size
+        short = min(w, h)
+        im.draft("RGB", (max(1, w * size // short), max(1, h * size // short)))
+    return im.convert("RGB")
 
 
 def to_tensor(im: Any, size: int, mean: tuple, std: tuple, rng: Optional[random.Random]) -> torch.Tensor:
@@ -156,8 +163,10 @@ def to_tensor(im: Any, size: int, mean: tuple, std: tuple, rng: Optional[random.
         im = im.crop((left, top, left + cw, top + ch)).resize((size, size), Image.BICUBIC)
         if rng.random() < 0.5:
             im = im.transpose(Image.FLIP_LEFT_RIGHT)
-    x = torch.from_numpy(np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0)
-    return (x - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    # normalise in numpy: tiny torch element-wise ops pay for intra-op thread wake-ups
+    x = np.asarray(im, np.float32).transpose(2, 0, 1) / 255.0
+    x = (x - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]
+    return torch.from_numpy(np.ascontiguousarray(x))
 
 
 def composite(a: Any, b: Any, size: int) -> Any:

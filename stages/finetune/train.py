@@ -19,7 +19,7 @@ from vlcurate.stages import models
 
 from . import distributed as D
 from . import losses as L
-from .compose import Batch, Composer, batches, step_rng
+from .compose import Batch, Composer, batches, prefetch, step_rng
 from .data import ShardSet
 from .model import DualEncoder
 
@@ -145,8 +145,9 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         opt.load_state_dict(state["optimizer"])
         step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
         log(f"resumed from step {step} (epoch {epoch}, batch {in_epoch})")
-    gen = batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed, rank=rank,
-                  world=world, start_epoch=epoch, start_step=in_epoch, buffer=cfg.shuffle_buffer)
+    gen = prefetch(batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed, rank=rank,
+                           world=world, start_epoch=epoch, start_step=in_epoch,
+                           buffer=cfg.shuffle_buffer))
     if cfg.loss == "sigmoid" and step == 0:
         init_gen = batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
                            rank=rank, world=world, buffer=cfg.shuffle_buffer)
