@@ -8,13 +8,22 @@ STAMP := $(VENV)/.deps-$(shell cat pyproject.toml Makefile | sha256sum | cut -c1
 export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: env demo test bench clean
+.PHONY: env sysdeps demo test bench clean
+
+# The offline spaCy pipeline in ../shared/models (CC BY-NC-SA: a test asset, never shipped) is
+# installed when present, for the parser's integration tests; users bring en_core_web_sm.
+SPACY_WHEEL := $(wildcard $(SHARED)/models/en_ud_ewt_sm-*.whl)
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,ocr]'
+	$(if $(SPACY_WHEEL),$(PY) -m pip install --quiet --no-deps $(SPACY_WHEEL))
 	@rm -f $(VENV)/.deps-* && touch $@
+
+# Debian packages the OCR, WordNet and report tests use (they skip without them); needs root.
+sysdeps:
+	apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng wordnet-base chromium
 
 env: $(STAMP)
 

@@ -1,4 +1,4 @@
-"""``vlcurate``: run, demo, inspect and export."""
+"""``vlcurate``: run, demo, inspect, report and export."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   vlcurate demo                                  # render a demo dataset and run the DAG on it
   vlcurate run config.yaml --set source.path=/data/pairs --set run.run_dir=runs/a
   vlcurate inspect runs/a                        # counts, reject reasons with examples, schemas
+  vlcurate report runs/a --out runs/a.html       # one static HTML page: funnel, histograms, grids
   vlcurate export runs/a --set 'export.drop=[ingest.*]' --out runs/a/export-loose
   vlcurate finetune runs/a --nproc 2 --set finetune.loss=helip --set finetune.steps=500
 """
@@ -99,6 +100,19 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import ReportError, write_report
+    try:
+        path, info = write_report(Path(a.run_dir), a.out, sample=a.sample, seed=a.seed,
+                                  stats_rows=a.stats_rows)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    absent = f"; not in this run: {', '.join(info['absent'])}" if info["absent"] else ""
+    print(f"report: {path} ({info['bytes'] / 1e3:.0f} kB, {info['seconds']:.1f}s){absent}")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="vlcurate", description="Curate image-text pairs for "
                                 "CLIP-style training on Ray Data.", epilog=EXAMPLES,
@@ -119,6 +133,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
     i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
     i.set_defaults(fn=cmd_inspect)
+    rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
+                        "of hard pairs, rejects by reason, recaptions")
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", default=None, help="HTML file to write (RUN_DIR/report.html)")
+    rp.add_argument("--sample", type=int, default=8, help="random targets / rows per section (8)")
+    rp.add_argument("--seed", type=int, default=0, help="seed of every random choice (0)")
+    rp.add_argument("--stats-rows", type=int, default=200_000,
+                    help="histograms and samples read random whole parts up to this many rows")
+    rp.set_defaults(fn=cmd_report)
     e = sub.add_parser("export", help="re-export a finished run with another keep policy "
                        "(no stage is recomputed)")
     e.add_argument("run_dir")

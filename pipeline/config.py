@@ -203,7 +203,9 @@ def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:
 @dataclass(frozen=True)
 class CatConfig:
     """DiHT's CAT parse (stage ``cat``): complexity and actions of each caption (spaCy)."""
-    spacy_model: str = "en_core_web_sm"   # package name or pipeline directory (UD or ClearNLP)
+    # package name, pipeline directory (UD or ClearNLP labels), or auto: the first installed
+    # English pipeline (en_core_web_* first)
+    spacy_model: str = "auto"
     if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
     n_process: int = 1                    # nlp.pipe processes inside one stage instance
     pipe_batch_size: int = 512            # nlp.pipe batch size

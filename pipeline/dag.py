@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlcurate.stages.cat.stage import CatStage, TextSpotStage
+from vlcurate.stages.concepts import ConceptsStage
 from vlcurate.stages.embed import EmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
+from vlcurate.stages.recaption import RecaptionStage
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,15 @@ def default_dag() -> list[Node]:
     return [
         Node(IngestStage),
         Node(IdsStage, after=("ingest",)),
-        Node(EmbedStage, after=("ids",)),
-        Node(ExportStage, after=("ingest", "ids", "embed")),
+        # DiHT's CAT filter: the cheap parse first, OCR only on the captions it kept
+        Node(CatStage, after=("ids",)),
+        Node(TextSpotStage, after=("cat",)),
+        Node(EmbedStage, after=("textspot",)),
+        # model-heavy annotations, only for rows every filter kept
+        Node(RecaptionStage, after=("embed",)),
+        Node(ConceptsStage, after=("embed",)),
+        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "recaption",
+                                 "concepts")),
     ]
 
 

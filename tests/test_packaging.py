@@ -31,7 +31,7 @@ def _yaml_keys(d, prefix=""):
     out = set()
     for k, v in d.items():
         out.add(f"{prefix}{k}")
-        if isinstance(v, dict) and k != "resources":
+        if isinstance(v, dict) and k not in ("resources", "options"):
             out |= _yaml_keys(v, f"{prefix}{k}.")
     return out
 

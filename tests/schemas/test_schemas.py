@@ -6,19 +6,35 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from vlcurate.schemas import F, SchemaError, conform, tables
+from vlcurate.schemas import ALL_TABLES, F, SchemaError, conform, tables
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
-@pytest.mark.parametrize("name", sorted(tables.ALL))
+@pytest.mark.parametrize("name", sorted(ALL_TABLES))
 def test_schema_matches_golden(name):
-    text = str(tables.ALL[name]) + "\n"
+    text = str(ALL_TABLES[name]) + "\n"
     path = GOLDEN / f"{name}.schema.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
     assert path.exists(), f"no golden file for {name}: run with UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"schema {name} changed: review and UPDATE_GOLDEN=1"
+
+
+def test_every_column_name_declared_once_across_modules():
+    """A column name is declared by one field object; other modules import it, never redeclare."""
+    from vlcurate import schemas
+    seen: dict[str, tuple[str, int]] = {}
+    clashes = []
+    for mod in (schemas.fields, schemas.embed, schemas.mining, schemas.cat, schemas.recaption,
+                schemas.concepts):
+        for k, v in vars(mod).items():
+            if not isinstance(v, pa.Field) or k.startswith(("M_", "SH_")):
+                continue
+            where, ident = seen.setdefault(v.name, (f"{mod.__name__}.{k}", id(v)))
+            if ident != id(v):
+                clashes.append(f"{v.name!r}: {where} and {mod.__name__}.{k}")
+    assert not clashes, clashes
 
 
 def test_every_field_declared_once():

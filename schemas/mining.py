@@ -1,0 +1,68 @@
+"""Columns and tables of hard-pair mining (HELIP HPM / FastHPM, noise pairs) and of the
+positives (FFF Eq. 1 false negatives, HELIP near-duplicates) - issue 4.
+
+Two stages write them (see stages/mining/):
+
+* ``hpm``: one row per ingest row, the target's hard set (ids and scores, best first), how many
+  pairs support it, whether it is a noise pair, and whether FastHPM could certify its top-k;
+* ``positives``: one row per ingest row, the other samples that are positives of it, with the
+  rule that made each one a positive and that rule's similarity.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from . import fields as F
+from .tables import stage_table
+
+# --- hpm stage -------------------------------------------------------------------------------------
+HARD_IDS = pa.field("hpm_hard_ids", pa.list_(pa.string()), metadata={
+    "doc": "sample_ids of the target's k hard pairs, best first (HELIP Alg. 1); empty for a "
+           "noise pair; null when the row was not mined"})
+HARD_SCORES = pa.field("hpm_hard_scores", pa.list_(pa.float32()), metadata={
+    "doc": "thresholded product S~I_j * S~T_j of each hard pair, aligned with hpm_hard_ids"})
+SUPPORT = pa.field("hpm_support", pa.int32(), metadata={
+    "doc": "pairs with a positive score (duplicates and the target excluded); exact HPM: all of "
+           "them; FastHPM: those among the retrieved candidates (a lower bound)"})
+IS_NOISE = pa.field("hpm_is_noise", pa.bool_(), metadata={
+    "doc": "HELIP noise pair: fewer than k pairs support the target"})
+CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
+    "doc": "the hard set is provably the exact top-k (exact HPM: always; FastHPM: k-th product "
+           ">= the bound on every pair not retrieved, estimated from the IVF-PQ search)"})
+
+# --- positives stage --------------------------------------------------------------------------------
+POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={
+    "doc": "sample_ids j whose pair with this row is a positive (M[i, j] of FFF Eq. 1, or a "
+           "HELIP near-duplicate); best relation first, then highest score"})
+POSITIVE_RELATIONS = pa.field("positive_relations", pa.list_(pa.string()), metadata={
+    "doc": "why each positive is one: duplicate | image | cross | text (see REL_*)"})
+POSITIVE_SCORES = pa.field("positive_scores", pa.list_(pa.float32()), metadata={
+    "doc": "the similarity that fired the relation (duplicate: max(S_ii, S_tt); image: S_ii; "
+           "cross: S_it; text: S_tt)"})
+
+# relation codes, in priority order (a pair that matches several rules gets the first)
+REL_DUPLICATE = "duplicate"   # S_ii > dup or S_tt > dup (HELIP: not a hard pair, a positive)
+REL_IMAGE = "image"           # S_ii > p2
+REL_CROSS = "cross"           # S_it > p1 (only with a cross-modal embedding)
+REL_TEXT = "text"             # S_tt > p3 (and S_it > p1' with a cross-modal embedding)
+RELATIONS = (REL_DUPLICATE, REL_IMAGE, REL_CROSS, REL_TEXT)
+
+# Optional cross-modal (CLIP-like) embeddings for FFF's S_it: names of the columns the positives
+# stage reads from whichever upstream stage provides them when ``positives.cross_modal`` is on.
+CROSS_IMAGE_EMB_NAME = "cross_image_emb"
+CROSS_TEXT_EMB_NAME = "cross_text_emb"
+
+
+def cross_image_emb(dim: int, float16: bool = False) -> pa.Field:
+    return F.embedding(CROSS_IMAGE_EMB_NAME, dim, float16=float16)
+
+
+def cross_text_emb(dim: int, float16: bool = False) -> pa.Field:
+    return F.embedding(CROSS_TEXT_EMB_NAME, dim, float16=float16)
+
+
+# --- tables -------------------------------------------------------------------------------------------
+HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED)
+POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_RELATIONS, POSITIVE_SCORES)
+
+ALL = {"hard_pairs": HARD_PAIRS, "positives": POSITIVES}

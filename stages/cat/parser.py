@@ -1,0 +1,437 @@
+"""DiHT's semantic parser (paper sec. 3.1 and appendix A.1.1): a spaCy dependency parse -> objects,
+attributes, actions and their relations -> caption complexity.
+
+Pure functions of a spaCy ``Doc`` (``parse``), plus the pipeline plumbing (``load_pipeline``,
+``parse_texts``). Works with both dependency label schemes spaCy's English pipelines use:
+Universal Dependencies (``obj``, ``obl``, ``nmod`` + ``case``, ``nsubj:pass``, ``cop``, ...) and
+ClearNLP (``en_core_web_sm``: ``dobj``, ``prep`` + ``pobj``, ``nsubjpass``, ``acomp``, ...).
+
+The relations (appendix A.1.1):
+
+* object: a NOUN that is not a modifier of another noun (``compound``; ClearNLP ``nmod``;
+  ``npadvmod``); proper nouns are never objects (nor attributes, nor action arguments);
+* ``has_attr``: adjectival / noun / participle modifiers of an object (``amod``, ``compound``),
+  predicate adjectives of its subject ("the car is red", "the man looks happy"), and attributes of
+  attributes ("dark green": green has_attr dark); coordinated attributes ("red and white") both
+  count;
+* ``has_part``: "X with Y" (UD ``nmod`` + ``case`` with; ClearNLP ``prep`` with + ``pobj``) and
+  "X has Y";
+* actions: VERB tokens except forms of be, look, seem and have; ``is_act_subj`` / ``act_has_subj``
+  and ``is_act_obj`` / ``act_has_obj`` in both directions. Subjects come from ``nsubj``, passive
+  agents ("by a cat"), relative clauses ("a man who rides": man), reduced relatives / fragments
+  ("two dogs playing": dogs; "a cake decorated with ...": cake is the *object*), and are shared by
+  coordinated and controlled verbs ("running and jumping", "trying to catch"). Objects come from
+  ``obj``/``dobj``, passive subjects and relative pronouns.
+
+Choices where the paper is silent (documented in the report and tested):
+
+* complexity counts, for each object token, the object-centric facts whose head it is (has_attr,
+  has_part, is_act_subj, is_act_obj; the action-centric mirror facts are not counted twice, and an
+  attribute's own attributes do not count for the object); it is -1 for a caption with no object,
+  so C0 means "has an object". DiHT's example "A black cat is chasing a small brown bird" gives
+  bird: small, brown, is_act_obj chase -> C3, with one action;
+* numerals ("21 candles") are not attributes ("adjectival and noun modifiers" only);
+* ``participle_actions``: DiHT parses verbal modifiers ("running person", "striped mug") as both an
+  attribute and an action without arguments; on by default, switchable off;
+* words: objects and noun attributes are lemmas, adjectives their lemma, verbal attributes their
+  surface form, actions their lemma (lower case).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+UD, CLEARNLP = "ud", "clearnlp"
+UD_ONLY = frozenset({"obj", "obl", "nsubj:pass", "aux:pass", "cop", "acl:relcl", "nmod:poss",
+                     "obl:agent", "obl:npmod", "nmod:npmod", "flat", "fixed", "compound:prt",
+                     "iobj", "obl:tmod"})
+CLEAR_ONLY = frozenset({"dobj", "pobj", "prep", "nsubjpass", "auxpass", "relcl", "acomp", "attr",
+                        "poss", "agent", "npadvmod", "oprd", "dative", "pcomp"})
+
+EXCLUDED_VERBS = frozenset({"be", "look", "seem", "have"})      # not actions (appendix A.1.1)
+# surface forms, in case a lemmatizer clips them or the pipeline has none
+EXCLUDED_FORMS = frozenset({"be", "is", "are", "was", "were", "been", "being", "am", "'s", "'re",
+                            "'m", "look", "looks", "looked", "looking", "seem", "seems", "seemed",
+                            "seeming", "have", "has", "had", "having", "'ve", "'d"})
+LINKING = frozenset({"be", "look", "seem"})       # their adjective describes the subject
+LINKING_FORMS = EXCLUDED_FORMS - {"have", "has", "had", "having", "'ve", "'d"}
+HAVE_FORMS = frozenset({"have", "has", "had", "having"})
+CONJ, COP, CASE, NMOD, PREP, POBJ = (frozenset({x}) for x in ("conj", "cop", "case", "nmod", "prep",
+                                                              "pobj"))
+AGENT_UD, AGENT_CLEAR = frozenset({"obl:agent"}), frozenset({"agent"})
+REL_PRONOUNS = frozenset({"who", "whom", "which", "that", "whose"})
+HAS_ATTR, HAS_PART = "has_attr", "has_part"
+IS_ACT_SUBJ, ACT_HAS_SUBJ, IS_ACT_OBJ, ACT_HAS_OBJ = ("is_act_subj", "act_has_subj", "is_act_obj",
+                                                      "act_has_obj")
+OBJECT_CENTRIC = frozenset({HAS_ATTR, HAS_PART, IS_ACT_SUBJ, IS_ACT_OBJ})
+# what the rules read: every other pipeline component can be disabled
+NEEDED_ATTRS = frozenset({"token.dep", "token.head", "token.pos", "token.lemma", "token.morph"})
+
+
+@dataclass(frozen=True)
+class Labels:
+    subj: frozenset = frozenset({"nsubj"})
+    pass_subj: frozenset = frozenset()
+    obj: frozenset = frozenset()
+    pass_aux: frozenset = frozenset()
+    relcl: frozenset = frozenset()
+    noun_mod: frozenset = frozenset()     # a noun with this label modifies another noun
+    attr_mod: frozenset = frozenset()     # modifiers of an attribute
+    pred_adj: frozenset = frozenset()     # adjective complement of a linking verb
+
+    @functools.cached_property
+    def passive(self) -> frozenset:       # a verb with a child labelled so is passive
+        return self.pass_aux | self.pass_subj
+
+    @functools.cached_property
+    def obj_attr(self) -> frozenset:      # modifiers of an object that are its attributes
+        return frozenset({"amod", "compound"}) | (self.noun_mod - {"npadvmod", "nmod:npmod",
+                                                                  "obl:npmod"})
+
+
+LABELS = {
+    UD: Labels(pass_subj=frozenset({"nsubj:pass"}), obj=frozenset({"obj"}),
+               pass_aux=frozenset({"aux:pass"}), relcl=frozenset({"acl:relcl"}),
+               noun_mod=frozenset({"compound", "nmod:npmod", "obl:npmod"}),
+               attr_mod=frozenset({"amod", "advmod", "compound", "nmod:npmod", "obl:npmod"}),
+               pred_adj=frozenset({"xcomp"})),
+    CLEARNLP: Labels(pass_subj=frozenset({"nsubjpass"}), obj=frozenset({"dobj"}),
+                     pass_aux=frozenset({"auxpass"}), relcl=frozenset({"relcl"}),
+                     noun_mod=frozenset({"compound", "nmod", "npadvmod"}),
+                     attr_mod=frozenset({"amod", "advmod", "compound", "npadvmod", "nmod"}),
+                     pred_adj=frozenset({"acomp", "xcomp", "oprd"})),
+}
+
+
+def detect_scheme(labels: Iterable[str]) -> str:
+    """UD or ClearNLP from a set of dependency labels (a parser's labels, or one parse's)."""
+    labels = set(labels)
+    return CLEARNLP if len(labels & CLEAR_ONLY) > len(labels & UD_ONLY) else UD
+
+
+@dataclass
+class Graph:
+    objects: list = field(default_factory=list)
+    attributes: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    relations: list = field(default_factory=list)     # [(head, rel, tail)] as words
+    complexity: int = -1
+
+    @property
+    def n_actions(self) -> int:
+        return len(self.actions)
+
+
+class _Doc:
+    """The few token attributes the rules read, pulled out of the Doc once as plain lists (one
+    ``to_array`` call and string-table look-ups: about twice as fast as walking Token objects)."""
+    __slots__ = ("n", "dep", "pos", "head", "lemma", "lower", "doc", "kids")
+
+    def __init__(self, doc: Any) -> None:
+        self.doc, self.n = doc, len(doc)
+        strings = doc.vocab.strings
+        arr = doc.to_array(_ATTRS) if self.n else None
+        rel = arr[:, 0].astype("int64").tolist() if self.n else []
+        dep, pos, orth, lemma = arr[:, 1:].T.tolist() if self.n else ([], [], [], [])
+        self.head = [i + r for i, r in enumerate(rel)]
+        self.dep = [_LABEL.get(x) or _label(strings, x) for x in dep]
+        self.pos = [_LABEL.get(x) or _label(strings, x) for x in pos]
+        self.lower = [strings[x].lower() for x in orth]
+        self.lemma = [strings[x].lower() if x else w for x, w in zip(lemma, self.lower)]
+        self.kids: list[list[int]] = [[] for _ in range(self.n)]
+        for i, h in enumerate(self.head):
+            if h != i:
+                self.kids[h].append(i)
+
+    def children(self, i: int, deps: frozenset | set) -> list[int]:
+        return [k for k in self.kids[i] if self.dep[k] in deps]
+
+    def passive_participle(self, i: int) -> bool:
+        t = self.doc[i]
+        m = t.morph
+        return (t.tag_ == "VBN" or ("Part" in m.get("VerbForm") and "Past" in m.get("Tense"))
+                or "Pass" in m.get("Voice"))
+
+
+_ATTRS = ["HEAD", "DEP", "POS", "ORTH", "LEMMA"]
+_LABEL: dict[int, str] = {}      # hash -> string for the small label sets (DEP, POS)
+
+
+def _label(strings: Any, x: int) -> str:
+    s = _LABEL[x] = strings[x] if x else ""
+    return s
+
+
+def _is_object(d: _Doc, i: int, L: Labels) -> bool:
+    return d.pos[i] == "NOUN" and d.dep[i] not in L.noun_mod
+
+
+def _word(d: _Doc, i: int) -> str:
+    return d.lower[i] if d.pos[i] == "VERB" else d.lemma[i]
+
+
+def _with_conj(d: _Doc, idx: Iterable[int]) -> list[int]:
+    out: list[int] = []
+    todo = list(idx)
+    while todo:
+        i = todo.pop(0)
+        if i not in out:
+            out.append(i)
+            todo.extend(d.children(i, CONJ))
+    return out
+
+
+def _is_action(d: _Doc, i: int) -> bool:
+    return (d.pos[i] == "VERB" and d.lemma[i] not in EXCLUDED_VERBS
+            and d.lower[i] not in EXCLUDED_FORMS)
+
+
+def _rel_pronoun(d: _Doc, i: int) -> bool:
+    return d.pos[i] == "PRON" and d.lower[i] in REL_PRONOUNS
+
+
+def _arguments(d: _Doc, v: int, L: Labels, memo: dict) -> tuple[list[int], list[int]]:
+    """(subjects, objects) of verb ``v`` as token indices (before the object test)."""
+    if v in memo:
+        return memo[v]
+    memo[v] = ([], [])                                   # cycle guard
+    passive = bool(d.children(v, L.passive))
+    subj = d.children(v, L.subj)
+    obj = d.children(v, L.obj) + d.children(v, L.pass_subj)
+    subj += d.children(v, AGENT_UD)                      # UD: "by a cat"
+    for a in d.children(v, AGENT_CLEAR):                 # ClearNLP: agent "by" -> pobj
+        subj += d.children(a, POBJ)
+    h, dep = d.head[v], d.dep[v]
+    if dep in L.relcl:                                   # "a man who rides": who -> man
+        subj = [h if _rel_pronoun(d, s) else s for s in subj]
+        obj = [h if _rel_pronoun(d, o) else o for o in obj]
+    if not subj and not passive and h != v:
+        if dep == "acl" and d.passive_participle(v):     # "a cake decorated with candles"
+            obj.append(h)
+        elif dep in ("acl", "relcl", "acl:relcl"):       # "two dogs playing in the snow"
+            subj.append(h)
+        elif dep in ("conj", "xcomp", "advcl") and d.pos[h] in ("VERB", "AUX"):
+            subj = list(_arguments(d, h, L, memo)[0])    # "running and jumping", "trying to catch"
+    memo[v] = (_with_conj(d, subj), _with_conj(d, obj))
+    return memo[v]
+
+
+def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True) -> Graph:
+    """DiHT's semantic graph of one caption."""
+    d = _Doc(doc)
+    L = LABELS[scheme or detect_scheme(d.dep)]
+    rels: dict[tuple[int, str, int], None] = {}          # ordered set of (head, rel, tail)
+    attrs: dict[int, None] = {}
+    objs = [i for i in range(d.n) if _is_object(d, i, L)]
+    is_obj = set(objs)
+
+    def attr(head: int, a: int) -> None:
+        for t in _with_conj(d, [a]):
+            if t in attrs or t in is_obj or t == head or d.pos[t] not in ("ADJ", "NOUN", "VERB"):
+                continue
+            attrs[t] = None
+            rels[(head, HAS_ATTR, t)] = None
+            for m in d.children(t, L.attr_mod):          # attributes of attributes: "dark green"
+                if d.pos[m] in ("ADJ", "NOUN"):
+                    attr(t, m)
+
+    for o in objs:
+        for a in d.children(o, L.obj_attr):
+            attr(o, a)
+        for p in d.children(o, NMOD) if L is LABELS[UD] else []:          # UD: X with Y
+            if any(d.lower[c] == "with" for c in d.children(p, CASE)):
+                for t in _with_conj(d, [p]):
+                    if t in is_obj:
+                        rels[(o, HAS_PART, t)] = None
+        for p in d.children(o, PREP) if L is LABELS[CLEARNLP] else []:    # ClearNLP: X with Y
+            if d.lower[p] == "with":
+                for t in _with_conj(d, d.children(p, POBJ)):
+                    if t in is_obj:
+                        rels[(o, HAS_PART, t)] = None
+
+    memo: dict = {}
+    actions: list[int] = []
+    for v, pos in enumerate(d.pos):
+        if pos == "ADJ":
+            if d.children(v, COP):                                # UD: "the car is red"
+                for s in _with_conj(d, d.children(v, L.subj)):
+                    if s in is_obj:
+                        attr(s, v)
+            continue
+        if pos != "VERB" and pos != "AUX":
+            continue
+        if d.lemma[v] in LINKING or d.lower[v] in LINKING_FORMS:
+            for a in d.children(v, L.pred_adj):                   # "the man looks happy"
+                if d.pos[a] == "ADJ":
+                    for s in _with_conj(d, d.children(v, L.subj)):
+                        if s in is_obj:
+                            attr(s, a)
+        if d.lemma[v] == "have" or d.lower[v] in HAVE_FORMS:
+            subj, obj = _arguments(d, v, L, memo)                 # "the cake has candles"
+            for s in subj:
+                for o in obj:
+                    if s in is_obj and o in is_obj:
+                        rels[(s, HAS_PART, o)] = None
+        if not _is_action(d, v):
+            continue
+        actions.append(v)
+        if d.dep[v] == "amod":                                    # "running person": no arguments
+            continue
+        subj, obj = _arguments(d, v, L, memo)
+        for s in subj:
+            if s in is_obj:
+                rels[(s, IS_ACT_SUBJ, v)] = rels[(v, ACT_HAS_SUBJ, s)] = None
+        for o in obj:
+            if o in is_obj:
+                rels[(o, IS_ACT_OBJ, v)] = rels[(v, ACT_HAS_OBJ, o)] = None
+    if not participle_actions:
+        actions = [v for v in actions if d.dep[v] != "amod"]
+
+    per_obj = {o: 0 for o in objs}
+    for h, r, _ in rels:
+        if r in OBJECT_CENTRIC and h in per_obj:
+            per_obj[h] += 1
+    attr_word = {i: _word(d, i) for i in attrs}
+    return Graph(objects=[d.lemma[o] for o in objs],
+                 attributes=[attr_word[i] for i in sorted(attrs)],
+                 actions=[d.lemma[v] for v in actions],
+                 relations=[_triple(d, h, r, t, attr_word) for h, r, t in rels],
+                 complexity=max(per_obj.values(), default=-1))
+
+
+def _triple(d: _Doc, h: int, r: str, t: int, attr_word: dict) -> tuple[str, str, str]:
+    """A fact as words: actions by lemma, attributes as listed, objects by lemma."""
+    def w(i: int, action: bool) -> str:
+        return d.lemma[i] if action else attr_word.get(i) or _word(d, i)
+    return (w(h, r in (ACT_HAS_SUBJ, ACT_HAS_OBJ)), r, w(t, r in (IS_ACT_SUBJ, IS_ACT_OBJ)))
+
+
+# --- the spaCy pipeline --------------------------------------------------------------------------
+class PipelineMissing(RuntimeError):
+    """No usable English spaCy pipeline: the message says how to get one; ``short`` says it in a
+    line (what a run that skips the parse records in every row)."""
+
+    def __init__(self, message: str, short: Optional[str] = None) -> None:
+        super().__init__(message)       # args stay (message,): it pickles (Ray tasks, actors)
+        self.short = short or message
+
+    @classmethod
+    def of(cls, model: str, why: str) -> "PipelineMissing":
+        why = "not installed" if "[E050]" in why else why
+        return cls(how_to_get_one(model, why), f"cat.spacy_model={model!r}: {why[:100]}; install "
+                   "an English pipeline, e.g. `python -m spacy download en_core_web_sm`")
+
+
+def how_to_get_one(model: str, why: str) -> str:
+    try:
+        import spacy.util
+        found = [m for m in spacy.util.get_installed_models() if m.startswith("en_")]
+    except Exception:  # noqa: BLE001 - only a hint
+        found = []
+    hint = f" (installed English pipelines: {', '.join(found)})" if found else ""
+    return (f"cat.spacy_model={model!r}: no English spaCy pipeline could be loaded ({why}); "
+            f"install one with `python -m spacy download en_core_web_sm` (or `pip install` a "
+            f"pipeline wheel) and set cat.spacy_model to its package name or directory{hint}, "
+            f"or set cat.if_missing=skip to run without the complexity/action filter")
+
+
+def components_to_disable(nlp: Any) -> list[str]:
+    """Components the rules do not read (NER, text classifiers, ...; a tagger whose tags another
+    component already turns into POS). Kept: embedders, and whatever assigns POS, morphology,
+    lemmas or the parse, plus the attribute ruler that maps ClearNLP tags to POS and morphology."""
+    metas = {n: nlp.get_pipe_meta(n) for n in nlp.pipe_names}
+    pos_elsewhere = any("token.pos" in m.assigns for m in metas.values())
+    off = []
+    for name, meta in metas.items():
+        if meta.factory in ("tok2vec", "transformer", "curated_transformer", "attribute_ruler"):
+            continue
+        if set(meta.assigns) & NEEDED_ATTRS:
+            continue
+        if meta.factory == "tagger" and not pos_elsewhere:
+            continue
+        off.append(name)
+    return off
+
+
+@dataclass
+class Pipeline:
+    nlp: Any
+    scheme: str
+    label: str              # "name version (scheme)", recorded with every parse
+
+
+PREFERRED = ("en_core_web_sm", "en_core_web_md", "en_core_web_lg", "en_core_web_trf")
+
+
+def resolve_model(model: str) -> str:
+    """``auto``: the first installed English pipeline, official ones first (else ``model``)."""
+    if model != "auto":
+        return model
+    try:
+        import spacy.util
+        found = sorted(m for m in spacy.util.get_installed_models() if m.startswith("en_"))
+    except Exception:  # noqa: BLE001 - resolution is best effort; loading reports the problem
+        found = []
+    ranked = [m for m in PREFERRED if m in found] + [m for m in found if m not in PREFERRED]
+    return ranked[0] if ranked else "en_core_web_sm"
+
+
+def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
+    """Load ``model`` (a package name, a directory, or ``auto``), keep only the components the
+    rules need.
+
+    ``gemm="numpy"`` builds the models on thinc's NumpyOps without BLIS, so their dense layers go
+    through numpy's BLAS (OpenBLAS): 1.6x faster here than spaCy's default BLIS kernels, with
+    identical parses (checked on 3,000 COCO captions)."""
+    try:
+        import spacy
+        from thinc.api import use_ops
+    except ImportError as e:  # pragma: no cover - spacy is a dependency
+        raise PipelineMissing.of(model, f"spaCy is not importable: {e}") from e
+    model = resolve_model(model)
+    ctx = use_ops("numpy", use_blis=False) if gemm == "numpy" else contextlib.nullcontext()
+    try:
+        with ctx:
+            nlp = spacy.load(model)
+    except (OSError, ImportError, ValueError) as e:
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise PipelineMissing.of(model, why) from e
+    if nlp.lang != "en":
+        raise PipelineMissing.of(model, f"it is a {nlp.lang!r} pipeline, not English")
+    parsers = [n for n in nlp.pipe_names if "token.dep" in nlp.get_pipe_meta(n).assigns]
+    if not parsers:
+        raise PipelineMissing.of(model, "it has no dependency parser")
+    nlp.select_pipes(disable=components_to_disable(nlp))
+    scheme = detect_scheme(nlp.get_pipe(parsers[0]).labels)
+    label = f"{nlp.meta.get('lang', 'en')}_{nlp.meta.get('name', model)} " \
+            f"{nlp.meta.get('version', '?')} ({scheme})"
+    return Pipeline(nlp, scheme, label)
+
+
+def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int = 1,
+                batch_size: int = 512, participle_actions: bool = True) -> list[Graph]:
+    """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
+    uniq = list(dict.fromkeys(t or "" for t in texts))
+    docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
+    graphs = {t: parse(doc, pipe.scheme, participle_actions) for t, doc in zip(uniq, docs)}
+    return [graphs[t or ""] for t in texts]
+
+
+def pipeline_identity(model: str) -> str:
+    """``model``'s name and version as installed, or ``missing``, without loading it (cheap: for
+    a run fingerprint, so that installing the pipeline later reruns a stage that skipped the
+    parse)."""
+    import json
+    from pathlib import Path
+
+    import spacy.util
+    model = resolve_model(model)
+    meta = Path(model) / "meta.json"
+    if meta.is_file():
+        m = json.loads(meta.read_text())
+        return f"{m.get('lang', '?')}_{m.get('name', '?')} {m.get('version', '?')}"
+    if spacy.util.is_package(model):
+        return f"{model} {spacy.util.get_package_version(model)}"
+    return "missing"

@@ -1,0 +1,253 @@
+"""DiHT's text spotting (paper sec. 3.1): OCR the image, and flag the pair when a confidently
+spotted text repeats part of the caption.
+
+The rule (DiHT): "spotting confidence of at least 0.8 and at least 5 predicted characters matching
+the caption in a sliding window". Made precise here:
+
+* each spotted text line is matched on its own (lines are never glued together);
+* both sides are normalised: Unicode NFKC, ``str.casefold`` (case-insensitive), and every character
+  that is not a letter or a digit (``str.isalnum``) removed, so whitespace and punctuation neither
+  count nor break a match ("OATLY." matches "Oatly", "COCA-COLA" matches "Coca Cola"); accents are
+  kept;
+* matched characters = the length of the longest common substring of the two normalised strings;
+  a window of ``min_chars`` consecutive spotted characters that occurs in the caption is exactly a
+  common substring of that length, so the rule is ``conf >= min_conf and matched >= min_chars``;
+* the row records the best line: most matched characters among confident lines, ties to the higher
+  confidence.
+
+Backends turn a list of RGB PIL images into, per image, a list of ``Spot(text, conf)`` with ``conf``
+in [0, 1]: ``rapidocr`` (the default; PP-OCRv4 ONNX models shipped in its wheel; conf = recognition
+score of a line), ``tesseract`` (pytesseract + Debian tesseract-ocr; words grouped into lines,
+conf = character-weighted mean of the word confidences / 100) and ``mmocr`` (optional adapter;
+conf = recognition score).
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class Spot:
+    text: str
+    conf: float
+
+
+@dataclass(frozen=True)
+class Match:
+    chars: int = 0                 # matched characters (longest common normalised substring)
+    match: Optional[str] = None    # that substring
+    conf: Optional[float] = None   # confidence of the line it came from
+    text: Optional[str] = None     # the spotted line
+
+
+class BackendUnavailable(RuntimeError):
+    """The OCR backend cannot run here; the message says what to install or change."""
+
+
+# --- the matching rule ----------------------------------------------------------------------------
+def normalize(text: str) -> str:
+    """NFKC, casefold, letters and digits only."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text or "").casefold() if c.isalnum())
+
+
+def longest_common(a: str, b: str) -> str:
+    """Longest substring of ``a`` that occurs in ``b`` (the first such, scanning ``a``)."""
+    best = ""
+    for i in range(len(a)):
+        n = len(best) + 1
+        while i + n <= len(a) and a[i:i + n] in b:
+            best = a[i:i + n]
+            n += 1
+    return best
+
+
+def best_match(spots: Sequence[Spot], caption: str, min_conf: float) -> Match:
+    cap = normalize(caption)
+    best = Match()
+    for s in spots:
+        if s.conf < min_conf:
+            continue
+        m = longest_common(normalize(s.text), cap)
+        if len(m) > best.chars or (m and len(m) == best.chars and s.conf > (best.conf or 0.0)):
+            best = Match(len(m), m, s.conf, s.text)
+    return best
+
+
+def text_spotted(m: Match, min_chars: int) -> bool:
+    return m.chars >= min_chars
+
+
+# --- images ---------------------------------------------------------------------------------------
+def load_image(data: bytes, max_side: int) -> Image.Image:
+    """Decode to RGB, downscaled so that its longer side is at most ``max_side`` (JPEG draft mode
+    decodes big photos at a reduced scale directly)."""
+    im = Image.open(io.BytesIO(data))
+    if im.format == "JPEG" and max(im.size) > max_side:
+        im.draft("RGB", (max_side, max_side))
+    im = im.convert("RGB")
+    if max(im.size) > max_side:
+        im.thumbnail((max_side, max_side), Image.BILINEAR)
+    return im
+
+
+# --- backends -------------------------------------------------------------------------------------
+class RapidOcrBackend:
+    name = "rapidocr"
+
+    def __init__(self, threads: int = 1) -> None:
+        try:
+            from rapidocr_onnxruntime import RapidOCR
+        except ImportError as e:
+            raise BackendUnavailable(f"textspot.backend=rapidocr: cannot import "
+                                     f"rapidocr_onnxruntime ({e}); `pip install 'vlcurate[ocr]'` "
+                                     "or `pip install rapidocr-onnxruntime`") from e
+        kw = {"intra_op_num_threads": threads, "inter_op_num_threads": 1} if threads > 0 else {}
+        self.ocr = RapidOCR(**kw)
+
+    def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
+        out = []
+        for im in images:
+            res, _ = self.ocr(im)
+            out.append([Spot(str(r[1]), float(r[2])) for r in (res or [])])
+        return out
+
+
+class TesseractBackend:
+    name = "tesseract"
+
+    def __init__(self, lang: str = "eng", psm: int = 11, threads: int = 1) -> None:
+        try:
+            import pytesseract
+        except ImportError as e:
+            raise BackendUnavailable(f"textspot.backend=tesseract: cannot import pytesseract "
+                                     f"({e}); `pip install pytesseract`") from e
+        cmd = pytesseract.pytesseract.tesseract_cmd
+        if not shutil.which(cmd):
+            raise BackendUnavailable(f"textspot.backend=tesseract: the tesseract binary "
+                                     f"({cmd!r}) is not installed: `apt-get install "
+                                     "tesseract-ocr tesseract-ocr-eng` (or use "
+                                     "textspot.backend=rapidocr)")
+        missing = [x for x in lang.split("+") if x not in pytesseract.get_languages(config="")]
+        if missing:
+            raise BackendUnavailable(f"textspot.tesseract_lang={lang!r}: tesseract has no data for "
+                                     f"{missing}: `apt-get install tesseract-ocr-{missing[0]}`")
+        if threads > 0:   # tesseract's OpenMP threads; the env is read by the tesseract process
+            os.environ["OMP_THREAD_LIMIT"] = str(threads)
+        self.tess, self.config, self.lang = pytesseract, f"--psm {psm}", lang
+
+    def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
+        return [tesseract_lines(self.tess.image_to_data(
+            im, lang=self.lang, config=self.config, output_type=self.tess.Output.DICT))
+            for im in images]
+
+
+def tesseract_lines(data: dict) -> list[Spot]:
+    """Words of ``pytesseract.image_to_data`` grouped into lines (block, paragraph, line); a line's
+    conf is the character-weighted mean of its words' confidences (0-100) / 100."""
+    lines: dict[tuple, list[tuple[str, float]]] = {}
+    for i, word in enumerate(data["text"]):
+        conf = float(data["conf"][i])
+        if not str(word).strip() or conf < 0:
+            continue
+        key = (data["block_num"][i], data["par_num"][i], data["line_num"][i])
+        lines.setdefault(key, []).append((str(word).strip(), conf))
+    out = []
+    for words in lines.values():
+        n = sum(len(w) for w, _ in words)
+        out.append(Spot(" ".join(w for w, _ in words), sum(len(w) * c for w, c in words) / n / 100))
+    return out
+
+
+class MmocrBackend:
+    """Adapter for mmocr 1.x's ``MMOCRInferencer`` (not installable on current torch: mmcv has no
+    wheels; bring your own mmocr, mmcv and weights)."""
+    name = "mmocr"
+
+    def __init__(self, det: str = "DBNet", rec: str = "SAR", det_weights: Optional[str] = None,
+                 rec_weights: Optional[str] = None, device: Optional[str] = None) -> None:
+        try:
+            from mmocr.apis import MMOCRInferencer
+        except Exception as e:  # noqa: BLE001 - mmcv fails in many ways (ImportError, OSError)
+            raise BackendUnavailable(
+                f"textspot.backend=mmocr: cannot import mmocr ({type(e).__name__}: {e}); mmocr "
+                "needs mmcv, which has no wheels for current torch: build mmcv and install mmocr "
+                "yourself (https://mmocr.readthedocs.io), or use textspot.backend=rapidocr or "
+                "tesseract") from e
+        self.infer = MMOCRInferencer(det=det, det_weights=det_weights, rec=rec,
+                                     rec_weights=rec_weights, device=device)
+
+    def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
+        import numpy as np
+        bgr = [np.ascontiguousarray(np.asarray(im)[:, :, ::-1]) for im in images]
+        out = self.infer(bgr, batch_size=len(bgr), out_dir="", return_vis=False)
+        return [mmocr_spots(p) for p in out["predictions"]]
+
+
+def mmocr_spots(pred: dict) -> list[Spot]:
+    """One image's ``MMOCRInferencer`` prediction (rec_texts, rec_scores) as spots."""
+    return [Spot(str(t), float(s)) for t, s in zip(pred.get("rec_texts", []),
+                                                    pred.get("rec_scores", []))]
+
+
+BACKENDS: dict[str, Callable[..., Any]] = {"rapidocr": RapidOcrBackend,
+                                           "tesseract": TesseractBackend, "mmocr": MmocrBackend}
+
+
+def make_backend(cfg: Any) -> Any:
+    """The backend ``cfg.backend`` names (``cfg``: the ``textspot`` config section)."""
+    if cfg.backend == "rapidocr":
+        return RapidOcrBackend(threads=cfg.threads)
+    if cfg.backend == "tesseract":
+        return TesseractBackend(lang=cfg.tesseract_lang, psm=cfg.tesseract_psm, threads=cfg.threads)
+    if cfg.backend == "mmocr":
+        return MmocrBackend(det=cfg.mmocr_det, rec=cfg.mmocr_rec, det_weights=cfg.mmocr_det_weights,
+                            rec_weights=cfg.mmocr_rec_weights)
+    raise BackendUnavailable(f"textspot.backend={cfg.backend!r}: unknown "
+                             f"(known: {sorted(BACKENDS)})")
+
+
+def spot_all(backend: Callable, images: Sequence[bytes], max_side: int
+             ) -> tuple[list[Optional[list[Spot]]], list[Optional[str]]]:
+    """OCR a batch of encoded images: (spots per image, error note per image). The batch goes to the
+    backend at once; if that fails, image by image, and an image that still fails gets ``None``
+    spots and a note (one bad image never stops a part)."""
+    try:
+        return list(backend([load_image(b, max_side) for b in images])), [None] * len(images)
+    except Exception:  # noqa: BLE001 - retried image by image below
+        pass
+    spots: list[Optional[list[Spot]]] = []
+    errors: list[Optional[str]] = []
+    for b in images:
+        try:
+            spots.append(list(backend([load_image(b, max_side)])[0]))
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 - recorded in the row
+            spots.append(None)
+            errors.append(f"text spotting failed on this image: {type(e).__name__}: {e}"[:300])
+    return spots, errors
+
+
+def backend_identity(cfg: Any) -> str:
+    """The configured backend's name and version as installed, or ``... missing``, without loading
+    models (cheap: for a run fingerprint, so that installing the backend later reruns a stage that
+    skipped text spotting)."""
+    from importlib import metadata
+    dist = {"rapidocr": "rapidocr-onnxruntime", "tesseract": "pytesseract", "mmocr": "mmocr"}
+    try:
+        out = f"{cfg.backend} {metadata.version(dist.get(cfg.backend, cfg.backend))}"
+    except metadata.PackageNotFoundError:
+        return f"{cfg.backend} missing"
+    if cfg.backend == "tesseract":
+        import pytesseract
+        try:
+            out += f" (tesseract {pytesseract.get_tesseract_version()})"
+        except Exception:  # noqa: BLE001 - binary absent
+            return f"{cfg.backend} missing (no tesseract binary)"
+    return out

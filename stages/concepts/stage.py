@@ -1,0 +1,149 @@
+"""The concepts stage: DiHT's concept-distillation targets (paper sec. 3.2, appendix A.1.2).
+
+Global step (``prepare``, once, over the still-kept rows): the frozen teacher's features of every
+image go to ``workdir/features/part-NNNNN.npz`` (computed once, float16); the vocabulary is built
+from the CAT parse (``vocab.py``); linear heads for objects and attributes are trained on the
+features (``heads.py``), the attribute candidates first going through the visualness filter.
+Per part (``__call__``): the stored features of its rows -> softmax -> top-k (default 10),
+renormalised -> concept ids (uint16) and probabilities (float16). ``finalize`` publishes the
+vocabulary table (and the heads) beside the stage's table: ``<run>/concepts/vocab.parquet``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlcurate.schemas import F, conform
+from vlcurate.schemas import concepts as S
+from vlcurate.stages import models
+from vlcurate.stages.base import Resources, Stage
+
+from . import heads as H
+from . import vocab as V
+from .teacher import Teacher
+from .wordnet import open_wordnet
+
+log = logging.getLogger(__name__)
+PUBLISHED = ("vocab.parquet", "heads_objects.npz", "heads_attributes.npz")
+
+
+def _lists(a: np.ndarray, field: pa.Field) -> pa.Array:
+    """(n, k) array -> a list column of n lists of k values (the field's value type)."""
+    n, k = a.shape
+    vt = field.type.value_type
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k),
+                                    pa.array(a.reshape(-1).astype(vt.to_pandas_dtype()), vt),
+                                    type=field.type)
+
+
+class ConceptsStage(Stage):
+    name = "concepts"
+    version = "1"
+    config_sections = ("concepts",)
+    inputs = {"ingest": (F.IMAGE,), "cat": (S.OBJECT_WORDS, S.ATTRIBUTE_WORDS)}
+    output = S.CONCEPT_TARGETS
+    wants_position = True               # a row's features are found by (part, row)
+    resources = Resources(num_cpus=1, num_gpus=0, batch_size=0)
+
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        t = config.concepts.teacher
+        return [(f"concepts: the teacher {t.id!r} has RANDOM weights (concepts.teacher."
+                 "random_init): its concept targets are for testing only")] if t.random_init else []
+
+    @staticmethod
+    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+        c = config.concepts
+        wn = open_wordnet(c.wordnet_dir)          # fails fast, before the teacher loads
+        teacher = Teacher(c.teacher)
+        os.makedirs(os.path.join(workdir, "features"), exist_ok=True)
+        feats, objects, attributes = [], [], []
+        for part in range(n_parts):
+            t = read(part)
+            x = teacher.encode(t.column(F.IMAGE.name).to_pylist(), c.teacher_batch_size)
+            np.savez(os.path.join(workdir, "features", f"part-{part:05d}.npz"),
+                     rows=t.column(F.ROW.name).to_numpy(), x=x.astype(np.float16))
+            feats.append(x.astype(np.float16))
+            objects += t.column(S.OBJECT_WORDS.name).to_pylist()
+            attributes += t.column(S.ATTRIBUTE_WORDS.name).to_pylist()
+        x = np.concatenate([f for f in feats if f.size]) if any(f.size for f in feats) else \
+            np.zeros((0, 0), np.float16)
+        obj, att, obj_labels, att_labels = V.build(objects, attributes, wn, c)
+        device = models.device_for(c.teacher)
+        if c.min_visualness is not None and att.names and len(x):
+            vis = H.visualness(x, V.to_ids(att_labels, att), len(att.names), c, device)
+            att.visualness = {n: float(v) for n, v in zip(att.names, vis, strict=True)
+                              if not np.isnan(v)}
+            att = att.keep(H.select_attributes(att.names, vis, att.sharedness, c))
+        elif c.max_attributes:
+            att = att.keep(att.names[:c.max_attributes])
+        out = {"features": os.path.join(workdir, "features"), "random": teacher.loaded.random,
+               "n_objects": len(obj.names), "n_attributes": len(att.names)}
+        for kind, con, labels in (("objects", obj, obj_labels), ("attributes", att, att_labels)):
+            head = H.train_head(x, V.to_ids(labels, con), len(con.names), c, device) \
+                if len(x) else None
+            out[kind] = os.path.join(workdir, f"heads_{kind}.npz") if head else None
+            if head:
+                head.save(out[kind])
+        if not obj.names or not att.names:
+            log.warning("concepts: empty vocabulary (%d objects, %d attributes): lower "
+                        "concepts.min_object_count / min_attribute_count for a small dataset",
+                        len(obj.names), len(att.names))
+        pq.write_table(pa.Table.from_pylist(obj.rows() + att.rows(), schema=S.CONCEPT_VOCAB),
+                       os.path.join(workdir, "vocab.parquet"))
+        return out
+
+    @staticmethod
+    def finalize(config: Any, ctx: Any) -> dict:
+        src = Path(ctx.root) / "_prepare"
+        for name in PUBLISHED:
+            if (src / name).exists():
+                shutil.copyfile(src / name, Path(ctx.root) / name)
+        return {"vocab": str(Path(ctx.root) / "vocab.parquet")}
+
+    def __init__(self, config: Any, state: Any = None) -> None:
+        super().__init__(config, state)
+        self.cfg, st = config.concepts, state or {}
+        self.heads = {k: H.Head.load(st[k]) if st.get(k) else None
+                      for k in ("objects", "attributes")}
+        self.random = bool(st.get("random", False))
+        self._part: tuple = (None, None, None)
+
+    def _features(self, parts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        out = None
+        for p in np.unique(parts):
+            if self._part[0] != p:
+                with np.load(os.path.join(self.state["features"], f"part-{p:05d}.npz")) as f:
+                    self._part = (p, f["rows"], f["x"])
+            _, have, x = self._part
+            sel = parts == p
+            pos = np.searchsorted(have, rows[sel])
+            if (pos >= len(have)).any() or not np.array_equal(have[np.minimum(pos, len(have) - 1)],
+                                                               rows[sel]):
+                raise RuntimeError(f"concepts: part {p} has rows without teacher features: "
+                                   "rerun the stage")
+            out = np.zeros((len(rows), x.shape[1]), np.float32) if out is None else out
+            out[sel] = x[pos]
+        return out if out is not None else np.zeros((0, 0), np.float32)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        x = self._features(batch.column(F.PART.name).to_numpy(),
+                           batch.column(F.ROW.name).to_numpy())
+        cols = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name)}
+        for kind, ids_f, probs_f in (("objects", S.CONCEPT_OBJECT_IDS, S.CONCEPT_OBJECT_PROBS),
+                                     ("attributes", S.CONCEPT_ATTRIBUTE_IDS,
+                                      S.CONCEPT_ATTRIBUTE_PROBS)):
+            ids, probs = H.top_k(self.heads[kind], x, self.cfg.top_k)
+            cols[ids_f.name], cols[probs_f.name] = _lists(ids, ids_f), _lists(probs, probs_f)
+        cols[S.CONCEPT_TEACHER.name] = pa.array([self.cfg.teacher.id] * n, pa.string())
+        cols[S.CONCEPT_RANDOM.name] = pa.array([self.random] * n, pa.bool_())
+        cols[F.REASONS.name] = pa.array([[]] * n, F.REASONS.type)
+        return conform(pa.table(cols), self.output)

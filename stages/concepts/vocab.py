@@ -1,0 +1,146 @@
+"""DiHT's concept vocabulary (appendix A.1.2) from the CAT parse of the captions.
+
+* **Objects.** Each parsed noun (``cat_objects``: lemmas) is canonicalised to its WordNet noun
+  synset: the most frequent sense of the word's base form (nltk's morphy: "puppies" -> puppy.n.01,
+  "automobiles" -> car.n.01, "mice" -> mouse.n.01). WordNet, not the caption, decides: puppy.n.01
+  is its own synset (a hyponym of dog.n.01). With ``hypernym_backoff`` a synset under the cutoff
+  is relabelled to its nearest hypernym that made the vocabulary (puppy.n.01 -> dog.n.01), an
+  option DiHT does not describe (it drops them), so it is off by default. A synset is kept when
+  at least ``min_object_count`` images mention it (DiHT: 250 over LAION), most frequent first.
+* **Attributes.** Adjectives only: each ``cat_attributes`` word canonicalised to its WordNet
+  adjective synset (words with no adjective sense, e.g. noun modifiers, are left out), kept when
+  ``min_attribute_count`` images mention it and its *sharedness* (the number of distinct object
+  synsets of the vocabulary it co-occurs with in a caption) is at least ``min_sharedness``.
+  The *visualness* filter that follows (DiHT keeps 1200 attributes ranked by sharedness and
+  visualness) needs the teacher: see ``heads.visualness``.
+
+Counts are per image (a caption that repeats a word counts once).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from .wordnet import Synset, WordNet
+
+OBJECT, ATTRIBUTE = "object", "attribute"
+MAX_VOCAB = 65535            # concept ids are stored as uint16
+
+
+@dataclass
+class Concepts:
+    """One kind of concept: names (synsets) in id order, with their statistics."""
+    kind: str
+    names: list[str] = field(default_factory=list)
+    count: dict[str, int] = field(default_factory=dict)          # images mentioning it
+    words: dict[str, Counter] = field(default_factory=dict)      # caption words mapped to it
+    gloss: dict[str, str] = field(default_factory=dict)
+    sharedness: dict[str, int] = field(default_factory=dict)     # attributes only
+    visualness: dict[str, float] = field(default_factory=dict)   # attributes only, when measured
+
+    def ids(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    def keep(self, names: Sequence[str]) -> "Concepts":
+        return Concepts(self.kind, list(names), self.count, self.words, self.gloss,
+                        self.sharedness, self.visualness)
+
+    def rows(self) -> list[dict]:
+        return [{"concept_id": i, "kind": self.kind, "synset": n, "gloss": self.gloss.get(n),
+                 "words": [w for w, _ in self.words.get(n, Counter()).most_common(10)],
+                 "n_images": self.count.get(n, 0), "sharedness": self.sharedness.get(n),
+                 "visualness": self.visualness.get(n)} for i, n in enumerate(self.names)]
+
+
+class Canonicaliser:
+    """word -> synset name, cached (a vocabulary sees few distinct words)."""
+
+    def __init__(self, wn: WordNet, pos: str) -> None:
+        self.wn, self.pos, self.cache = wn, pos, {}
+        self.synsets: dict[str, Synset] = {}
+
+    def __call__(self, word: str) -> Optional[str]:
+        if word not in self.cache:
+            ss = self.wn.canonical(word, self.pos) if word and word.strip() else None
+            self.cache[word] = ss.name if ss else None
+            if ss:
+                self.synsets[ss.name] = ss
+        return self.cache[word]
+
+
+def _labels(rows: Iterable[Optional[Sequence[str]]], canon: Canonicaliser,
+            words: dict[str, Counter]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        names: list[str] = []
+        for w in r or ():
+            n = canon(w)
+            if n is not None and n not in names:
+                names.append(n)
+                words.setdefault(n, Counter())[w] += 1
+        out.append(names)
+    return out
+
+
+def _backoff(labels: list[list[str]], kept: set[str], canon: Canonicaliser) -> list[list[str]]:
+    """Relabel synsets outside ``kept`` to their nearest hypernym inside it (breadth first)."""
+    memo: dict[str, Optional[str]] = {}
+
+    def up(name: str) -> Optional[str]:
+        if name not in memo:
+            frontier, seen, memo[name] = [canon.synsets[name]], set(), None
+            while frontier and memo[name] is None:
+                nxt = []
+                for ss in frontier:
+                    for h in canon.wn.hypernyms(ss):
+                        if h.name in kept:
+                            memo[name] = h.name
+                            break
+                        if h.name not in seen:
+                            seen.add(h.name)
+                            nxt.append(h)
+                    if memo[name] is not None:
+                        break
+                frontier = nxt
+        return memo[name]
+
+    return [list(dict.fromkeys(n if n in kept else up(n) for n in row if n in kept or up(n)))
+            for row in labels]
+
+
+def build(objects: list, attributes: list, wn: WordNet,
+          cfg) -> tuple[Concepts, Concepts, list[list[str]], list[list[str]]]:
+    """Per-image word lists -> (object vocabulary, attribute candidates, per-image object
+    synsets, per-image attribute synsets); ``to_ids`` maps the latter onto a vocabulary.
+    ``cfg``: the ``concepts`` config section."""
+    canon_n, canon_a = Canonicaliser(wn, "n"), Canonicaliser(wn, "a")
+    obj = Concepts(OBJECT)
+    att = Concepts(ATTRIBUTE)
+    obj_labels = _labels(objects, canon_n, obj.words)
+    att_labels = _labels(attributes, canon_a, att.words)
+    obj.count = dict(Counter(n for row in obj_labels for n in row))
+    att.count = dict(Counter(n for row in att_labels for n in row))
+    ranked = sorted((n for n, c in obj.count.items() if c >= cfg.min_object_count),
+                    key=lambda n: (-obj.count[n], n))
+    obj.names = ranked[:min(cfg.max_objects or MAX_VOCAB, MAX_VOCAB)]
+    kept = set(obj.names)
+    if cfg.hypernym_backoff:
+        obj_labels = _backoff(obj_labels, kept, canon_n)
+    obj_labels = [[n for n in row if n in kept] for row in obj_labels]
+    partners: dict[str, set] = {}
+    for o_row, a_row in zip(obj_labels, att_labels, strict=True):
+        for a in a_row:
+            partners.setdefault(a, set()).update(o_row)
+    att.sharedness = {a: len(p) for a, p in partners.items()}
+    att.names = sorted((a for a, c in att.count.items() if c >= cfg.min_attribute_count
+                        and att.sharedness.get(a, 0) >= cfg.min_sharedness),
+                       key=lambda a: (-att.sharedness[a], -att.count[a], a))
+    for c, canon in ((obj, canon_n), (att, canon_a)):
+        c.gloss = {n: canon.synsets[n].gloss for n in c.names}
+    return obj, att, obj_labels, att_labels
+
+
+def to_ids(labels: list[list[str]], concepts: Concepts) -> list[list[int]]:
+    ids = concepts.ids()
+    return [[ids[n] for n in row if n in ids] for row in labels]

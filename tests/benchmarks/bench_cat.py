@@ -1,0 +1,178 @@
+"""DiHT's CAT filter: parser speed, keep rates on real caption corpora beside DiHT Table A.3, and
+OCR speed per backend on the 348 px grocery photos.
+
+    .venv/bin/python tests/benchmarks/bench_cat.py [--model en_ud_ewt_sm] [--speed-captions 4000]
+        [--corpus-limit 0] [--ocr-images 40] [--sections parser,keep,ocr]
+
+Speeds are per core: one process, one BLAS/OpenMP thread, captions (or images) per CPU-second of
+that process (tesseract: plus its child processes), which the other jobs sharing this machine do
+not inflate as much as wall time; wall-clock rates are printed beside them. The spaCy baseline
+(every component on, spaCy's default BLIS kernels) runs in the same process, interleaved with the
+configuration the cat stage uses, so their ratio is the figure to trust on a busy machine.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_THREAD_LIMIT"):
+    os.environ[var] = "1"
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data"))
+CORPORA = {"coco_val2017_captions.csv": "COCO val2017", "flickr8k_captions.csv": "Flickr8k",
+           "cc3m_validation_captions.csv": "CC3M val", "img2dataset_test10000_alttext.csv":
+           "web alt text"}
+# DiHT Table A.3, "% of full" LAION-2B (2,121,505,329 pairs; [69] = NSFW/toxicity pre-filter).
+# The table's check marks are lost in the text we have; rows 6 and 8 are our reading.
+DIHT = {"C0": 89.17, "C1": 80.58, "C2": 53.91, "C0+A": 32.60, "C1+A": 30.27, "C2+A": 22.98}
+DIHT_BASE = 93.49          # after [69] alone
+RULES = {"C0": (0, False), "C1": (1, False), "C2": (2, False), "A": (-1, True),
+         "C0+A": (0, True), "C1+A": (1, True), "C2+A": (2, True)}
+
+
+def cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def captions(name: str, limit: int = 0) -> list[str]:
+    with open(DATA / "captions_only" / name, encoding="utf-8") as fh:
+        caps = [r["caption"] or "" for r in csv.DictReader(fh)]
+    return caps[:limit] if limit else caps
+
+
+def timed(fn, n: int) -> tuple[float, float]:
+    c0, w0 = cpu(), time.perf_counter()
+    fn()
+    return n / (cpu() - c0), n / (time.perf_counter() - w0)
+
+
+def bench_parser(model: str, n: int, repeat: int) -> None:
+    import spacy
+    from vlcurate.stages.cat import parser as P
+    caps = captions("coco_val2017_captions.csv", n)
+    full = spacy.load(model)                                # every component, BLIS
+    lean = P.load_pipeline(model, gemm="numpy")             # what the cat stage runs
+    blis_lean = P.load_pipeline(model, gemm="blis")
+    configs = [
+        ("spaCy, every component, BLIS (baseline)", lambda: list(full.pipe(caps, batch_size=256))),
+        ("spaCy, only needed components, BLIS",
+         lambda: list(blis_lean.nlp.pipe(caps, batch_size=512))),
+        ("spaCy, only needed components, numpy GEMM",
+         lambda: list(lean.nlp.pipe(caps, batch_size=512))),
+        ("cat stage: parse_texts (+ DiHT rules)",
+         lambda: P.parse_texts(lean, caps, batch_size=512)),
+    ]
+    for nlp in (full, blis_lean.nlp, lean.nlp):                     # warm-up
+        list(nlp.pipe(caps[:300]))
+    best = {k: (0.0, 0.0) for k, _ in configs}
+    for _ in range(repeat):                                 # interleaved: noise hits all alike
+        for k, fn in configs:
+            c, w = timed(fn, len(caps))
+            best[k] = max(best[k], (c, w))
+    base = best[configs[0][0]][0]
+    print(f"\nParser speed, {model} on {len(caps):,} COCO captions, 1 process, 1 thread "
+          f"(best of {repeat}; goal >= 2,000 captions/s per core)")
+    print(f"{'configuration':46s} {'captions/CPU-s':>15s} {'captions/wall-s':>16s} "
+          f"{'vs baseline':>12s}")
+    for k, _ in configs:
+        c, w = best[k]
+        print(f"{k:46s} {c:15,.0f} {w:16,.0f} {c / base:11.2f}x")
+    print(f"  disabled components: {lean.nlp.disabled}; label scheme {lean.scheme}")
+
+
+def bench_keep_rates(model: str, limit: int) -> None:
+    from vlcurate.stages.cat import parser as P
+    pipe = P.load_pipeline(model)
+    rates = {}
+    for name, label in CORPORA.items():
+        caps = captions(name, limit)
+        c0 = cpu()
+        gs = P.parse_texts(pipe, caps)
+        speed = len(caps) / (cpu() - c0)
+        rates[label] = ({k: 100 * sum(g.complexity >= c and (not a or g.n_actions > 0) for g in gs)
+                         / len(gs) for k, (c, a) in RULES.items()}, len(caps), speed)
+    labels = list(rates)
+    print(f"\nKeep rates (% of captions) with {pipe.label}; DiHT Table A.3 on LAION-2B beside "
+          "(% of full; in brackets: % of the [69]-filtered set our rates compare with)")
+    print(f"{'rule':6s} {'DiHT LAION':>17s} " + " ".join(f"{x:>13s}" for x in labels))
+    for k in RULES:
+        d = f"{DIHT[k]:5.1f} [{100 * DIHT[k] / DIHT_BASE:4.1f}]" if k in DIHT else "-"
+        print(f"{k:6s} {d:>17s} " + " ".join(f"{rates[x][0][k]:13.1f}" for x in labels))
+    print(f"{'n':6s} {'2.12B':>17s} " + " ".join(f"{rates[x][1]:13,d}" for x in labels))
+    print(f"{'cap/s':6s} {'':>17s} " + " ".join(f"{rates[x][2]:13,.0f}" for x in labels))
+    print("  C1+A is the default keep rule (complexity >= 1 and >= 1 action); DiHT keeps 30.27% of "
+          "LAION-2B (32.4% of the [69]-filtered set) with it. Rows C0+A and C2+A are our reading "
+          "of Table A.3.")
+
+
+def bench_ocr(n: int) -> None:
+    from vlcurate.stages.cat import textspot as T
+    folder = DATA / "grocery_packages"
+    with open(folder / "captions.csv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    random.Random(0).shuffle(rows)
+    rows = rows[:n]
+    imgs = [(folder / "images" / r["image"]).read_bytes() for r in rows]
+    coco = DATA / "coco_mini"
+    with open(coco / "captions.csv", encoding="utf-8") as fh:
+        crow = list({r["image"]: r for r in csv.DictReader(fh)}.values())
+    random.Random(0).shuffle(crow)
+    crow = crow[:n]
+    cimgs = [(coco / "images" / r["image"]).read_bytes() for r in crow]
+    print(f"\nOCR on {n} grocery photos (348x348), 1 thread; flag rate = cat.text_spotted "
+          f"(conf >= 0.8, >= 5 matching characters) on them and on {n} COCO photos")
+    print(f"{'backend':10s} {'images/CPU-s':>13s} {'images/wall-s':>14s} {'grocery flagged':>16s} "
+          f"{'COCO flagged':>13s}")
+    for name in ("rapidocr", "tesseract", "mmocr"):
+        try:
+            b = {"rapidocr": T.RapidOcrBackend, "tesseract": T.TesseractBackend,
+                 "mmocr": T.MmocrBackend}[name]()
+        except T.BackendUnavailable as e:
+            print(f"{name:10s} unavailable: {str(e)[:110]}")
+            continue
+        b([T.load_image(imgs[0], 1024)])                     # warm-up
+        out: list = []
+
+        def ocr_all(b=b, out=out) -> None:
+            out.extend(T.spot_all(b, [x], 1024)[0][0] for x in imgs)
+        c, w = timed(ocr_all, len(imgs))
+        g = sum(T.text_spotted(T.best_match(s, r["caption"], 0.8), 5) for s, r in zip(out, rows))
+        cs, _ = T.spot_all(b, cimgs, 1024)
+        cf = sum(T.text_spotted(T.best_match(s or [], r["caption"], 0.8), 5)
+                 for s, r in zip(cs, crow))
+        print(f"{name:10s} {c:13.2f} {w:14.2f} {100 * g / len(rows):15.0f}% "
+              f"{100 * cf / len(crow):12.0f}%")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="en_ud_ewt_sm")
+    ap.add_argument("--speed-captions", type=int, default=4000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--corpus-limit", type=int, default=0, help="captions per corpus (0: all)")
+    ap.add_argument("--ocr-images", type=int, default=40)
+    ap.add_argument("--sections", default="parser,keep,ocr", help="comma-separated subset")
+    a = ap.parse_args()
+    want = set(a.sections.split(","))
+    if not DATA.exists():
+        print(f"skipped: {DATA} not found")
+        return 0
+    sys.path.insert(0, str(REPO))
+    if "parser" in want:
+        bench_parser(a.model, a.speed_captions, a.repeat)
+    if "keep" in want:
+        bench_keep_rates(a.model, a.corpus_limit)
+    if "ocr" in want:
+        bench_ocr(a.ocr_images)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

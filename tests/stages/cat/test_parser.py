@@ -1,0 +1,212 @@
+"""DiHT's semantic parser on hand-built spaCy Docs (no model): every relation type, both label
+schemes (Universal Dependencies and ClearNLP), DiHT's own example."""
+from __future__ import annotations
+
+import pytest
+from spacy.tokens import Doc
+from spacy.vocab import Vocab
+from vlcurate.stages.cat import parser as P
+
+VOCAB = Vocab()
+
+
+def doc(spec: str) -> Doc:
+    """``word/POS/dep/head[/lemma[/tag]]`` tokens separated by spaces; head is a token index."""
+    rows = [t.split("/") for t in spec.split()]
+    words = [r[0] for r in rows]
+    return Doc(VOCAB, words=words, pos=[r[1] for r in rows], deps=[r[2] for r in rows],
+               heads=[int(r[3]) for r in rows],
+               lemmas=[r[4] if len(r) > 4 and r[4] else r[0].lower() for r in rows],
+               tags=[r[5] if len(r) > 5 else "" for r in rows])
+
+
+def rels(g: P.Graph) -> set:
+    return set(g.relations)
+
+
+# DiHT's example, "A black cat is chasing a small brown bird": C3 (bird), one action (chasing)
+DIHT = {
+    P.UD: "A/DET/det/2 black/ADJ/amod/2 cat/NOUN/nsubj/4 is/AUX/aux/4/be "
+          "chasing/VERB/ROOT/4/chase/VBG a/DET/det/8 small/ADJ/amod/8 brown/ADJ/amod/8 "
+          "bird/NOUN/obj/4",
+    P.CLEARNLP: "A/DET/det/2 black/ADJ/amod/2 cat/NOUN/nsubj/4 is/AUX/aux/4/be "
+                "chasing/VERB/ROOT/4/chase/VBG a/DET/det/8 small/ADJ/amod/8 brown/ADJ/amod/8 "
+                "bird/NOUN/dobj/4",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_dihts_example_is_c3_with_one_action(scheme):
+    g = P.parse(doc(DIHT[scheme]), scheme)
+    assert g.complexity == 3 and g.n_actions == 1 and g.actions == ["chase"]
+    assert g.objects == ["cat", "bird"] and g.attributes == ["black", "small", "brown"]
+    assert rels(g) == {("cat", "has_attr", "black"), ("bird", "has_attr", "small"),
+                       ("bird", "has_attr", "brown"),
+                       ("cat", "is_act_subj", "chase"), ("chase", "act_has_subj", "cat"),
+                       ("bird", "is_act_obj", "chase"), ("chase", "act_has_obj", "bird")}
+
+
+def test_scheme_detection():
+    assert P.detect_scheme(["nsubj", "dobj", "prep", "pobj"]) == P.CLEARNLP
+    assert P.detect_scheme(["nsubj", "obj", "obl", "case"]) == P.UD
+    assert P.parse(doc(DIHT[P.CLEARNLP])).complexity == 3      # detected from the Doc itself
+
+
+CAKE = {  # "a birthday cake with 21 yellow candles": birthday is an attribute, 21 is not
+    P.UD: "a/DET/det/2 birthday/NOUN/compound/2 cake/NOUN/ROOT/2 with/ADP/case/6 21/NUM/nummod/6 "
+          "yellow/ADJ/amod/6 candles/NOUN/nmod/2/candle",
+    P.CLEARNLP: "a/DET/det/2 birthday/NOUN/compound/2 cake/NOUN/ROOT/2 with/ADP/prep/2 "
+                "21/NUM/nummod/6 yellow/ADJ/amod/6 candles/NOUN/pobj/3/candle",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_objects_attributes_and_parts(scheme):
+    g = P.parse(doc(CAKE[scheme]), scheme)
+    assert g.objects == ["cake", "candle"]
+    assert g.attributes == ["birthday", "yellow"]
+    assert rels(g) == {("cake", "has_attr", "birthday"), ("cake", "has_part", "candle"),
+                       ("candle", "has_attr", "yellow")}
+    assert g.complexity == 2 and g.actions == []
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_attributes_of_attributes_and_coordinated_attributes(scheme):
+    g = P.parse(doc("a/DET/det/3 dark/ADJ/amod/2 green/ADJ/amod/3 car/NOUN/ROOT/3"), scheme)
+    assert rels(g) == {("car", "has_attr", "green"), ("green", "has_attr", "dark")}
+    assert g.complexity == 1          # an attribute's own attribute does not count for the object
+    g = P.parse(doc("a/DET/det/4 red/ADJ/amod/4 and/CCONJ/cc/3 white/ADJ/conj/1 bus/NOUN/ROOT/4"),
+                scheme)
+    assert rels(g) == {("bus", "has_attr", "red"), ("bus", "has_attr", "white")}
+
+
+def test_predicate_adjectives_are_attributes_of_the_subject():
+    ud = P.parse(doc("the/DET/det/1 car/NOUN/nsubj/4 is/AUX/cop/4/be dark/ADJ/amod/4 "
+                     "green/ADJ/ROOT/4"), P.UD)
+    assert rels(ud) == {("car", "has_attr", "green"), ("green", "has_attr", "dark")}
+    assert ud.actions == []
+    clear = P.parse(doc("the/DET/det/1 car/NOUN/nsubj/2 is/AUX/ROOT/2/be red/ADJ/acomp/2"),
+                    P.CLEARNLP)
+    assert rels(clear) == {("car", "has_attr", "red")} and clear.actions == []
+
+
+@pytest.mark.parametrize("scheme,label", [(P.UD, "xcomp"), (P.CLEARNLP, "acomp")])
+def test_look_seem_be_have_are_not_actions(scheme, label):
+    g = P.parse(doc(f"the/DET/det/1 man/NOUN/nsubj/2 looks/VERB/ROOT/2/look happy/ADJ/{label}/2"),
+                scheme)
+    assert g.actions == [] and rels(g) == {("man", "has_attr", "happy")}
+    obj = "obj" if scheme == P.UD else "dobj"
+    g = P.parse(doc(f"the/DET/det/1 cake/NOUN/nsubj/2 has/VERB/ROOT/2/have "
+                    f"candles/NOUN/{obj}/2/candle"), scheme)
+    assert g.actions == [] and rels(g) == {("cake", "has_part", "candle")}
+    g = P.parse(doc("a/DET/det/1 dog/NOUN/nsubj/2 seems/VERB/ROOT/2/ tired/ADJ/xcomp/2"), scheme)
+    assert g.actions == []                           # excluded even without a lemma
+    assert P.parse(doc("it/PRON/nsubj/1 is/AUX/ROOT/1/be"), scheme).actions == []
+
+
+PASSIVE = {  # "a bird is chased by a cat": bird is the object, cat the subject
+    P.UD: "a/DET/det/1 bird/NOUN/nsubj:pass/3 is/AUX/aux:pass/3/be chased/VERB/ROOT/3/chase/VBN "
+          "by/ADP/case/6 a/DET/det/6 cat/NOUN/obl:agent/3",
+    P.CLEARNLP: "a/DET/det/1 bird/NOUN/nsubjpass/3 is/AUX/auxpass/3/be "
+                "chased/VERB/ROOT/3/chase/VBN by/ADP/agent/3 a/DET/det/6 cat/NOUN/pobj/4",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_passive_subject_is_the_object_and_the_agent_the_subject(scheme):
+    g = P.parse(doc(PASSIVE[scheme]), scheme)
+    assert rels(g) == {("cat", "is_act_subj", "chase"), ("chase", "act_has_subj", "cat"),
+                       ("bird", "is_act_obj", "chase"), ("chase", "act_has_obj", "bird")}
+    assert g.complexity == 1 and g.n_actions == 1
+
+
+RELCL = {  # "a man who is riding a horse"
+    P.UD: "a/DET/det/1 man/NOUN/ROOT/1 who/PRON/nsubj/4 is/AUX/aux/4/be "
+          "riding/VERB/acl:relcl/1/ride a/DET/det/6 horse/NOUN/obj/4",
+    P.CLEARNLP: "a/DET/det/1 man/NOUN/ROOT/1 who/PRON/nsubj/4 is/AUX/aux/4/be "
+                "riding/VERB/relcl/1/ride a/DET/det/6 horse/NOUN/dobj/4",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_relative_pronouns_resolve_to_the_noun(scheme):
+    g = P.parse(doc(RELCL[scheme]), scheme)
+    assert {("man", "is_act_subj", "ride"), ("horse", "is_act_obj", "ride")} <= rels(g)
+    obj = "obj" if scheme == P.UD else "dobj"
+    rel = "acl:relcl" if scheme == P.UD else "relcl"
+    g = P.parse(doc(f"the/DET/det/1 ball/NOUN/ROOT/1 that/PRON/{obj}/5 the/DET/det/4 "
+                    f"dog/NOUN/nsubj/5 chased/VERB/{rel}/1/chase"), scheme)
+    assert rels(g) == {("dog", "is_act_subj", "chase"), ("chase", "act_has_subj", "dog"),
+                       ("ball", "is_act_obj", "chase"), ("chase", "act_has_obj", "ball")}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_fragments_reduced_relatives_conjunctions_and_control(scheme):
+    obl, case = ("obl", "case") if scheme == P.UD else ("pobj", "prep")
+    g = P.parse(doc(f"two/NUM/nummod/1 dogs/NOUN/ROOT/1/dog playing/VERB/acl/1/play/VBG "
+                    f"in/ADP/{case}/{5 if scheme == P.UD else 2} the/DET/det/5 "
+                    f"snow/NOUN/{obl}/{2 if scheme == P.UD else 3}"), scheme)
+    assert rels(g) == {("dog", "is_act_subj", "play"), ("play", "act_has_subj", "dog")}
+    assert g.attributes == []                        # a numeral is not an attribute
+    g = P.parse(doc("a/DET/det/1 cake/NOUN/ROOT/1 decorated/VERB/acl/1/decorate/VBN"), scheme)
+    assert rels(g) == {("cake", "is_act_obj", "decorate"), ("decorate", "act_has_obj", "cake")}
+    g = P.parse(doc("a/DET/det/1 dog/NOUN/ROOT/1 running/VERB/acl/1/run/VBG and/CCONJ/cc/4 "
+                    "jumping/VERB/conj/2/jump/VBG"), scheme)
+    assert g.actions == ["run", "jump"] and g.complexity == 2
+    assert ("dog", "is_act_subj", "jump") in rels(g)
+    obj = "obj" if scheme == P.UD else "dobj"
+    g = P.parse(doc(f"a/DET/det/1 man/NOUN/nsubj/5 and/CCONJ/cc/4 a/DET/det/4 woman/NOUN/conj/1 "
+                    f"eating/VERB/ROOT/5/eat pizza/NOUN/{obj}/5"), scheme)
+    assert {("man", "is_act_subj", "eat"), ("woman", "is_act_subj", "eat"),
+            ("pizza", "is_act_obj", "eat")} <= rels(g)
+    g = P.parse(doc(f"a/DET/det/1 boy/NOUN/nsubj/2 tries/VERB/ROOT/2/try to/PART/mark/4 "
+                    f"catch/VERB/xcomp/2/catch a/DET/det/6 ball/NOUN/{obj}/4"), scheme)
+    assert {("boy", "is_act_subj", "try"), ("boy", "is_act_subj", "catch"),
+            ("ball", "is_act_obj", "catch")} <= rels(g)
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_participles_are_attributes_and_actions_without_arguments(scheme):
+    spec = "a/DET/det/2 running/VERB/amod/2/run/VBG person/NOUN/ROOT/2"
+    g = P.parse(doc(spec), scheme)
+    assert g.attributes == ["running"] and g.actions == ["run"]
+    assert rels(g) == {("person", "has_attr", "running")} and g.complexity == 1
+    g = P.parse(doc(spec), scheme, participle_actions=False)
+    assert g.attributes == ["running"] and g.actions == []
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_proper_nouns_are_not_objects(scheme):
+    obj = "obj" if scheme == P.UD else "dobj"
+    g = P.parse(doc(f"Obama/PROPN/nsubj/1 giving/VERB/ROOT/1/give a/DET/det/3 speech/NOUN/{obj}/1"),
+                scheme)
+    assert g.objects == ["speech"] and rels(g) == {("speech", "is_act_obj", "give"),
+                                                   ("give", "act_has_obj", "speech")}
+    g = P.parse(doc("Nike/PROPN/compound/1 shoes/NOUN/ROOT/1/shoe"), scheme)
+    assert g.objects == ["shoe"] and g.attributes == [] and g.complexity == 0
+    g = P.parse(doc("Bravo/PROPN/compound/2 Apple/PROPN/compound/2 Juice/PROPN/ROOT/2"), scheme)
+    assert g.objects == [] and g.complexity == -1 and g.actions == []
+
+
+def test_clearnlp_nmod_is_a_noun_modifier():
+    g = P.parse(doc("a/DET/det/2 stone/NOUN/nmod/2 wall/NOUN/ROOT/2 with/ADP/prep/2 "
+                    "ivy/NOUN/pobj/3"), P.CLEARNLP)
+    assert g.objects == ["wall", "ivy"] and g.attributes == ["stone"]
+    assert rels(g) == {("wall", "has_attr", "stone"), ("wall", "has_part", "ivy")}
+
+
+def test_spatial_relations_and_extra_arguments_are_not_parsed():
+    # DiHT A.1.1: "next to" and "read a book in the library" add nothing beyond subj/obj
+    g = P.parse(doc("a/DET/det/1 dog/NOUN/ROOT/1 next/ADJ/amod/1 to/ADP/case/5 a/DET/det/5 "
+                    "cat/NOUN/obl/2"), P.UD)
+    assert g.objects == ["dog", "cat"] and ("cat", "has_part", "dog") not in rels(g)
+    g = P.parse(doc("a/DET/det/1 man/NOUN/nsubj/2 reads/VERB/ROOT/2/read a/DET/det/4 "
+                    "book/NOUN/obj/2 in/ADP/case/7 the/DET/det/7 library/NOUN/obl/2"), P.UD)
+    assert rels(g) == {("man", "is_act_subj", "read"), ("read", "act_has_subj", "man"),
+                       ("book", "is_act_obj", "read"), ("read", "act_has_obj", "book")}
+
+
+def test_empty_and_objectless_captions():
+    assert P.parse(doc("hello/INTJ/ROOT/0")).complexity == -1
+    g = P.parse(Doc(VOCAB, words=[]))
+    assert (g.objects, g.complexity, g.n_actions) == ([], -1, 0)

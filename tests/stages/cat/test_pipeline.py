@@ -1,0 +1,107 @@
+"""The parser behind a real spaCy pipeline: the offline UD pipeline from ../shared/models (skipped
+when not installed), component selection for both pipeline layouts, the missing-pipeline error."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+
+import pytest
+import spacy
+from vlcurate.stages.cat import parser as P
+
+from tests.conftest import shared_data
+
+UD_MODEL = "en_ud_ewt_sm"
+needs_ud = pytest.mark.skipif(importlib.util.find_spec(UD_MODEL) is None,
+                              reason=f"{UD_MODEL} not installed (../shared/models/*.whl)")
+
+
+@pytest.fixture(scope="module")
+def ud():
+    return P.load_pipeline(UD_MODEL)
+
+
+@needs_ud
+def test_ud_pipeline_loads_lean_and_labels_itself(ud):
+    assert ud.scheme == P.UD and ud.label == "en_ud_ewt_sm 0.2.0 (ud)"
+    assert ud.nlp.pipe_names == ["tok2vec", "morphologizer", "parser", "trainable_lemmatizer"]
+    assert "tagger" in ud.nlp.disabled
+    assert ud.nlp.get_pipe("parser").model.ops.use_blis is False   # gemm="numpy"
+
+
+@needs_ud
+def test_real_parses(ud):
+    caps = ["A black cat is chasing a small brown bird", "two dogs playing in the snow",
+            "a birthday cake with 21 yellow candles", "Bravo Apple Juice", "",
+            "A black cat is chasing a small brown bird"]
+    g = P.parse_texts(ud, caps, batch_size=2)
+    assert (g[0].complexity, g[0].actions) == (3, ["chase"])
+    assert ("bird", "is_act_obj", "chase") in g[0].relations
+    assert ("dog", "is_act_subj", "play") in g[1].relations
+    assert {("cake", "has_part", "candle"), ("cake", "has_attr", "birthday")} <= set(g[2].relations)
+    assert g[3].complexity == -1 and g[3].actions == []           # a product name: proper nouns
+    assert g[4].complexity == -1
+    assert g[5] is g[0]                                     # each distinct caption parsed once
+
+
+@needs_ud
+def test_numpy_gemm_gives_the_same_parses_as_blis(ud):
+    blis = P.load_pipeline(UD_MODEL, gemm="blis")
+    assert blis.nlp.get_pipe("parser").model.ops.use_blis is True
+    caps = ["a man in a red shirt holding a surfboard",
+            "people walking down a busy street at night",
+            "a plate of food with broccoli and rice", "a woman is cutting a large cake"]
+    assert [g.relations for g in P.parse_texts(blis, caps)] == \
+           [g.relations for g in P.parse_texts(ud, caps)]
+
+
+@needs_ud
+def test_n_process_gives_the_same_graphs(ud):
+    caps = [f"a dog number {i} chasing a red ball" for i in range(8)] + ["a cat sleeping on a sofa"]
+    assert [g.relations for g in P.parse_texts(ud, caps, n_process=2, batch_size=4)] == \
+           [g.relations for g in P.parse_texts(ud, caps)]
+
+
+@needs_ud
+@pytest.mark.realdata
+def test_keep_rate_is_far_higher_on_coco_than_on_web_alt_text(ud):
+    root = shared_data("captions_only")
+
+    def rate(name, n=300):
+        with open(root / name, encoding="utf-8") as fh:
+            caps = [r["caption"] for r in csv.DictReader(fh)][:n]
+        gs = P.parse_texts(ud, caps)
+        return sum(g.complexity >= 1 and g.n_actions >= 1 for g in gs) / len(gs)
+    coco, alt = rate("coco_val2017_captions.csv"), rate("img2dataset_test10000_alttext.csv")
+    assert coco > 0.6 and alt < 0.35 and coco > alt + 0.4, (coco, alt)
+
+
+def test_components_kept_for_a_clearnlp_style_pipeline():
+    # en_core_web_sm's layout: POS come from the tagger via the attribute ruler, lemmas from a
+    # rule lemmatizer; NER is not needed
+    nlp = spacy.blank("en")
+    for name in ("tok2vec", "tagger", "parser", "attribute_ruler", "ner"):
+        nlp.add_pipe(name)
+    nlp.add_pipe("lemmatizer", config={"mode": "rule"}, after="attribute_ruler")
+    assert P.components_to_disable(nlp) == ["ner"]
+    nlp = spacy.blank("en")
+    for name in ("tok2vec", "tagger", "morphologizer", "parser", "trainable_lemmatizer", "ner"):
+        nlp.add_pipe(name)
+    assert P.components_to_disable(nlp) == ["tagger", "ner"]      # the UD layout
+
+
+def test_missing_pipeline_error_says_how_to_get_one():
+    with pytest.raises(P.PipelineMissing) as e:
+        P.load_pipeline("en_core_web_nonexistent")
+    msg = str(e.value)
+    assert "cat.spacy_model='en_core_web_nonexistent'" in msg
+    assert "python -m spacy download en_core_web_sm" in msg and "cat.if_missing=skip" in msg
+
+
+def test_a_pipeline_without_parser_or_not_english_is_refused(tmp_path):
+    spacy.blank("en").to_disk(tmp_path / "blank_en")
+    with pytest.raises(P.PipelineMissing, match="no dependency parser"):
+        P.load_pipeline(str(tmp_path / "blank_en"))
+    spacy.blank("de").to_disk(tmp_path / "blank_de")
+    with pytest.raises(P.PipelineMissing, match="'de' pipeline, not English"):
+        P.load_pipeline(str(tmp_path / "blank_de"))

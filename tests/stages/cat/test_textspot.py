@@ -1,0 +1,185 @@
+"""Text spotting: the matching rule, the OCR backends on rendered images, and real photos
+(grocery packages, whose brand text the caption repeats, against COCO)."""
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import random
+import shutil
+
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+from vlcurate.stages.cat import textspot as T
+
+from tests.conftest import shared_data
+
+
+# --- the matching rule ----------------------------------------------------------------------------
+def test_normalize_ignores_case_whitespace_and_punctuation_keeps_accents():
+    assert T.normalize("  Coca-Cola®  ZERO! ") == "cocacolazero"
+    assert T.normalize("Ｆｕｌｌ ｗｉｄｔｈ") == "fullwidth"          # NFKC
+    assert T.normalize("STRASSE") == T.normalize("Straße")          # casefold
+    assert T.normalize("Café 50%") == "café50"
+
+
+def test_longest_common_substring():
+    assert T.longest_common("oatly", "oatlynaturaloatghurt") == "oatly"
+    assert T.longest_common("xxbravoyy", "bravoapplejuice") == "bravo"
+    assert T.longest_common("abc", "xyz") == ""
+    assert T.longest_common("", "abc") == ""
+
+
+def spots(*pairs):
+    return [T.Spot(t, c) for t, c in pairs]
+
+
+def test_rule_needs_five_matching_characters_at_confidence_0_8():
+    cap = "Oatly Natural Oatghurt"
+    m = T.best_match(spots(("OATLY.", 0.97)), cap, 0.8)
+    assert (m.chars, m.match, m.text) == (5, "oatly", "OATLY.") and T.text_spotted(m, 5)
+    m = T.best_match(spots(("OATLY", 0.79)), cap, 0.8)           # not confident enough
+    assert m.chars == 0 and m.match is None and not T.text_spotted(m, 5)
+    m = T.best_match(spots(("Arla", 0.99)), "Arla Mild Yoghurt", 0.8)
+    assert m.chars == 4 and not T.text_spotted(m, 5)              # 4 characters are not enough
+    m = T.best_match(spots(("NAT URAL", 0.9)), cap, 0.8)          # spacing does not matter
+    assert m.chars == 7 and T.text_spotted(m, 5)
+    m = T.best_match(spots(("PIZZA", 0.99)), "a dog in a park", 0.8)
+    assert (m.chars, m.match) == (1, "p") and not T.text_spotted(m, 5)
+
+
+def test_best_line_is_the_longest_match_then_the_most_confident():
+    cap = "Tropicana Juice Smooth"
+    m = T.best_match(spots(("SMOOTH", 0.85), ("Tropicana", 0.93), ("JUICE", 0.99),
+                           ("TROPICANAJUICE", 0.7)), cap, 0.8)
+    assert (m.chars, m.match, m.conf) == (9, "tropicana", 0.93)
+    m = T.best_match(spots(("juice", 0.85), ("JUICE", 0.99)), cap, 0.8)
+    assert m.conf == 0.99 and m.chars == 5
+    assert T.best_match([], cap, 0.8) == T.Match()
+
+
+def test_lines_are_matched_one_by_one_never_glued():
+    # "BRA" + "VO" would spell "bravo" across two lines: no match
+    m = T.best_match(spots(("BRA", 0.99), ("VO", 0.99)), "Bravo Apple Juice", 0.8)
+    assert m.chars == 3
+
+
+def test_tesseract_words_grouped_into_lines_with_char_weighted_confidence():
+    data = {"text": ["", "COFFEE", "SHOP", "x", ""], "conf": [-1, 90, 70, 10, -1],
+            "block_num": [1, 1, 1, 2, 2], "par_num": [1, 1, 1, 1, 1],
+            "line_num": [1, 1, 1, 1, 1]}
+    lines = T.tesseract_lines(data)
+    assert [s.text for s in lines] == ["COFFEE SHOP", "x"]
+    assert lines[0].conf == pytest.approx((6 * 90 + 4 * 70) / 10 / 100)
+    assert lines[1].conf == pytest.approx(0.10)
+
+
+def test_mmocr_predictions_become_spots():
+    pred = {"rec_texts": ["exit", "sale"], "rec_scores": [0.91, 0.42], "det_scores": [0.9, 0.8]}
+    assert T.mmocr_spots(pred) == [T.Spot("exit", 0.91), T.Spot("sale", 0.42)]
+
+
+def test_mmocr_unavailable_says_why_and_what_to_use():
+    if mmocr_importable():
+        pytest.skip("mmocr is importable here")
+    with pytest.raises(T.BackendUnavailable, match="mmcv.*rapidocr or tesseract"):
+        T.MmocrBackend()
+
+
+def test_image_is_capped_before_ocr():
+    buf = io.BytesIO()
+    Image.new("RGB", (3000, 1200), (200, 10, 10)).save(buf, "JPEG")
+    im = T.load_image(buf.getvalue(), 1024)
+    assert max(im.size) == 1024 and im.mode == "RGB" and abs(im.size[0] / im.size[1] - 2.5) < 0.02
+    small = io.BytesIO()
+    Image.new("L", (100, 50)).save(small, "PNG")
+    assert T.load_image(small.getvalue(), 1024).size == (100, 50)
+
+
+def test_one_failing_image_does_not_stop_the_batch():
+    def backend(images):
+        if any(im.size == (13, 13) for im in images):
+            raise RuntimeError("boom")
+        return [[T.Spot("ok", 1.0)] for _ in images]
+
+    def enc(size):
+        b = io.BytesIO()
+        Image.new("RGB", size).save(b, "PNG")
+        return b.getvalue()
+    out, errors = T.spot_all(backend, [enc((20, 20)), enc((13, 13)), enc((30, 30))], 1024)
+    assert out == [[T.Spot("ok", 1.0)], None, [T.Spot("ok", 1.0)]]
+    assert errors[0] is None and "RuntimeError: boom" in errors[1] and errors[2] is None
+
+
+# --- backends on rendered images ------------------------------------------------------------------
+def render(text: str, size=(360, 120)) -> Image.Image:
+    im = Image.new("RGB", size, (250, 250, 245))
+    if text:
+        ImageDraw.Draw(im).text((14, 30), text, fill=(10, 10, 10),
+                                font=ImageFont.load_default(size=48))
+    return im
+
+
+def installed_backends():
+    out = [pytest.param("rapidocr", id="rapidocr")]
+    out.append(pytest.param("tesseract", id="tesseract", marks=pytest.mark.skipif(
+        shutil.which("tesseract") is None, reason="Debian tesseract-ocr is not installed")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def backend_cache():
+    return {}
+
+
+def get_backend(name, cache):
+    if name not in cache:
+        cache[name] = T.RapidOcrBackend() if name == "rapidocr" else T.TesseractBackend()
+    return cache[name]
+
+
+@pytest.mark.parametrize("name", installed_backends())
+def test_backend_spots_rendered_text_and_the_rule_matches_the_caption(name, backend_cache):
+    ocr = get_backend(name, backend_cache)
+    coffee, hello, blank = ocr([render("COFFEE"), render("Hello"), render("")])
+    assert any(T.normalize(s.text) == "coffee" and s.conf >= 0.8 for s in coffee), coffee
+    assert blank == [] or all(s.conf < 0.8 for s in blank), blank
+    m = T.best_match(coffee, "a sign that says Coffee above the door", 0.8)
+    assert m.chars == 6 and T.text_spotted(m, 5)                      # text matching the caption
+    m = T.best_match(hello, "a small brown dog chasing a ball", 0.8)
+    assert not T.text_spotted(m, 5)                                    # text not in the caption
+    m = T.best_match(hello, "a child writing hello on a board", 0.8)
+    assert m.chars == 5 and T.text_spotted(m, 5)
+
+
+# --- real photos ----------------------------------------------------------------------------------
+def sample(folder, n, seed=0):
+    with open(folder / "captions.csv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    by_image = {r["image"]: r["caption"] for r in rows}     # one caption per image
+    keys = sorted(by_image)
+    random.Random(seed).shuffle(keys)
+    return [((folder / "images" / k).read_bytes(), by_image[k]) for k in keys[:n]]
+
+
+def flag_rate(ocr, pairs):
+    found, _ = T.spot_all(ocr, [b for b, _ in pairs], 1024)
+    hits = [T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(found, pairs)]
+    return sum(hits) / len(hits)
+
+
+@pytest.mark.realdata
+def test_grocery_packages_are_flagged_far_more_often_than_coco(backend_cache):
+    grocery = sample(shared_data("grocery_packages"), 16)
+    coco = sample(shared_data("coco_mini"), 16)
+    ocr = get_backend("rapidocr", backend_cache)
+    g, c = flag_rate(ocr, grocery), flag_rate(ocr, coco)
+    assert g >= 0.4 and c <= 0.15 and g >= c + 0.35, (g, c)
+
+
+def mmocr_importable() -> bool:
+    try:
+        importlib.import_module("mmocr.apis")
+        return True
+    except Exception:  # noqa: BLE001 - mmcv fails in many ways
+        return False
