@@ -68,6 +68,8 @@ class RunConfig:
     # ingested row, so that any later export policy finds its annotations.
     compute_on_flagged: bool = False
     progress: bool = True
+    # run only these stages of the DAG (ingest and export always run); empty = all of them
+    stages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

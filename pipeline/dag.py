@@ -40,6 +40,27 @@ def default_dag() -> list[Node]:
     ]
 
 
+def select(dag: list[Node], names: "tuple[str, ...] | None") -> list[Node]:
+    """The DAG restricted to ``names`` (``run.stages``); a kept stage that ran after a dropped one
+    now runs after that stage's own dependencies. The source and export are always kept."""
+    if not names:
+        return list(dag)
+    known = {n.name for n in dag}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"run.stages: unknown stage(s) {unknown}; the DAG has {sorted(known)}")
+    keep = set(names) | {dag[0].name} | ({"export"} & known)
+    by_name = {n.name: n for n in dag}
+
+    def deps(name: str) -> list[str]:
+        out: list[str] = []
+        for a in by_name[name].after:
+            out += [a] if a in keep else deps(a)
+        return out
+
+    return [Node(n.stage, tuple(dict.fromkeys(deps(n.name)))) for n in dag if n.name in keep]
+
+
 def topo_order(dag: list[Node]) -> list[Node]:
     """Declaration order, checked: names unique, every dependency declared before its user."""
     seen: set[str] = set()

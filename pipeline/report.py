@@ -165,7 +165,8 @@ class Images:
         index = exp.root / "shards" / "index" if exp else None
         if index is None or not index.exists():
             return
-        cols = [F.SAMPLE_ID.name, F.SH_NAME.name, "jpg_offset", "jpg_size", "txt_offset", "txt_size"]
+        cols = [F.SAMPLE_ID.name, F.SH_NAME.name, "jpg_offset", "jpg_size", "txt_offset",
+                "txt_size"]
         t = ds.dataset(index, format="parquet").to_table(
             columns=cols, filter=pc.field(F.SAMPLE_ID.name).isin(list(ids)))
         by_shard: dict[str, list[dict]] = defaultdict(list)
@@ -212,8 +213,8 @@ class Images:
                 img = r.get(F.IMAGE.name)
                 uri = thumbnail(img, self.size)
                 note = "" if uri else ("no image" if not img else "undecodable")
-                self.items[r[F.SAMPLE_ID.name]] = Item(r.get(F.CAPTION.name), r.get(F.IMAGE_REF.name),
-                                                       uri, note)
+                self.items[r[F.SAMPLE_ID.name]] = Item(r.get(F.CAPTION.name),
+                                                       r.get(F.IMAGE_REF.name), uri, note)
 
 
 # --- HTML pieces -------------------------------------------------------------------------------
@@ -226,15 +227,18 @@ def clip(s: Optional[str], n: int = 140) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def card(item: Item, label: str = "", cls: str = "", size: int = 112) -> str:
+def card(item: Item, label: str = "", cls: str = "", size: int = 112,
+         caption: bool = True) -> str:
     if item.uri:
         img = f'<img src="{item.uri}" alt="" width="{size}" height="{size}">'
     else:
-        img = f'<div class="noimg" style="width:{size}px;height:{size}px">{esc(item.note or "no image")}' \
-              + (f"<br><small>{esc(clip(item.image_ref, 40))}</small>" if item.image_ref else "") + "</div>"
+        ref = f"<br><small>{esc(clip(item.image_ref, 40))}</small>" if item.image_ref else ""
+        img = (f'<div class="noimg" style="width:{size}px;height:{size}px">'
+               f'{esc(item.note or "no image")}{ref}</div>')
     cap = esc(clip(item.caption)) if item.caption is not None else "<i>no caption</i>"
+    cap = f"<figcaption>{cap}</figcaption>" if caption else ""
     lab = f'<div class="lab">{label}</div>' if label else ""
-    return f'<figure class="card {cls}">{img}{lab}<figcaption>{cap}</figcaption></figure>'
+    return f'<figure class="card {cls}">{img}{lab}{cap}</figure>'
 
 
 def svg_histogram(values: np.ndarray, *, integer: bool = False, lo: Optional[float] = None,
@@ -258,8 +262,9 @@ def svg_histogram(values: np.ndarray, *, integer: bool = False, lo: Optional[flo
     for c, a, b in zip(counts, edges[:-1], edges[1:]):
         h = c / top * ph
         rng = f"{a + 0.5:.0f}" if integer and b - a == 1 else f"[{a:.3g}, {b:.3g})"
-        out.append(f'<rect x="{x(a) + 0.5:.1f}" y="{T + ph - h:.1f}" width="{max(x(b) - x(a) - 1, 1):.1f}" '
-                   f'height="{h:.1f}" fill="#3b6fb6"><title>{rng}: {c}</title></rect>')
+        out.append(f'<rect x="{x(a) + 0.5:.1f}" y="{T + ph - h:.1f}" '
+                   f'width="{max(x(b) - x(a) - 1, 1):.1f}" height="{h:.1f}" fill="#3b6fb6">'
+                   f'<title>{rng}: {c}</title></rect>')
     out.append(f'<line x1="{L}" y1="{T + ph}" x2="{L + pw}" y2="{T + ph}" stroke="#333"/>')
     out.append(f'<line x1="{L}" y1="{T}" x2="{L}" y2="{T + ph}" stroke="#333"/>')
     out.append(f'<text x="{L - 4}" y="{T + 8}" text-anchor="end">{top}</text>')
@@ -314,7 +319,8 @@ class Report:
     absent: list[tuple[str, str]] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)
 
-    def section(self, anchor: str, title: str, content: Optional[str], why_absent: str = "") -> None:
+    def section(self, anchor: str, title: str, content: Optional[str],
+                why_absent: str = "") -> None:
         if content is None:
             self.absent.append((title, why_absent))
             return
@@ -324,8 +330,8 @@ class Report:
     def pick(self, n: int, k: int) -> list[int]:
         return sorted(self.data.rng.choice(n, size=min(n, k), replace=False).tolist()) if n else []
 
-    def card(self, item: Item, label: str = "", cls: str = "") -> str:
-        return card(item, label, cls, self.thumb)
+    def card(self, item: Item, label: str = "", cls: str = "", caption: bool = True) -> str:
+        return card(item, label, cls, self.thumb, caption)
 
 
 def funnel(r: Report) -> Optional[str]:
@@ -335,10 +341,10 @@ def funnel(r: Report) -> Optional[str]:
         m = d.manifests.get(name)
         if m is None:
             att = d.dirs[name].attempt()
-            rows.append(f'<tr><td class="l">{esc(name)}</td><td colspan="6" class="l">incomplete: '
-                        f'{len(d.dirs[name].committed())}/{(att or {}).get("parts", "?")} parts '
-                        'committed</td></tr>' if att else
-                        f'<tr><td class="l">{esc(name)}</td><td colspan="6" class="l">not run</td></tr>')
+            state = (f'incomplete: {len(d.dirs[name].committed())}/{att.get("parts", "?")} parts '
+                     'committed') if att else "not run"
+            rows.append(f'<tr><td class="l">{esc(name)}</td><td colspan="6" class="l">{state}'
+                        '</td></tr>')
             continue
         n_in = max(int(m["rows_in"]), 1)
         k, rj = int(m["rows_kept"]), int(m["rows_rejected"])
@@ -350,7 +356,7 @@ def funnel(r: Report) -> Optional[str]:
             f'<div class="k" style="width:{100 * k / n_in:.1f}%"></div>'
             f'<div class="r" style="width:{100 * rj / n_in:.1f}%"></div></div></td>'
             f'<td class="reasons">{reasons}</td><td>{m["wall_s"]:.1f}s</td></tr>')
-    if not any(d.manifests.values()):
+    if not any(d.manifests.values()) and not any(d.dirs[n].attempt() for n in d.names):
         return None
     head = ('<table class="funnel"><tr><th class="l">stage</th><th>parts</th><th>rows in</th>'
             '<th>kept</th><th>rejected</th><th class="l">kept / rejected</th>'
@@ -416,7 +422,8 @@ def neighbour_grid(r: Report, ids_f: pa.Field, scores_f: pa.Field, extra_f: Opti
     lens = pc.fill_null(pc.list_value_length(t.column(ids_f.name)), 0).to_numpy()
     rows = np.flatnonzero(lens > 0)
     if rows.size == 0:
-        return f'<p class="meta">No row in the sampled parts has {what} ({ids_f.name} is empty or null).</p>'
+        return (f'<p class="meta">No row in the sampled parts has {what} ({ids_f.name} is empty '
+                'or null).</p>')
     chosen = t.take(pa.array(rows[r.pick(rows.size, r.sample)])).to_pylist()
     want: dict[str, Optional[int]] = {}
     for row in chosen:
@@ -442,8 +449,8 @@ def neighbour_grid(r: Report, ids_f: pa.Field, scores_f: pa.Field, extra_f: Opti
 
 def rejected_examples(r: Report, per_reason: int, max_rows: int = 200_000) -> Section:
     d = r.data
-    stages = [n for n in d.names if n != "export" and (d.manifests.get(n) or {}).get("rows_rejected")
-              and d.dirs[n].rejects.exists()]
+    stages = [n for n in d.names if n != "export" and d.dirs[n].rejects.exists()
+              and (d.manifests.get(n) or {}).get("rows_rejected")]
     if not stages:
         return None
     want = {(n, code): cnt for n in stages for code, cnt in d.manifests[n]["reason_counts"].items()}
@@ -465,13 +472,15 @@ def rejected_examples(r: Report, per_reason: int, max_rows: int = 200_000) -> Se
         if read >= max_rows or all(len(found[w]) >= per_reason for w in want):
             break
     items = yield {row[F.SAMPLE_ID.name]: row["part"] for rows in found.values() for row in rows}
-    out = [f'<p class="meta">Up to {per_reason} random rows per reason code, from the rejects tables '
-           '(every stage but export). The detail line is the stage\'s own explanation.</p>']
+    out = [f'<p class="meta">Up to {per_reason} random rows per reason code, from the rejects '
+           "tables (every stage but export). The detail line is the stage's own explanation.</p>"]
     for (n, code), cnt in sorted(want.items(), key=lambda kv: -kv[1]):
         rows = found.get((n, code), [])
-        cards = [r.card(items[x[F.SAMPLE_ID.name]], esc(clip(x[F.REASON_DETAIL.name], 90))) for x in rows]
-        out.append(f'<h3>{esc(code)} <span class="meta">({cnt} rows, stage {esc(n)})</span></h3>'
-                   f'<div class="row">{"".join(cards) or "<i>no example found in the rows read</i>"}</div>')
+        cards = "".join(r.card(items[x[F.SAMPLE_ID.name]], esc(clip(x[F.REASON_DETAIL.name], 90)))
+                        for x in rows) or "<i>no example found in the rows read</i>"
+        out.append(f'<h3>{esc(code)} <span class="meta">({cnt} row{"s" if cnt != 1 else ""}, '
+                   f'stage {esc(n)})</span></h3>'
+                   f'<div class="row">{cards}</div>')
     return "".join(out)
 
 
@@ -479,15 +488,16 @@ def recaptions(r: Report) -> Section:
     t = r.data.sample(RC.RECAPTIONS, RC.RECAPTION_SCORES, RC.RECAPTION_FLAGS, RC.RECAPTION_RANDOM)
     if t is None:
         return None
-    rows = np.flatnonzero(pc.fill_null(pc.list_value_length(t.column(RC.RECAPTIONS.name)), 0).to_numpy())
+    rows = np.flatnonzero(pc.fill_null(pc.list_value_length(t.column(RC.RECAPTIONS.name)),
+                                       0).to_numpy())
     if rows.size == 0:
         return '<p class="meta">No row in the sampled parts was recaptioned.</p>'
     chosen = t.take(pa.array(rows[r.pick(rows.size, r.sample)])).to_pylist()
     items = yield {x[F.SAMPLE_ID.name]: x[PART_COL] for x in chosen}
     out = []
     if any(x[RC.RECAPTION_RANDOM.name] for x in chosen):
-        out.append('<p class="warn">The captioner ran with RANDOM weights: these recaptions are noise, '
-                   'for testing only.</p>')
+        out.append('<p class="warn">The captioner ran with RANDOM weights: these recaptions are '
+                   'noise, for testing only.</p>')
     out.append('<table class="rc"><tr><th></th><th>original caption</th><th>recaptions (best score '
                'first; struck through: flagged)</th></tr>')
     for x in chosen:
@@ -498,7 +508,7 @@ def recaptions(r: Report) -> Section:
             cls = ' class="flag"' if flag else ""
             lis.append(f'<li><span{cls}>{esc(clip(cap, 160))}</span> <span class="score">{s:.3f}'
                        f'{" · " + esc(flag) if flag else ""}</span></li>')
-        out.append(f'<tr><td>{r.card(Item(None, it.image_ref, it.uri, it.note))}</td>'
+        out.append(f'<tr><td>{r.card(it, caption=False)}</td>'
                    f'<td>{esc(clip(it.caption, 200))}</td><td><ol>{"".join(lis)}</ol></td></tr>')
     return "".join(out) + "</table>"
 
@@ -528,11 +538,12 @@ def concepts(r: Report) -> Section:
            '<th>top attributes</th></tr>']
     for x in chosen:
         it = items[x[F.SAMPLE_ID.name]]
-        out.append(f'<tr><td>{r.card(Item(None, it.image_ref, it.uri, it.note))}</td>'
+        objs = fmt("object", x[CO.CONCEPT_OBJECT_IDS.name], x[CO.CONCEPT_OBJECT_PROBS.name])
+        attrs = fmt("attribute", x[CO.CONCEPT_ATTRIBUTE_IDS.name],
+                    x[CO.CONCEPT_ATTRIBUTE_PROBS.name])
+        out.append(f'<tr><td>{r.card(it, caption=False)}</td>'
                    f'<td>{esc(clip(it.caption, 200))}</td>'
-                   f'<td>{fmt("object", x[CO.CONCEPT_OBJECT_IDS.name], x[CO.CONCEPT_OBJECT_PROBS.name])}</td>'
-                   f'<td>{fmt("attribute", x[CO.CONCEPT_ATTRIBUTE_IDS.name], x[CO.CONCEPT_ATTRIBUTE_PROBS.name])}'
-                   '</td></tr>')
+                   f'<td>{objs}</td><td>{attrs}</td></tr>')
     return "".join(out) + "</table>"
 
 
@@ -542,7 +553,8 @@ def random_weight_notes(d: RunData) -> list[str]:
                     (CO.CONCEPT_RANDOM, "the concept teacher")):
         v = d.values(f)
         if v is not None and v.size and v.any():
-            out.append(f"{what} ran with RANDOM weights ({f.name}): its outputs are for testing only")
+            out.append(f"{what} ran with RANDOM weights ({f.name}): its outputs are for "
+                       "testing only")
     return out
 
 
@@ -567,7 +579,8 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
         ("recaptions", "Recaptions beside the original captions", recaptions(r),
          f"no stage table has the column {RC.RECAPTIONS.name} (the recaption stage did not run)"),
         ("concepts", "Concept targets", concepts(r),
-         f"no stage table has the column {CO.CONCEPT_OBJECT_IDS.name} (the concepts stage did not run)"),
+         f"no stage table has the column {CO.CONCEPT_OBJECT_IDS.name} "
+         "(the concepts stage did not run)"),
     ]
     planned, want = [], {}
     for anchor, title, gen, why in sections:
@@ -605,7 +618,8 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
     if line:
         head.append(f"<p><b>{' · '.join(line)}</b></p>")
     head.append(f'<p class="meta">Histograms and samples read {len(d.stat_parts)} of '
-                f'{len(d.parts)} parts (about {d.stat_rows} of {d.total_rows} rows, seed {seed}).</p>')
+                f'{len(d.parts)} parts (about {d.stat_rows} of {d.total_rows} rows, '
+                f'seed {seed}).</p>')
     head += [f'<p class="warn">{esc(n)}</p>' for n in random_weight_notes(d)]
     if r.absent:
         head.append("<p class='absent'><b>Not in this run:</b></p><ul class='absent'>" + "".join(
@@ -619,7 +633,8 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
     return page, info
 
 
-def write_report(run_dir: str | Path, out: Optional[str | Path] = None, **kw: Any) -> tuple[Path, dict]:
+def write_report(run_dir: str | Path, out: Optional[str | Path] = None,
+                 **kw: Any) -> tuple[Path, dict]:
     page, info = render(run_dir, **kw)
     path = Path(out) if out else Path(run_dir) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)

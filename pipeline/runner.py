@@ -26,7 +26,7 @@ from vlcurate.stages.base import Resources as StageResources
 from vlcurate.stages.base import Stage
 
 from . import config as C
-from .dag import Node, ancestors, default_dag, topo_order
+from .dag import Node, ancestors, default_dag, select, topo_order
 from .parts import (Committer, PartIO, StageCall, add_counts, commit_empty, empty_counts,
                     read_inputs,
                     write_fragments)
@@ -266,7 +266,7 @@ class Runner:
     def __init__(self, config: C.Config, dag: Optional[list[Node]] = None,
                  executor: str = "ray", log: Callable[[str], None] = print) -> None:
         self.config = config
-        self.dag = topo_order(dag or default_dag())
+        self.dag = topo_order(select(dag or default_dag(), config.run.stages))
         self.executor_name = executor
         self._executor = None
         self.log = log

@@ -17,7 +17,8 @@ def vlc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.parametrize("cmd", [[], ["run"], ["demo"], ["inspect"], ["export"]])
+@pytest.mark.parametrize("cmd", [[], ["run"], ["demo"], ["inspect"], ["export"], ["finetune"],
+                                 ["report"]])
 def test_help_everywhere(cmd):
     out = vlc(*cmd, "--help")
     assert out.returncode == 0 and "usage: vlcurate" in out.stdout

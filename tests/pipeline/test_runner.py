@@ -258,3 +258,13 @@ def test_interrupted_stage_resumes_from_committed_parts(demo_data, tmp_path):
 def test_default_dag_is_valid():
     names = [n.name for n in default_dag()]
     assert names[0] == "ingest" and names[-1] == "export"
+
+
+def test_run_stages_selects_a_subset_of_the_dag():
+    from vlcurate.pipeline.dag import select
+    dag = select(default_dag(), ("ids", "embed"))
+    assert [n.name for n in dag] == ["ingest", "ids", "embed", "export"]
+    assert dict((n.name, n.after) for n in dag)["embed"] == ("ids",)   # via the dropped filters
+    assert dict((n.name, n.after) for n in dag)["export"] == ("ingest", "ids", "embed")
+    with pytest.raises(ValueError, match="unknown stage"):
+        select(default_dag(), ("bogus",))
