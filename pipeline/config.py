@@ -148,12 +148,15 @@ class HpmConfig:
     method: Literal["auto", "exact", "fast"] = "auto"   # auto: exact up to exact_max_n rows
     exact_max_n: int = 50_000
     pool_size: Optional[int] = None     # FastHPM candidate pool C (uniform, seeded); null = all
-    nlist: Optional[int] = None         # IVF lists; null = auto (power of 2 near 4 sqrt(C))
-    pq_m: Optional[int] = None          # PQ sub-quantizers of the joint vector; null = auto
-    pq_nbits: int = 8                   # 4 = FAISS fast-scan codes
-    nprobe: Optional[int] = None        # null = auto (nlist / 8)
-    k_prime: Optional[int] = None       # candidates re-scored per target; null = 2 k
-    k_prime_max: Optional[int] = None   # widen uncertified targets up to this; null = 8 k
+    nlist: Optional[int] = None         # IVF lists; null = auto (power of 2 near sqrt(C))
+    pq_m: Optional[int] = None          # PQ sub-quantizers of the joint vector; null = dim / 2
+    pq_nbits: int = 4                   # 4: FAISS fast-scan codes (CPU); 8: plain IVF-PQ (GPU)
+    nprobe: Optional[int] = None        # null = auto (max(64, nlist / 16))
+    k_prime: Optional[int] = None       # candidates re-scored per target; null = 4 k
+    # search uncertified targets again with k' x 4 up to k_prime_max (null = 4 k'): `noise`
+    # only those about to be flagged as noise pairs, `all` every uncertified one, `off` none
+    widen: Literal["noise", "all", "off"] = "noise"
+    k_prime_max: Optional[int] = None
     train_size: Optional[int] = None    # IVF-PQ training sample; null = auto
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"    # torch matmuls and the FAISS index

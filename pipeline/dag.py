@@ -11,6 +11,8 @@ from vlcurate.stages.embed import EmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
+from vlcurate.stages.mining.positives import PositivesStage
+from vlcurate.stages.mining.stage import HpmStage
 from vlcurate.stages.recaption import RecaptionStage
 
 
@@ -31,12 +33,15 @@ def default_dag() -> list[Node]:
         # DiHT's CAT filter: the cheap parse first, OCR only on the captions it kept
         Node(CatStage, after=("ids",)),
         Node(TextSpotStage, after=("cat",)),
+        # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged), then FFF positives
         Node(EmbedStage, after=("textspot",)),
+        Node(HpmStage, after=("embed",)),
+        Node(PositivesStage, after=("hpm",)),
         # model-heavy annotations, only for rows every filter kept
-        Node(RecaptionStage, after=("embed",)),
-        Node(ConceptsStage, after=("embed",)),
-        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "recaption",
-                                 "concepts")),
+        Node(RecaptionStage, after=("positives",)),
+        Node(ConceptsStage, after=("positives",)),
+        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "hpm", "positives",
+                                 "recaption", "concepts")),
     ]
 
 

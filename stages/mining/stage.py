@@ -1,0 +1,135 @@
+"""Stage ``hpm``: HELIP hard pairs and noise pairs for every row still kept.
+
+Global step (``prepare``, once): the image/text embeddings of every kept row go to files in the
+stage's workdir (store.py); above ``hpm.exact_max_n`` rows (or with ``method: fast``) it also
+samples FastHPM's pool and builds the IVF-PQ index of its joint vectors there. The state it
+returns is only paths and sizes.
+
+Per part (an actor pool, ``heavy_init``: each actor maps the vectors / loads the index once):
+the part's targets are mined against the whole table (exact) or the pool (FastHPM), and each row
+gets its hard ids and scores, support, noise flag and certificate.
+
+Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
+under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
+``hpm_is_noise``, so the row stays in. Either way no row is removed here. A noise pair's hard set
+is empty (Alg. 1). Hard sets are mined over every row still kept when hpm runs, in one pass as in
+Alg. 1, so they can name rows that are noise pairs themselves or that a later filter drops: the
+trainer skips hard ids that are not in its shards.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from vlcurate.schemas import F
+from vlcurate.schemas import embed as E
+from vlcurate.schemas import mining as M
+from vlcurate.schemas import reasons as R
+from vlcurate.stages.base import Resources, Stage, reasons_array
+
+from . import hpm
+from .store import Store, collect, lists, with_nulls
+
+EMBED = "embed"
+COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
+
+
+def set_threads(n: Optional[int]) -> None:
+    """Threads for a global build step (one Ray task that the whole stage waits on)."""
+    import faiss
+    import torch
+    n = n or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
+def use_fast(cfg: Any, n: int) -> bool:
+    return cfg.method == "fast" or (cfg.method == "auto" and n > cfg.exact_max_n)
+
+
+class HpmStage(Stage):
+    name = "hpm"
+    version = "1"
+    config_sections = ("hpm",)
+    inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
+    output = M.HARD_PAIRS
+    resources = Resources(num_cpus=1, batch_size=0)
+    heavy_init = True
+    wants_position = True
+
+    @classmethod
+    def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
+        return list(COLUMNS) if upstream == EMBED else []
+
+    @staticmethod
+    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+        cfg = config.hpm
+        set_threads(cfg.build_threads)
+        meta = collect(read, n_parts, workdir, COLUMNS)
+        state: dict = {"store": meta, "fast": use_fast(cfg, meta.n) and meta.n > 1}
+        if state["fast"]:
+            store = Store(meta)
+            img, txt = store.vec[E.IMAGE_EMB_NAME], store.vec[E.TEXT_EMB_NAME]
+            pool = hpm.sample_pool(meta.n, cfg.pool_size, cfg.seed)
+            params = hpm.auto_params(len(pool), img.shape[1] + txt.shape[1], cfg.nlist, cfg.pq_m,
+                                     cfg.pq_nbits, cfg.nprobe, cfg.train_size)
+            sub = (img, txt) if len(pool) == meta.n else (img[pool], txt[pool])
+            index = hpm.build_ivfpq(hpm.JointView(*sub), params, cfg.seed)
+            hpm.save_index(index, os.path.join(workdir, "joint.ivfpq"))
+            np.save(os.path.join(workdir, "pool.npy"), pool)
+            state.update(params=params, index=os.path.join(workdir, "joint.ivfpq"),
+                         pool=os.path.join(workdir, "pool.npy"))
+        return state
+
+    def __init__(self, config: Any, state: Any = None) -> None:
+        super().__init__(config, state)
+        self.cfg = config.hpm
+        self.device = hpm.resolve_device(self.cfg.device)
+        self.store = Store(state["store"])
+        self.img = self.store.vec[E.IMAGE_EMB_NAME]
+        self.txt = self.store.vec[E.TEXT_EMB_NAME]
+        self.fast = None
+        if not state["fast"]:        # the base on the device once (on the CPU: the memmaps)
+            self.base = (hpm.as_tensor(self.img, self.device), hpm.as_tensor(self.txt, self.device))
+        else:
+            pool = np.load(state["pool"])
+            index = hpm.load_index(state["index"], state["params"].nprobe, self.device)
+            sub = (self.img, self.txt) if len(pool) == self.store.n else \
+                (self.img[pool], self.txt[pool])
+            self.fast = hpm.FastHPM(index, pool, *sub, self.device)
+
+    def mine(self, gidx: np.ndarray) -> hpm.TopK:
+        c = self.cfg
+        if self.fast is None:
+            return hpm.exact_hpm(*self.base, c.k, c.tau_image, c.tau_text, c.dup_threshold,
+                                 gidx, c.block_size, c.query_block, self.device)
+        return self.fast.query(self.img[gidx], self.txt[gidx], gidx, c.k, c.tau_image, c.tau_text,
+                               c.dup_threshold, c.k_prime, c.k_prime_max, c.widen)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        gidx = self.store.locate(batch.column(F.PART.name).to_numpy(),
+                                 batch.column(F.ROW.name).to_numpy())
+        present = gidx >= 0                    # rows without embeddings are not mined: nulls
+        r = self.mine(gidx[present])
+        noise = r.noise
+        keep = (r.idx >= 0) & ~noise[:, None]  # Alg. 1: a noise pair's hard set is empty
+        drop = self.cfg.noise_action == "drop"
+        flag = np.zeros(len(gidx), bool)
+        flag[present] = noise & drop
+        k = self.cfg.k
+        support = with_nulls(pa.array(r.support, pa.int32()), present).to_pylist()
+        return pa.table({
+            F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+            M.HARD_IDS.name: with_nulls(self.store.id_lists(np.where(keep, r.idx, -1)), present),
+            M.HARD_SCORES.name: with_nulls(lists(r.score, keep, pa.float32()), present),
+            M.SUPPORT.name: with_nulls(pa.array(r.support, pa.int32()), present),
+            M.IS_NOISE.name: with_nulls(pa.array(noise, pa.bool_()), present),
+            M.CERTIFIED.name: with_nulls(pa.array(r.certified, pa.bool_()), present),
+            F.REASONS.name: reasons_array([[R.HPM_NOISE] if f else [] for f in flag]),
+            F.REASON_DETAIL.name: pa.array(
+                [f"{s} pairs support it, fewer than k={k}" if f else None
+                 for f, s in zip(flag, support)], pa.string()),
+        }, schema=self.output)

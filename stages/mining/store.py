@@ -1,0 +1,128 @@
+"""The vectors a mining stage works on, gathered once by its global step.
+
+``collect`` reads every part's still-kept rows (the runner's ``read``), keeps those with every
+embedding present, L2-normalises the vectors in float32 and appends them to raw files in the
+stage's ``workdir`` (memory-mapped by every actor, so a node holds one copy in its page cache),
+with their sample ids and positions. Rows are in part/row order: global row g of part p is
+``starts[p] + i`` for the i-th stored row of p.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlcurate.schemas import F
+
+from .hpm import normalize
+
+
+def vectors(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A fixed_size_list<float32|float16, d> column without nulls -> float32 [n, d]."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    d = arr.type.list_size
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, d)
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    dir: str
+    n: int
+    dims: tuple[tuple[str, int], ...]     # (column, dimension)
+    starts: tuple[int, ...]               # first global row of each part
+    counts: tuple[int, ...]               # stored rows of each part
+
+
+def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
+            columns: Sequence[str]) -> StoreMeta:
+    os.makedirs(workdir, exist_ok=True)
+    files = {c: open(os.path.join(workdir, f"{c}.f32"), "wb") for c in columns}
+    dims: dict[str, int] = {}
+    ids, rows, starts, counts = [], [], [], []
+    n = 0
+    try:
+        for part in range(n_parts):
+            t = read(part)
+            missing = [c for c in columns if c not in t.column_names]
+            if missing:
+                raise ValueError(f"no upstream stage provides {missing}: mining needs them")
+            ok = np.ones(t.num_rows, bool)
+            for c in columns:
+                ok &= t.column(c).is_valid().to_numpy(zero_copy_only=False)
+            t = t.filter(pa.array(ok))
+            for c in columns:
+                v = normalize(vectors(t.column(c)))
+                if dims.setdefault(c, v.shape[1]) != v.shape[1]:
+                    raise ValueError(f"{c}: dimension {v.shape[1]} in part {part}, {dims[c]} before")
+                files[c].write(v.tobytes())
+            ids.append(t.column(F.SAMPLE_ID.name).combine_chunks().cast(pa.string()))
+            rows.append(t.column(F.ROW.name).to_numpy())
+            starts.append(n), counts.append(t.num_rows)
+            n += t.num_rows
+    finally:
+        for f in files.values():
+            f.close()
+    pq.write_table(pa.table({F.SAMPLE_ID.name: pa.concat_arrays(ids) if ids else
+                             pa.array([], pa.string())}), os.path.join(workdir, "ids.parquet"))
+    np.save(os.path.join(workdir, "rows.npy"),
+            np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64))
+    return StoreMeta(workdir, n, tuple((c, dims.get(c, 0)) for c in columns), tuple(starts),
+                     tuple(counts))
+
+
+class Store:
+    """An actor's view of the collected rows: memory-mapped vectors, ids and positions."""
+
+    def __init__(self, meta: StoreMeta) -> None:
+        self.meta = meta
+        self.n = meta.n
+        self.vec: dict[str, np.ndarray] = {}
+        for c, d in meta.dims:
+            path = os.path.join(meta.dir, f"{c}.f32")
+            self.vec[c] = (np.memmap(path, np.float32, "r", shape=(meta.n, d)) if meta.n
+                           else np.zeros((0, d), np.float32))
+        self.ids = pq.read_table(os.path.join(meta.dir, "ids.parquet")).column(0).combine_chunks()
+        self.rows = np.load(os.path.join(meta.dir, "rows.npy"))
+
+    def locate(self, parts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Global row of each (part, row); -1 for a row that was not stored."""
+        out = np.full(len(parts), -1, np.int64)
+        for p in np.unique(parts):
+            sel = np.flatnonzero(parts == p)
+            if p >= len(self.meta.starts):
+                continue
+            s, c = self.meta.starts[p], self.meta.counts[p]
+            stored = self.rows[s:s + c]
+            pos = np.searchsorted(stored, rows[sel])
+            hit = pos < c
+            hit[hit] = stored[pos[hit]] == rows[sel][hit]
+            out[sel[hit]] = s + pos[hit]
+        return out
+
+    def id_lists(self, idx: np.ndarray) -> pa.ListArray:
+        """[q, k] global rows, -1 padded -> list<string> of sample ids (the -1 left out)."""
+        valid = idx >= 0
+        offsets = np.concatenate([[0], np.cumsum(valid.sum(1))]).astype(np.int32)
+        values = self.ids.take(pa.array(idx[valid]))
+        return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def lists(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.ListArray:
+    """[q, k] values where ``valid`` -> list<type_> per row."""
+    offsets = np.concatenate([[0], np.cumsum(valid.sum(1))]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[valid], type_))
+
+
+def with_nulls(arr: pa.Array, present: np.ndarray) -> pa.Array:
+    """Spread ``arr`` (one value per present row) over every row; the others are null."""
+    if present.all():
+        return arr
+    idx = np.cumsum(present) - 1
+    return arr.take(pa.array(np.where(present, idx, 0), mask=~present))
+
+
+__all__ = ["collect", "Store", "StoreMeta", "vectors", "lists", "with_nulls"]

@@ -1,0 +1,31 @@
+"""The hpm and positives config sections: defaults from the papers, errors that name the key."""
+import pytest
+
+from vlcurate.pipeline import config as C
+
+
+def test_defaults_follow_the_papers():
+    cfg = C.load()
+    assert (cfg.hpm.tau_image, cfg.hpm.tau_text, cfg.hpm.dup_threshold) == (0.5, 0.5, 0.98)
+    assert cfg.hpm.noise_action == "drop" and cfg.hpm.method == "auto"
+    p = cfg.positives
+    assert (p.p1, p.p1_text, p.p2, p.p3, p.cross_modal) == (0.27, 0.24, 0.92, 0.99, False)
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"hpm": {"k": 0}}, r"hpm\.k: must be an int > 0"),
+    ({"hpm": {"tau_image": 1.5}}, r"hpm\.tau_image: must be in \[0, 1\]"),
+    ({"hpm": {"dup_threshold": -0.1}}, r"hpm\.dup_threshold: must be in \[0, 1\]"),
+    ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in 1\.\.16"),
+    ({"hpm": {"widen": "some"}}, r"hpm\.widen: expected one of"),
+    ({"hpm": {"noise_action": "delete"}}, r"hpm\.noise_action: expected one of"),
+    ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[0, 1\]"),
+    ({"positives": {"max_positive": 3}}, r"did you mean 'max_positives'"),
+])
+def test_errors_name_the_key(data, match):
+    with pytest.raises(C.ConfigError, match=match):
+        C.from_dict(data)
+
+
+def test_null_turns_duplicates_off():
+    assert C.load(None, {"hpm.dup_threshold": None}).hpm.dup_threshold is None

@@ -1,0 +1,256 @@
+"""The hpm and positives stages in a DAG: ingest -> ids -> embed (test vectors) + a filter ->
+hpm -> positives -> export, on the in-process executor and once on Ray."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from vlcurate.pipeline import config as C
+from vlcurate.pipeline.dag import Node
+from vlcurate.pipeline.runner import run
+from vlcurate.schemas import F, tables
+from vlcurate.schemas import embed as E
+from vlcurate.schemas import mining as M
+from vlcurate.schemas import reasons as R
+from vlcurate.stages.base import Stage
+from vlcurate.stages.export import ExportStage
+from vlcurate.stages.ids import IdsStage
+from vlcurate.stages.ingest import IngestStage
+from vlcurate.stages.mining import fff, hpm
+from vlcurate.stages.mining.positives import PositivesStage
+from vlcurate.stages.mining.stage import HpmStage
+
+from .. import corpus
+from .naive import pairs
+
+N, D, K = 48, 8, 3
+FLAGGED = "test.flagged"
+IMG, TXT = pairs(N, D, seed=21, spread=0.9, n_clusters=5)
+IMG[1], TXT[1] = IMG[0], TXT[0]                      # row 1 duplicates row 0
+CAPTIONS = [f"caption number {i}" for i in range(N)]
+VECTORS = {c: (IMG[i], TXT[i]) for i, c in enumerate(CAPTIONS)}
+FLAG = {i for i in range(N) if i % 7 == 3}           # flagged upstream of hpm
+
+
+def fixed(x: np.ndarray) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), x.shape[1])
+
+
+class FakeEmbed(Stage):
+    """The embed stage's contract (issue 3) with given vectors, looked up by caption."""
+    name = "embed"
+    inputs = {"ingest": (F.CAPTION,)}
+    output = tables.stage_table(E.image_emb(D), E.text_emb(D))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        caps = batch.column(F.CAPTION.name).to_pylist()
+        return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+                         E.IMAGE_EMB_NAME: fixed(np.stack([VECTORS[c][0] for c in caps])),
+                         E.TEXT_EMB_NAME: fixed(np.stack([VECTORS[c][1] for c in caps])),
+                         F.REASONS.name: pa.array([[]] * len(caps), F.REASONS.type),
+                         F.REASON_DETAIL.name: pa.nulls(len(caps), pa.string())},
+                        schema=FakeEmbed.output)
+
+
+class Flag(Stage):
+    """A filter beside embed: its flagged rows must never reach hpm."""
+    name = "flag"
+    inputs = {"ingest": (F.CAPTION,)}
+    output = tables.stage_table()
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        flag = [int(c.split()[-1]) in FLAG for c in batch.column(F.CAPTION.name).to_pylist()]
+        return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+                         F.REASONS.name: pa.array([[FLAGGED] if f else [] for f in flag],
+                                                  F.REASONS.type),
+                         F.REASON_DETAIL.name: pa.nulls(len(flag), pa.string())},
+                        schema=self.output)
+
+
+class SpyHpm(HpmStage):
+    seen: list = []
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        SpyHpm.seen.extend(batch.column(F.SAMPLE_ID.name).to_pylist())
+        return super().__call__(batch)
+
+
+def dag(hpm_stage=HpmStage):
+    return [Node(IngestStage), Node(IdsStage, after=("ingest",)),
+            Node(FakeEmbed, after=("ingest", "ids")), Node(Flag, after=("ingest", "ids")),
+            Node(hpm_stage, after=("embed", "flag")), Node(PositivesStage, after=("hpm",)),
+            Node(ExportStage, after=("ingest", "ids", "embed", "flag", "hpm", "positives"))]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mining_src")
+    return corpus.folder(root, [(f"im{i:03d}.jpg", c) for i, c in enumerate(CAPTIONS)])
+
+
+def cfg(source: Path, run_dir: Path, **over) -> C.Config:
+    return C.load(None, {"source.path": str(source), "source.rows_per_part": 10,
+                         "run.run_dir": str(run_dir), "run.progress": False,
+                         "hpm.k": K, "hpm.tau_image": 0.3, "hpm.tau_text": 0.3,
+                         "positives.p2": 0.9, "positives.p3": 0.95, **over})
+
+
+def table(run_dir: Path, stage: str) -> pa.Table:
+    return ds.dataset(run_dir / stage / "data", format="parquet").to_table()
+
+
+def quiet(_):
+    pass
+
+
+def expected(ids: list[str]):
+    """Exact HPM over the rows still kept when hpm runs (all but FLAG), in ingest order."""
+    kept = [i for i in range(N) if i not in FLAG]
+    r = hpm.exact_hpm(IMG[kept], TXT[kept], K, 0.3, 0.3, 0.98)
+    return kept, r, {ids[kept[q]]: q for q in range(len(kept))}
+
+
+def test_stage_tables_reasons_and_flagged_rows(source, tmp_path):
+    SpyHpm.seen.clear()
+    res = {r.manifest["stage"]: r.manifest for r in
+           run(cfg(source, tmp_path), dag(SpyHpm), executor="local", log=quiet)}
+    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+    t = table(tmp_path, "hpm")
+    assert t.schema.remove_metadata() == M.HARD_PAIRS.remove_metadata()
+    assert t.column(F.SAMPLE_ID.name).to_pylist() == ids
+    kept, r, q_of = expected(ids)
+    flagged_ids = {ids[i] for i in FLAG}
+    # flagged rows never reached the stage; they get nulls and are nobody's hard pair
+    assert sorted(SpyHpm.seen) == sorted(ids[i] for i in kept)
+    assert res["hpm"]["rows_in"] == len(kept)
+    rows = t.to_pylist()
+    for i, row in enumerate(rows):
+        if i in FLAG:
+            assert row[M.HARD_IDS.name] is None and row[M.IS_NOISE.name] is None
+            assert row[F.REASONS.name] == []
+            continue
+        q = q_of[ids[i]]
+        noise = bool(r.noise[q])
+        assert row[M.IS_NOISE.name] == noise and row[M.SUPPORT.name] == r.support[q]
+        assert row[M.CERTIFIED.name] is True
+        want = [] if noise else [ids[kept[j]] for j in r.idx[q] if j >= 0]
+        assert row[M.HARD_IDS.name] == want
+        np.testing.assert_allclose(row[M.HARD_SCORES.name], [] if noise else r.score[q][:len(want)],
+                                   rtol=1e-5)
+        assert row[F.REASONS.name] == ([R.HPM_NOISE] if noise else [])
+        assert not flagged_ids & set(row[M.HARD_IDS.name])
+    n_noise = int(r.noise.sum())
+    assert 0 < n_noise < len(kept)
+    assert res["hpm"]["reason_counts"] == {R.HPM_NOISE: n_noise}
+    assert ids[1] not in rows[0][M.HARD_IDS.name]            # a duplicate is not a hard pair
+    # positives: computed after noise removal, on the survivors only, = FFF on them
+    survivors = [i for i in kept if not r.noise[q_of[ids[i]]]]
+    assert res["positives"]["rows_in"] == len(survivors)
+    p = table(tmp_path, "positives")
+    assert p.schema.remove_metadata() == M.POSITIVES.remove_metadata()
+    ref = fff.exact_positives(IMG[survivors], TXT[survivors], fff.Rule(p2=0.9, p3=0.95), 64)
+    prow = {x[F.SAMPLE_ID.name]: x for x in p.to_pylist()}
+    for q, i in enumerate(survivors):
+        row = prow[ids[i]]
+        assert row[M.POSITIVE_IDS.name] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
+        assert row[M.POSITIVE_RELATIONS.name] == [fff.CODES[c] for c in ref.code[q] if c >= 0]
+    assert prow[ids[0]][M.POSITIVE_IDS.name][0] == ids[1]             # the duplicate
+    assert prow[ids[0]][M.POSITIVE_RELATIONS.name][0] == M.REL_DUPLICATE
+    assert sum(len(x[M.POSITIVE_IDS.name] or []) for x in prow.values()) >= 10
+    # export drops noise pairs and flagged rows under the default policy, and keeps the columns
+    exp = table(tmp_path, "export")
+    assert sum(exp.column(F.KEEP.name).to_pylist()) == len(survivors)
+    assert {M.HARD_IDS.name, M.POSITIVE_IDS.name} <= set(exp.column_names)
+
+
+def test_mark_keeps_noise_pairs_and_fast_method_matches(source, tmp_path):
+    over = {"hpm.noise_action": "mark", "hpm.method": "fast", "hpm.nlist": 2, "hpm.nprobe": 2,
+            "hpm.k_prime": 64, "hpm.pq_m": 4}
+    res = {r.manifest["stage"]: r.manifest for r in
+           run(cfg(source, tmp_path, **over), dag(), executor="local", log=quiet)}
+    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+    kept, r, q_of = expected(ids)
+    rows = table(tmp_path, "hpm").to_pylist()
+    assert res["hpm"]["rows_rejected"] == 0
+    for i in kept:
+        row, q = rows[i], q_of[ids[i]]
+        assert row[F.REASONS.name] == [] and row[M.IS_NOISE.name] == bool(r.noise[q])
+        want = [] if r.noise[q] else [ids[kept[j]] for j in r.idx[q] if j >= 0]
+        assert row[M.HARD_IDS.name] == want and row[M.CERTIFIED.name]
+    assert res["positives"]["rows_in"] == len(kept)       # noise pairs stay in
+    assert sum(table(tmp_path, "export").column(F.KEEP.name).to_pylist()) == len(kept)
+
+
+def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
+    """hpm and positives on Ray (actors load the state and the vectors from the run dir) over
+    the upstream tables of an in-process run (skipped there: same fingerprints)."""
+    small = [Node(IngestStage), Node(FakeEmbed, after=("ingest",)),
+             Node(HpmStage, after=("embed",)), Node(PositivesStage, after=("hpm",))]
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    over = {"source.rows_per_part": N // 2, "ray.address": "local"}
+    run(cfg(source, local, **over), small, executor="local", log=quiet)
+    shutil.copytree(local, remote, ignore=shutil.ignore_patterns("hpm", "positives"))
+    res = run(cfg(source, remote, **over), small, executor="ray", log=quiet)
+    assert [r.status for r in res] == ["skipped", "skipped", "ran", "ran"]
+    for stage, scores in (("hpm", M.HARD_SCORES.name), ("positives", M.POSITIVE_SCORES.name)):
+        a, b = table(remote, stage), table(local, stage)
+        assert a.drop_columns([scores]).equals(b.drop_columns([scores]))
+        for x, y in zip(a.column(scores).to_pylist(), b.column(scores).to_pylist()):
+            np.testing.assert_allclose(x or [], y or [], rtol=1e-5)    # thread count: rounding
+    assert table(remote, "hpm").column(M.IS_NOISE.name).to_pylist().count(True) > 0
+
+
+class CrossEmbed(FakeEmbed):
+    """The embed contract plus cross-modal (CLIP-like) columns, for FFF's full Eq. 1."""
+    output = tables.stage_table(E.image_emb(D), E.text_emb(D), M.cross_image_emb(4),
+                                M.cross_text_emb(4))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        t = super().__call__(batch)
+        i = [int(c.split()[-1]) for c in batch.column(F.CAPTION.name).to_pylist()]
+        return t.append_column(M.CROSS_IMAGE_EMB_NAME, fixed(XIMG[i])).append_column(
+            M.CROSS_TEXT_EMB_NAME, fixed(XTXT[i])).select(self.output.names)
+
+
+XIMG = hpm.normalize(IMG[:, :4] + 0.2 * np.random.default_rng(5).standard_normal((N, 4)))
+XTXT = hpm.normalize(IMG[:, :4] + 0.2 * np.random.default_rng(6).standard_normal((N, 4)))
+
+
+def test_positives_with_a_cross_modal_embedding(source, tmp_path):
+    d = [Node(IngestStage), Node(CrossEmbed, after=("ingest",)),
+         Node(PositivesStage, after=("embed",))]
+    over = {"positives.cross_modal": True, "positives.p1": 0.9, "positives.p1_text": 0.8}
+    run(cfg(source, tmp_path, **over), d, executor="local", log=quiet)
+    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+    rule = fff.Rule(p1=0.9, p1_text=0.8, p2=0.9, p3=0.95, cross=True)
+    ref = fff.exact_positives(IMG, TXT, rule, 64, ximg=XIMG, xtxt=XTXT)
+    rows = table(tmp_path, "positives").to_pylist()
+    for i, row in enumerate(rows):
+        assert row[M.POSITIVE_IDS.name] == [ids[j] for j in ref.idx[i] if j >= 0]
+        assert row[M.POSITIVE_RELATIONS.name] == [fff.CODES[c] for c in ref.code[i] if c >= 0]
+    assert any(M.REL_CROSS in r[M.POSITIVE_RELATIONS.name] for r in rows)
+
+
+def test_store_skips_rows_without_embeddings_and_reads_float16(tmp_path):
+    from vlcurate.stages.mining.store import Store, collect
+    x = np.array([[3, 4], [1, 0], [0, 2]], np.float32)
+
+    def read(part):
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float16()), 2)
+        emb = pa.array([emb[0].as_py(), None, emb[2].as_py()], emb.type) if part == 1 else emb
+        return pa.table({F.SAMPLE_ID.name: [f"p{part}r{r}" for r in range(3)],
+                         E.IMAGE_EMB_NAME: emb, E.TEXT_EMB_NAME: emb,
+                         F.ROW.name: pa.array([0, 1, 2], pa.int64())})
+
+    meta = collect(read, 2, str(tmp_path), (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME))
+    assert meta.n == 5 and meta.starts == (0, 3) and meta.counts == (3, 2)
+    s = Store(meta)
+    np.testing.assert_allclose(s.vec[E.IMAGE_EMB_NAME][0], [0.6, 0.8], rtol=1e-3)   # normalised
+    np.testing.assert_array_equal(s.locate(np.array([1, 1, 1, 0]), np.array([0, 1, 2, 2])),
+                                  [3, -1, 4, 2])
+    assert s.id_lists(np.array([[4, -1], [-1, -1]])).to_pylist() == [["p1r2"], []]
