@@ -94,7 +94,8 @@ def table(path: Path) -> pa.Table:
 
 
 def test_end_to_end_accounting_and_shards(demo_data, tmp_path):
-    cfg = cfg_for(demo_data, tmp_path / "run")
+    # the spine plus embeddings (the filters' own tests cover them; test_ray runs every stage)
+    cfg = cfg_for(demo_data, tmp_path / "run", **{"run.stages": ["ids", "embed"]})
     res = by_stage(run(cfg, executor="local", log=quiet))
     assert not problems(list(res.values()))
     ing, ids, exp = res["ingest"].manifest, res["ids"].manifest, res["export"].manifest
