@@ -26,7 +26,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-
 from vlcurate.schemas import mining as M
 
 from .hpm import IvfParams, as_tensor, build_ivfpq, gather_dots

@@ -23,7 +23,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
-
 from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M

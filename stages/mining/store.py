@@ -9,13 +9,13 @@ with their sample ids and positions. Rows are in part/row order: global row g of
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from vlcurate.schemas import F
 
 from .hpm import normalize
@@ -40,11 +40,12 @@ class StoreMeta:
 def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
             columns: Sequence[str]) -> StoreMeta:
     os.makedirs(workdir, exist_ok=True)
-    files = {c: open(os.path.join(workdir, f"{c}.f32"), "wb") for c in columns}
     dims: dict[str, int] = {}
     ids, rows, starts, counts = [], [], [], []
     n = 0
-    try:
+    with ExitStack() as stack:
+        files = {c: stack.enter_context(open(os.path.join(workdir, f"{c}.f32"), "wb"))
+                 for c in columns}
         for part in range(n_parts):
             t = read(part)
             missing = [c for c in columns if c not in t.column_names]
@@ -63,9 +64,6 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
             rows.append(t.column(F.ROW.name).to_numpy())
             starts.append(n), counts.append(t.num_rows)
             n += t.num_rows
-    finally:
-        for f in files.values():
-            f.close()
     pq.write_table(pa.table({F.SAMPLE_ID.name: pa.concat_arrays(ids) if ids else
                              pa.array([], pa.string())}), os.path.join(workdir, "ids.parquet"))
     np.save(os.path.join(workdir, "rows.npy"),
@@ -125,4 +123,4 @@ def with_nulls(arr: pa.Array, present: np.ndarray) -> pa.Array:
     return arr.take(pa.array(np.where(present, idx, 0), mask=~present))
 
 
-__all__ = ["collect", "Store", "StoreMeta", "vectors", "lists", "with_nulls"]
+__all__ = ["Store", "StoreMeta", "collect", "lists", "vectors", "with_nulls"]

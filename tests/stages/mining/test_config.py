@@ -1,6 +1,5 @@
 """The hpm and positives config sections: defaults from the papers, errors that name the key."""
 import pytest
-
 from vlcurate.pipeline import config as C
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from vlcurate.stages.mining import fff, hpm
 
 from .naive import naive_fff, pairs

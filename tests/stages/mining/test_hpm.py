@@ -5,7 +5,6 @@ import faiss
 import numpy as np
 import pytest
 import torch
-
 from vlcurate.stages.mining import hpm
 
 from .naive import naive_hpm, pairs

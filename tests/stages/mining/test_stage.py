@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.dag import Node
 from vlcurate.pipeline.runner import run
