@@ -36,7 +36,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="vlc-bench-"))
     base = {"source.path": str(DATA), "source.max_captions_per_image": 1,
             "source.rows_per_part": a.rows_per_part, "run.progress": False,
-            "export.samples_per_shard": 1000, "ray.num_cpus": a.cpus}
+            "export.samples_per_shard": 1000, "ray.num_cpus": a.cpus,
+            "run.stages": ["ids"]}   # ingest -> ids -> export: the spine
 
     def once(executor: str, i: int) -> tuple[float, dict]:
         cfg = C.load(None, {**base, "run.run_dir": str(tmp / f"{executor}{i}")})
