@@ -330,6 +330,11 @@ class Report:
     def pick(self, n: int, k: int) -> list[int]:
         return sorted(self.data.rng.choice(n, size=min(n, k), replace=False).tolist()) if n else []
 
+    def pick_nonempty(self, t: pa.Table, field: pa.Field) -> list[dict]:
+        """A seeded sample (``self.sample`` rows) of the rows whose list column is non-empty."""
+        rows = np.flatnonzero(pc.fill_null(pc.list_value_length(t.column(field.name)), 0).to_numpy())
+        return t.take(pa.array(rows[self.pick(rows.size, self.sample)])).to_pylist() if rows.size else []
+
     def card(self, item: Item, label: str = "", cls: str = "", caption: bool = True) -> str:
         return card(item, label, cls, self.thumb, caption)
 
@@ -488,11 +493,9 @@ def recaptions(r: Report) -> Section:
     t = r.data.sample(RC.RECAPTIONS, RC.RECAPTION_SCORES, RC.RECAPTION_FLAGS, RC.RECAPTION_RANDOM)
     if t is None:
         return None
-    rows = np.flatnonzero(pc.fill_null(pc.list_value_length(t.column(RC.RECAPTIONS.name)),
-                                       0).to_numpy())
-    if rows.size == 0:
+    chosen = r.pick_nonempty(t, RC.RECAPTIONS)
+    if not chosen:
         return '<p class="meta">No row in the sampled parts was recaptioned.</p>'
-    chosen = t.take(pa.array(rows[r.pick(rows.size, r.sample)])).to_pylist()
     items = yield {x[F.SAMPLE_ID.name]: x[PART_COL] for x in chosen}
     out = []
     if any(x[RC.RECAPTION_RANDOM.name] for x in chosen):
@@ -524,11 +527,9 @@ def concepts(r: Report) -> Section:
     if vocab_path.exists():
         v = pq.read_table(vocab_path, columns=[CO.V_KIND.name, CO.V_ID.name, CO.V_SYNSET.name])
         names = {(k, i): s for k, i, s in zip(*(v.column(c).to_pylist() for c in v.column_names))}
-    rows = np.flatnonzero(pc.fill_null(pc.list_value_length(t.column(CO.CONCEPT_OBJECT_IDS.name)),
-                                       0).to_numpy())
-    if rows.size == 0:
+    chosen = r.pick_nonempty(t, CO.CONCEPT_OBJECT_IDS)
+    if not chosen:
         return '<p class="meta">No row in the sampled parts has concept targets.</p>'
-    chosen = t.take(pa.array(rows[r.pick(rows.size, r.sample)])).to_pylist()
     items = yield {x[F.SAMPLE_ID.name]: x[PART_COL] for x in chosen}
 
     def fmt(kind: str, ids: Optional[list], probs: Optional[list]) -> str:
