@@ -9,8 +9,7 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data"))
+from tests.paths import REPO, SHARED_DATA  # noqa: E402,F401  (one rule for tests and benchmarks)
 
 
 def shared_data(sub: str) -> Path:

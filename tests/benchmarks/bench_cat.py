@@ -23,8 +23,8 @@ from pathlib import Path
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_THREAD_LIMIT"):
     os.environ[var] = "1"
-REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.paths import REPO, SHARED_DATA as DATA  # noqa: E402
 CORPORA = {"coco_val2017_captions.csv": "COCO val2017", "flickr8k_captions.csv": "Flickr8k",
            "cc3m_validation_captions.csv": "CC3M val", "img2dataset_test10000_alttext.csv":
            "web alt text"}

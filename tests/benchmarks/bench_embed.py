@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.paths import SHARED_DATA as DATA  # noqa: E402
 
 
 def rate(fn, n: int, repeat: int = 2) -> float:

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data")) / "coco_mini"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.paths import SHARED_DATA  # noqa: E402
+DATA = SHARED_DATA / "coco_mini"
 
 
 def main() -> int:

@@ -36,8 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("VLCURATE_SHARED_DATA", REPO.parent / "shared" / "data")) / "captions_only"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.paths import SHARED_DATA  # noqa: E402
+DATA = SHARED_DATA / "captions_only"
 
 
 # --- data -------------------------------------------------------------------------------------------
