@@ -204,6 +204,22 @@ def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:
             raise ConfigError(f"{section}.{name}: must be in [0, 1], got {v!r}")
 
 
+# <<lang section>>
+@dataclass(frozen=True)
+class LangConfig:
+    """Language ID (stage ``lang``): flag captions not in the kept languages, before the CAT parse."""
+    keep: tuple[str, ...] = ("en",)       # ISO 639-1 codes; DiHT's CAT parse is English
+    min_prob: float = 0.5                 # flag when P(caption in one of keep) is below this
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_prob, (int, float)) and not 0 <= self.min_prob <= 1:
+            raise ConfigError(f"lang.min_prob: must be in [0, 1], got {self.min_prob}")
+        if not self.keep:
+            raise ConfigError("lang.keep: name at least one language (ISO 639-1, e.g. [en]); "
+                              "to run without the filter, leave `lang` out of run.stages")
+
+
 # <<cat section>>
 @dataclass(frozen=True)
 class CatConfig:
@@ -384,6 +400,7 @@ class Config:
     # <<mining field>>
     hpm: HpmConfig = HpmConfig()
     positives: PositivesConfig = PositivesConfig()
+    lang: LangConfig = LangConfig()
     # <<cat field>>
     cat: CatConfig = CatConfig()
     textspot: TextSpotConfig = TextSpotConfig()
