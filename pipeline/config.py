@@ -495,14 +495,19 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, data: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
+        if k not in defaults:
+            close = difflib.get_close_matches(str(k), list(defaults), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(defaults)})"
             raise ConfigError(f"{key}: unknown key{hint}")
+        if isinstance(v, dict) and dataclasses.is_dataclass(defaults[k]) and \
+                not (isinstance(defaults[k], ModelSpec) and "id" in v):
+            # a partial value edits the field's default: `--set embed.image_model.path=X` is the
+            # default model's path (a value naming another model id starts from a blank spec)
+            v = {**to_dict(defaults[k]), **v}
         kwargs[k] = _convert(v, hints[k], key)
     obj = cls(**kwargs)
     _validate(obj, prefix)

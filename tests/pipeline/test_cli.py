@@ -17,7 +17,7 @@ def vlc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.parametrize("cmd", [[], ["run"], ["demo"], ["inspect"], ["export"], ["finetune"],
+@pytest.mark.parametrize("cmd", [[], ["run"], ["check"], ["demo"], ["inspect"], ["export"], ["finetune"],
                                  ["report"]])
 def test_help_everywhere(cmd):
     out = vlc(*cmd, "--help")
