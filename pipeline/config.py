@@ -388,6 +388,17 @@ class ExportConfig:
     resources: Resources = Resources()
 
 
+# Settings that change speed, never output: left out of every fingerprint (like each section's
+# `resources`), so that tuning them never reruns a stage. tests/pipeline/test_fingerprint_keys.py
+# pins what is in and what is out.
+SPEED_ONLY: dict[str, tuple[str, ...]] = {
+    "embed": ("decode", "decode_threads"),         # where/how many threads decode (same pixels)
+    "hpm": ("build_threads",),                     # threads of the index build
+    "cat": ("n_process", "pipe_batch_size", "gemm"),   # spaCy processes, batches, BLAS kernels
+    "textspot": ("threads",),                      # OCR threads
+}
+
+
 @dataclass(frozen=True)
 class Config:
     run: RunConfig = RunConfig()

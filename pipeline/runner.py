@@ -62,8 +62,8 @@ def stage_config(stage: type[Stage], config: C.Config) -> dict:
     out = {}
     for sec in stage.config_sections:
         d = C.to_dict(config.section(sec))
-        d.pop("resources", None)   # resources change speed, never output
-        d.pop("out_dir", None)
+        for key in ("resources", "out_dir", *C.SPEED_ONLY.get(sec, ())):
+            d.pop(key, None)       # speed, never output: no rerun when they change
         out[sec] = d
     return out
 
