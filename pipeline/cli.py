@@ -117,7 +117,8 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import inspect_run
-    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows))
+    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows,
+                      export_dir=Path(a.export) if a.export else None))
     return 0
 
 
@@ -158,6 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.add_argument("run_dir")
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
     i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
+    i.add_argument("--export", default=None, metavar="DIR",
+                   help="show this export (a `vlcurate export --out DIR`) instead of the run's own")
     i.set_defaults(fn=cmd_inspect)
     rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
                         "of hard pairs, rejects by reason, recaptions")

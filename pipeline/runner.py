@@ -225,15 +225,22 @@ class Runner:
 
     def run(self, only: Optional[set[str]] = None) -> list[StageResult]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # a re-export elsewhere (`vlcurate export --out DIR`) records itself in DIR: what the run
+        # itself reports (its run.json and summary) never changes
+        meta = Path(self.roots["export"]) if only and "export" in self.roots else self.run_dir
+        meta.mkdir(parents=True, exist_ok=True)
+        record = {"config": C.to_dict(self.config), "dag": [n.name for n in self.dag],
+                  "started_at": now(), "versions": versions()}
         with RunLock(self.run_dir):
-            write_json(self.run_dir / "run.json", {"config": C.to_dict(self.config),
-                                                   "dag": [n.name for n in self.dag],
-                                                   "started_at": now(), "versions": versions()})
+            if meta == self.run_dir:       # first, so that a run in progress can be inspected
+                write_json(meta / "run.json", record)
             results: dict[str, StageResult] = {}
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
+            if meta != self.run_dir:       # after, since the export stage resets its folder
+                write_json(meta / "run.json", record)
             ms = [r.manifest for r in results.values()]
-            pq.write_table(manifests_table(ms), self.run_dir / "summary.parquet")
+            pq.write_table(manifests_table(ms), meta / "summary.parquet")
             return list(results.values())
 
     def fingerprint(self, node: Node, results: dict[str, StageResult]) -> tuple[str, dict]:
