@@ -70,6 +70,17 @@ class RunConfig:
     progress: bool = True
     # run only these stages of the DAG (ingest and export always run); empty = all of them
     stages: tuple[str, ...] = ()
+    # a stage that flags more than this share of the rows it saw prints a WARNING naming its top
+    # reason and the setting to turn (console and summary)
+    warn_reject_fraction: float = 0.9
+    # ... and above this share the run stops after that stage (null: never stop)
+    max_reject_fraction: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        for name in ("warn_reject_fraction", "max_reject_fraction"):
+            v = getattr(self, name)
+            if v is not None and isinstance(v, (int, float)) and not 0 <= v <= 1:
+                raise ConfigError(f"run.{name}: must be in [0, 1], got {v}")
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from vlcurate.stages.base import Resources as StageResources
 from vlcurate.stages.base import Stage
 
 from . import config as C
+from . import guards
 from .dag import Node, ancestors, default_dag, select, topo_order
 from .parts import (Committer, PartIO, StageCall, add_counts, commit_empty, empty_counts,
-                    read_inputs,
-                    write_fragments)
+                    read_inputs, write_fragments, write_null_part)
 from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json
 from .worker import TableReader, _apply, _prepare, _RayStageCall, _read_batch, _stage_task
 from .versions import versions
@@ -237,6 +237,10 @@ class Runner:
             results: dict[str, StageResult] = {}
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
+                stop = guards.stop_reason(results[node.name].manifest,
+                                          self.config.run.max_reject_fraction)
+                if stop:
+                    raise RunError(stop)
             if meta != self.run_dir:       # after, since the export stage resets its folder
                 write_json(meta / "run.json", record)
             ms = [r.manifest for r in results.values()]
@@ -256,6 +260,14 @@ class Runner:
             extra["environment"] = stage.environment(self.config)
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream
+
+    def _nothing_to_compute(self, node: Node, results: dict[str, StageResult]) -> bool:
+        """Every row was flagged upstream (an ancestor kept none of the rows it saw, and nothing
+        it did not see is left), and this stage computes only kept rows."""
+        stage = node.stage
+        if getattr(stage, "source", False) or stage.all_rows or self.config.run.compute_on_flagged:
+            return False
+        return any(results[a].manifest["rows_kept"] == 0 for a in ancestors(self.dag, node))
 
     def run_stage(self, node: Node, results: dict[str, StageResult],
                   only: Optional[set[str]]) -> StageResult:
@@ -303,7 +315,12 @@ class Runner:
         self.log(f"[{name}] {n_parts} parts" + (f", {len(before)} already committed" if before else "")
                  + f" · {self.executor_name} · cpus={res.num_cpus} gpus={res.num_gpus} "
                  f"batch={res.batch_size or 'part'}")
-        if pending:
+        if pending and self._nothing_to_compute(node, results):
+            self.log(f"[{name}] no row is left to compute: null columns written, stage not run")
+            committer = Committer(sd)
+            for p in pending:
+                write_null_part(io, p, out_schema, committer)
+        elif pending:
             state = None
             if stage.prepare is not None:
                 state = self.executor.call(_prepare, stage, self.config, io, n_parts,
@@ -330,8 +347,6 @@ class Runner:
                                                               tuple(self.roots.items())),
                               map=self.executor.map, root=sd.root, tmp_dir=tmp)
             info = stage.finalize(self.config, ctx) or {}
-        info = _with_notes(info, notes)
-        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         total = functools.reduce(add_counts, counts, empty_counts())
         manifest = {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
@@ -341,6 +356,12 @@ class Runner:
             "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],
             "wall_s": round(time.time() - t0, 3), "started_at": started, "finished_at": now(),
             "versions": versions()}
+        info = _with_notes(info, notes)
+        warn = guards.warning(manifest, self.config.run.warn_reject_fraction)
+        if warn:
+            info["warnings"] = [warn]
+            self.log(f"[{name}] WARNING: {warn}")
+        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
         self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
                  f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s"
