@@ -261,6 +261,19 @@ class Runner:
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream
 
+    def _progress(self, name: str, pending: list[int], results: dict[str, StageResult],
+                  node: Node) -> Any:
+        """A bar in rows (rows/s and ETA), counted from the source's committed parts; a source
+        stage, whose part sizes are not known before it reads them, counts parts."""
+        ups = ancestors(self.dag, node)
+        off = not self.config.run.progress
+        if not ups:
+            return tqdm(total=len(pending), desc=name, unit="part", disable=off, leave=False)
+        source = self.stage_dir(ups[0])
+        total = sum(source.part_counts(p)["rows"] for p in pending)
+        return tqdm(total=total, desc=name, unit="row", unit_scale=True, disable=off, leave=False,
+                    smoothing=0.1)
+
     def _nothing_to_compute(self, node: Node, results: dict[str, StageResult]) -> bool:
         """Every row was flagged upstream (an ancestor kept none of the rows it saw, and nothing
         it did not see is left), and this stage computes only kept rows."""
@@ -327,9 +340,9 @@ class Runner:
                                            str(sd.root / "_prepare"), num_gpus=res.num_gpus)
             if state is None and getattr(stage, "output", None) is None:
                 state = {"schema": out_schema}   # a stage whose columns depend on its upstream
-            bar = tqdm(total=len(pending), desc=name, unit="part", disable=not self.config.run.progress,
-                       leave=False)
-            committer = Committer(sd, on_commit=lambda p, c: bar.update(1))
+            bar = self._progress(name, pending, results, node)
+            committer = Committer(sd, on_commit=lambda p, c: bar.update(
+                1 if bar.unit == "part" else c["rows"]))
             try:
                 self.executor.parts(io, stage, self.config, state, res, pending, specs, out_schema,
                                     committer)
@@ -364,7 +377,8 @@ class Runner:
         write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
         self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
-                 f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s"
+                 f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s "
+                 f"({manifest['rows_in'] / max(manifest['wall_s'], 1e-3):,.0f} rows/s)"
                  + (f" ({len(before)} parts reused)" if before else ""))
         return StageResult(manifest, "resumed" if before else "ran", info)
 
