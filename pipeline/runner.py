@@ -261,18 +261,17 @@ class Runner:
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream
 
-    def _progress(self, name: str, pending: list[int], results: dict[str, StageResult],
-                  node: Node) -> Any:
+    def _progress(self, name: str, pending: list[int], node: Node) -> tuple[Any, bool]:
         """A bar in rows (rows/s and ETA), counted from the source's committed parts; a source
         stage, whose part sizes are not known before it reads them, counts parts."""
         ups = ancestors(self.dag, node)
         off = not self.config.run.progress
         if not ups:
-            return tqdm(total=len(pending), desc=name, unit="part", disable=off, leave=False)
+            return tqdm(total=len(pending), desc=name, unit="part", disable=off, leave=False), False
         source = self.stage_dir(ups[0])
         total = sum(source.part_counts(p)["rows"] for p in pending)
         return tqdm(total=total, desc=name, unit="row", unit_scale=True, disable=off, leave=False,
-                    smoothing=0.1)
+                    smoothing=0.1), True
 
     def _nothing_to_compute(self, node: Node, results: dict[str, StageResult]) -> bool:
         """Every row was flagged upstream (an ancestor kept none of the rows it saw, and nothing
@@ -340,9 +339,9 @@ class Runner:
                                            str(sd.root / "_prepare"), num_gpus=res.num_gpus)
             if state is None and getattr(stage, "output", None) is None:
                 state = {"schema": out_schema}   # a stage whose columns depend on its upstream
-            bar = self._progress(name, pending, results, node)
+            bar, in_rows = self._progress(name, pending, node)
             committer = Committer(sd, on_commit=lambda p, c: bar.update(
-                1 if bar.unit == "part" else c["rows"]))
+                c["rows"] if in_rows else 1))
             try:
                 self.executor.parts(io, stage, self.config, state, res, pending, specs, out_schema,
                                     committer)
