@@ -12,6 +12,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 EXAMPLES = """examples:
   vlcurate demo                                  # render a demo dataset and run the DAG on it
+  vlcurate check config.yaml                     # preflight: weights, spaCy, OCR, WordNet, source
   vlcurate run config.yaml --set source.path=/data/pairs --set run.run_dir=runs/a
   vlcurate inspect runs/a                        # counts, reject reasons with examples, schemas
   vlcurate report runs/a --out runs/a.html       # one static HTML page: funnel, histograms, grids
@@ -28,9 +29,24 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "local: the same stages in this process, no Ray")
 
 
+def _preflight(config, verbose: bool = False) -> int:
+    """Every problem the run would meet, at once, before anything runs (0 ok, 2 problems)."""
+    from .dag import default_dag, select
+    from .preflight import format_findings, preflight, problems
+    findings = preflight(config, [n.name for n in select(default_dag(), config.run.stages)])
+    bad = problems(findings)
+    if bad or verbose:
+        print(format_findings(findings) if verbose else
+              "preflight found problems; nothing has run yet:\n" + "\n".join(f"  - {b}" for b in bad),
+              file=sys.stderr if bad else sys.stdout)
+    return 2 if bad else 0
+
+
 def _run(config, executor: str, only=None) -> int:
     from .runner import RunError, run
     from .summary import format_summary, problems
+    if only is None and _preflight(config):
+        return 2
     try:
         results = run(config, executor=executor, only=only)
     except RunError as e:
@@ -50,6 +66,11 @@ def _run(config, executor: str, only=None) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from . import config as C
     return _run(C.load(a.config, a.overrides), a.executor)
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    from . import config as C
+    return _preflight(C.load(a.config, a.overrides), verbose=True)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -96,7 +117,8 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import inspect_run
-    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows))
+    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows,
+                      export_dir=Path(a.export) if a.export else None))
     return 0
 
 
@@ -122,6 +144,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     r.add_argument("config", help="YAML config (values only; see README)")
     _common(r)
     r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("check", help="preflight: check the weights, spaCy pipeline, OCR backend, "
+                       "WordNet and source a run needs, all at once, without running anything")
+    c.add_argument("config", help="YAML config")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    c.set_defaults(fn=cmd_check)
     d = sub.add_parser("demo", help="render a small demo dataset and run the whole DAG locally")
     d.add_argument("--out", default="runs/demo", help="folder for the demo data and run (runs/demo)")
     d.add_argument("--n", type=int, default=200, help="rendered pairs (200)")
@@ -132,6 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.add_argument("run_dir")
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
     i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
+    i.add_argument("--export", default=None, metavar="DIR",
+                   help="show this export (a `vlcurate export --out DIR`) instead of the run's own")
     i.set_defaults(fn=cmd_inspect)
     rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
                         "of hard pairs, rejects by reason, recaptions")

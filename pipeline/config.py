@@ -70,6 +70,17 @@ class RunConfig:
     progress: bool = True
     # run only these stages of the DAG (ingest and export always run); empty = all of them
     stages: tuple[str, ...] = ()
+    # a stage that flags more than this share of the rows it saw prints a WARNING naming its top
+    # reason and the setting to turn (console and summary)
+    warn_reject_fraction: float = 0.9
+    # ... and above this share the run stops after that stage (null: never stop)
+    max_reject_fraction: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        for name in ("warn_reject_fraction", "max_reject_fraction"):
+            v = getattr(self, name)
+            if v is not None and isinstance(v, (int, float)) and not 0 <= v <= 1:
+                raise ConfigError(f"run.{name}: must be in [0, 1], got {v}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,22 @@ def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:
         v = getattr(obj, name)
         if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= 1):
             raise ConfigError(f"{section}.{name}: must be in [0, 1], got {v!r}")
+
+
+# <<lang section>>
+@dataclass(frozen=True)
+class LangConfig:
+    """Language ID (stage ``lang``): flag captions not in the kept languages, before the CAT parse."""
+    keep: tuple[str, ...] = ("en",)       # ISO 639-1 codes; DiHT's CAT parse is English
+    min_prob: float = 0.5                 # flag when P(caption in one of keep) is below this
+    resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_prob, (int, float)) and not 0 <= self.min_prob <= 1:
+            raise ConfigError(f"lang.min_prob: must be in [0, 1], got {self.min_prob}")
+        if not self.keep:
+            raise ConfigError("lang.keep: name at least one language (ISO 639-1, e.g. [en]); "
+                              "to run without the filter, leave `lang` out of run.stages")
 
 
 # <<cat section>>
@@ -372,6 +399,17 @@ class ExportConfig:
     resources: Resources = Resources()
 
 
+# Settings that change speed, never output: left out of every fingerprint (like each section's
+# `resources`), so that tuning them never reruns a stage. tests/pipeline/test_fingerprint_keys.py
+# pins what is in and what is out.
+SPEED_ONLY: dict[str, tuple[str, ...]] = {
+    "embed": ("decode", "decode_threads"),         # where/how many threads decode (same pixels)
+    "hpm": ("build_threads",),                     # threads of the index build
+    "cat": ("n_process", "pipe_batch_size", "gemm"),   # spaCy processes, batches, BLAS kernels
+    "textspot": ("threads",),                      # OCR threads
+}
+
+
 @dataclass(frozen=True)
 class Config:
     run: RunConfig = RunConfig()
@@ -384,6 +422,7 @@ class Config:
     # <<mining field>>
     hpm: HpmConfig = HpmConfig()
     positives: PositivesConfig = PositivesConfig()
+    lang: LangConfig = LangConfig()
     # <<cat field>>
     cat: CatConfig = CatConfig()
     textspot: TextSpotConfig = TextSpotConfig()
@@ -478,14 +517,19 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, data: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
+        if k not in defaults:
+            close = difflib.get_close_matches(str(k), list(defaults), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(defaults)})"
             raise ConfigError(f"{key}: unknown key{hint}")
+        if isinstance(v, dict) and dataclasses.is_dataclass(defaults[k]) and \
+                not (isinstance(defaults[k], ModelSpec) and "id" in v):
+            # a partial value edits the field's default: `--set embed.image_model.path=X` is the
+            # default model's path (a value naming another model id starts from a blank spec)
+            v = {**to_dict(defaults[k]), **v}
         kwargs[k] = _convert(v, hints[k], key)
     obj = cls(**kwargs)
     _validate(obj, prefix)

@@ -11,6 +11,7 @@ from vlcurate.stages.embed import EmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
+from vlcurate.stages.lang import LangStage
 from vlcurate.stages.mining.positives import PositivesStage
 from vlcurate.stages.mining.stage import HpmStage
 from vlcurate.stages.recaption import RecaptionStage
@@ -30,8 +31,10 @@ def default_dag() -> list[Node]:
     return [
         Node(IngestStage),
         Node(IdsStage, after=("ingest",)),
+        # language ID first: DiHT's CAT parse is English, and OCR costs ~1000x a caption
+        Node(LangStage, after=("ids",)),
         # DiHT's CAT filter: the cheap parse first, OCR only on the captions it kept
-        Node(CatStage, after=("ids",)),
+        Node(CatStage, after=("lang",)),
         Node(TextSpotStage, after=("cat",)),
         # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged), then FFF positives
         Node(EmbedStage, after=("textspot",)),
@@ -40,8 +43,8 @@ def default_dag() -> list[Node]:
         # model-heavy annotations, only for rows every filter kept
         Node(RecaptionStage, after=("positives",)),
         Node(ConceptsStage, after=("positives",)),
-        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "hpm", "positives",
-                                 "recaption", "concepts")),
+        Node(ExportStage, after=("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm",
+                                 "positives", "recaption", "concepts")),
     ]
 
 

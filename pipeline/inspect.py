@@ -23,10 +23,12 @@ def run_config(run_dir: Path) -> dict:
     return (read_json(run_dir / "run.json") or {}).get("config", {})
 
 
-def stage_dir(run_dir: Path, name: str, config: dict | None = None) -> StageDir:
-    """A stage's folder; export's may live elsewhere (``export.out_dir``)."""
+def stage_dir(run_dir: Path, name: str, config: dict | None = None,
+              export_dir: Path | None = None) -> StageDir:
+    """A stage's folder; export's may live elsewhere (``export.out_dir``, or ``export_dir``: a
+    re-export written with ``vlcurate export --out``)."""
     cfg = run_config(run_dir) if config is None else config
-    root = cfg.get("export", {}).get("out_dir") if name == "export" else None
+    root = (export_dir or cfg.get("export", {}).get("out_dir")) if name == "export" else None
     return StageDir(run_dir, name, root)
 
 
@@ -34,18 +36,22 @@ def _table(path: Path, columns=None) -> pa.Table:
     return ds.dataset(path, format="parquet").to_table(columns=columns)
 
 
-def inspect_run(run_dir: Path, examples: int = 3, rows: int = 5) -> str:
+def inspect_run(run_dir: Path, examples: int = 3, rows: int = 5,
+                export_dir: Path | None = None) -> str:
     if not (run_dir / "run.json").exists():
         raise SystemExit(f"error: {run_dir} is not a vlcurate run directory (no run.json)")
+    if export_dir is not None and not (export_dir / "_manifest.json").exists():
+        raise SystemExit(f"error: {export_dir} is not a finished export (no _manifest.json)")
     cfg = run_config(run_dir)
-    out = [f"run: {run_dir.resolve()}"]
+    out = [f"run: {run_dir.resolve()}" + (f"  (export: {export_dir.resolve()})" if export_dir
+                                           else "")]
     ingest = StageDir(run_dir, "ingest")
     captions = {}
     if ingest.data.exists():
         t = _table(ingest.data, [F.SAMPLE_ID.name, F.KEY.name, F.CAPTION.name, F.IMAGE_REF.name])
         captions = {r[F.SAMPLE_ID.name]: r for r in t.to_pylist()}
     for name in stage_names(run_dir):
-        sd = stage_dir(run_dir, name, cfg)
+        sd = stage_dir(run_dir, name, cfg, export_dir)
         m = sd.manifest()
         if m is None:
             att = sd.attempt()
@@ -72,7 +78,7 @@ def inspect_run(run_dir: Path, examples: int = 3, rows: int = 5) -> str:
         if schema is not None:
             cols = ", ".join(f"{f.name}: {f.type}" for f in schema)
             out.append(f"   schema: {cols}"[:600])
-    exp = stage_dir(run_dir, "export", cfg)
+    exp = stage_dir(run_dir, "export", cfg, export_dir)
     if exp.data.exists() and rows:
         t = _table(exp.data)
         show = [c for c in (F.SAMPLE_ID.name, F.KEY.name, F.CAPTION.name, F.WIDTH.name,

@@ -227,3 +227,21 @@ def commit_empty(io: PartIO, part: int, schema: pa.Schema) -> None:
     sd = io.dir()
     sd.write_fragment(part, 0, 0, schema.empty_table(), None)
     sd.commit(part, empty_counts())
+
+
+def write_null_part(io: PartIO, part: int, schema: pa.Schema, committer: Committer) -> None:
+    """Commit ``part`` for a stage that has no row left to compute (every row was flagged
+    upstream): every row gets null columns and no reasons, as the stage would have given the
+    rows it skips, without building the stage (no model load, no actor)."""
+    t = _read(io, part, None)
+    if t.num_rows == 0:
+        commit_empty(io, part, schema)
+        committer.committed.append(part)
+        return
+    active = t.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    out = scatter(schema.empty_table(), np.zeros(t.num_rows, bool), t.column(F.SAMPLE_ID.name))
+    for c in INTERNAL:
+        out = out.append_column(c, t.column(c))
+    assert not active.any(), f"{io.stage}: part {part} has rows to compute"
+    for rec in write_fragments(out, io).column("record").to_pylist():
+        committer.add(rec)

@@ -26,10 +26,10 @@ from vlcurate.stages.base import Resources as StageResources
 from vlcurate.stages.base import Stage
 
 from . import config as C
+from . import guards
 from .dag import Node, ancestors, default_dag, select, topo_order
 from .parts import (Committer, PartIO, StageCall, add_counts, commit_empty, empty_counts,
-                    read_inputs,
-                    write_fragments)
+                    read_inputs, write_fragments, write_null_part)
 from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json
 from .worker import TableReader, _apply, _prepare, _RayStageCall, _read_batch, _stage_task
 from .versions import versions
@@ -62,8 +62,8 @@ def stage_config(stage: type[Stage], config: C.Config) -> dict:
     out = {}
     for sec in stage.config_sections:
         d = C.to_dict(config.section(sec))
-        d.pop("resources", None)   # resources change speed, never output
-        d.pop("out_dir", None)
+        for key in ("resources", "out_dir", *C.SPEED_ONLY.get(sec, ())):
+            d.pop(key, None)       # speed, never output: no rerun when they change
         out[sec] = d
     return out
 
@@ -225,15 +225,26 @@ class Runner:
 
     def run(self, only: Optional[set[str]] = None) -> list[StageResult]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # a re-export elsewhere (`vlcurate export --out DIR`) records itself in DIR: what the run
+        # itself reports (its run.json and summary) never changes
+        meta = Path(self.roots["export"]) if only and "export" in self.roots else self.run_dir
+        meta.mkdir(parents=True, exist_ok=True)
+        record = {"config": C.to_dict(self.config), "dag": [n.name for n in self.dag],
+                  "started_at": now(), "versions": versions()}
         with RunLock(self.run_dir):
-            write_json(self.run_dir / "run.json", {"config": C.to_dict(self.config),
-                                                   "dag": [n.name for n in self.dag],
-                                                   "started_at": now(), "versions": versions()})
+            if meta == self.run_dir:       # first, so that a run in progress can be inspected
+                write_json(meta / "run.json", record)
             results: dict[str, StageResult] = {}
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
+                stop = guards.stop_reason(results[node.name].manifest,
+                                          self.config.run.max_reject_fraction)
+                if stop:
+                    raise RunError(stop)
+            if meta != self.run_dir:       # after, since the export stage resets its folder
+                write_json(meta / "run.json", record)
             ms = [r.manifest for r in results.values()]
-            pq.write_table(manifests_table(ms), self.run_dir / "summary.parquet")
+            pq.write_table(manifests_table(ms), meta / "summary.parquet")
             return list(results.values())
 
     def fingerprint(self, node: Node, results: dict[str, StageResult]) -> tuple[str, dict]:
@@ -249,6 +260,26 @@ class Runner:
             extra["environment"] = stage.environment(self.config)
         return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
                            extra), upstream
+
+    def _progress(self, name: str, pending: list[int], node: Node) -> tuple[Any, bool]:
+        """A bar in rows (rows/s and ETA), counted from the source's committed parts; a source
+        stage, whose part sizes are not known before it reads them, counts parts."""
+        ups = ancestors(self.dag, node)
+        off = not self.config.run.progress
+        if not ups:
+            return tqdm(total=len(pending), desc=name, unit="part", disable=off, leave=False), False
+        source = self.stage_dir(ups[0])
+        total = sum(source.part_counts(p)["rows"] for p in pending)
+        return tqdm(total=total, desc=name, unit="row", unit_scale=True, disable=off, leave=False,
+                    smoothing=0.1), True
+
+    def _nothing_to_compute(self, node: Node, results: dict[str, StageResult]) -> bool:
+        """Every row was flagged upstream (an ancestor kept none of the rows it saw, and nothing
+        it did not see is left), and this stage computes only kept rows."""
+        stage = node.stage
+        if getattr(stage, "source", False) or stage.all_rows or self.config.run.compute_on_flagged:
+            return False
+        return any(results[a].manifest["rows_kept"] == 0 for a in ancestors(self.dag, node))
 
     def run_stage(self, node: Node, results: dict[str, StageResult],
                   only: Optional[set[str]]) -> StageResult:
@@ -296,16 +327,21 @@ class Runner:
         self.log(f"[{name}] {n_parts} parts" + (f", {len(before)} already committed" if before else "")
                  + f" · {self.executor_name} · cpus={res.num_cpus} gpus={res.num_gpus} "
                  f"batch={res.batch_size or 'part'}")
-        if pending:
+        if pending and self._nothing_to_compute(node, results):
+            self.log(f"[{name}] no row is left to compute: null columns written, stage not run")
+            committer = Committer(sd)
+            for p in pending:
+                write_null_part(io, p, out_schema, committer)
+        elif pending:
             state = None
             if stage.prepare is not None:
                 state = self.executor.call(_prepare, stage, self.config, io, n_parts,
                                            str(sd.root / "_prepare"), num_gpus=res.num_gpus)
             if state is None and getattr(stage, "output", None) is None:
                 state = {"schema": out_schema}   # a stage whose columns depend on its upstream
-            bar = tqdm(total=len(pending), desc=name, unit="part", disable=not self.config.run.progress,
-                       leave=False)
-            committer = Committer(sd, on_commit=lambda p, c: bar.update(1))
+            bar, in_rows = self._progress(name, pending, node)
+            committer = Committer(sd, on_commit=lambda p, c: bar.update(
+                c["rows"] if in_rows else 1))
             try:
                 self.executor.parts(io, stage, self.config, state, res, pending, specs, out_schema,
                                     committer)
@@ -323,8 +359,6 @@ class Runner:
                                                               tuple(self.roots.items())),
                               map=self.executor.map, root=sd.root, tmp_dir=tmp)
             info = stage.finalize(self.config, ctx) or {}
-        info = _with_notes(info, notes)
-        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         total = functools.reduce(add_counts, counts, empty_counts())
         manifest = {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
@@ -334,9 +368,16 @@ class Runner:
             "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],
             "wall_s": round(time.time() - t0, 3), "started_at": started, "finished_at": now(),
             "versions": versions()}
+        info = _with_notes(info, notes)
+        warn = guards.warning(manifest, self.config.run.warn_reject_fraction)
+        if warn:
+            info["warnings"] = [warn]
+            self.log(f"[{name}] WARNING: {warn}")
+        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
         self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
-                 f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s"
+                 f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s "
+                 f"({manifest['rows_in'] / max(manifest['wall_s'], 1e-3):,.0f} rows/s)"
                  + (f" ({len(before)} parts reused)" if before else ""))
         return StageResult(manifest, "resumed" if before else "ran", info)
 

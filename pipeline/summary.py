@@ -41,9 +41,10 @@ def format_summary(results: Iterable) -> str:
     lines = ["  ".join(c.ljust(w) if i in (0, 1, 8) else c.rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
     lines.insert(1, "-" * len(lines[0]))
-    notes = [n for r in results for n in (r.info or {}).get("notes", [])]
-    if notes:
-        lines += ["", "NOTE:"] + [f"  * {n}" for n in notes]
+    for title, key in (("WARNING:", "warnings"), ("NOTE:", "notes")):
+        said = [n for r in results for n in (r.info or {}).get(key, [])]
+        if said:
+            lines += ["", title] + [f"  * {n}" for n in said]
     bad = problems(results)
     lines.append("rows in = rows kept + rows rejected for every stage, no row lost: "
                  + ("yes" if not bad else "NO (a bug: please report it)"))

@@ -89,41 +89,94 @@ def _weights_in(path: Path) -> Path:
     raise ModelNotFound(f"{path}: no weights file in the folder (looked for {', '.join(WEIGHT_FILES)})")
 
 
-# --- timm image models --------------------------------------------------------------------------
-def load_timm(spec: Any, kind: str = "image encoder") -> Loaded:
-    import timm
-    import torch
+# --- where the weights are: one ladder for every model family --------------------------------------
+@dataclass(frozen=True)
+class Located:
+    """Where a spec's weights come from: ``source`` is "random", "cache", "hub" or the local path;
+    ``where`` is what to load from (a path, a cached file, a repo id) or None (random, hub)."""
+    source: str
+    where: Optional[str] = None
 
-    device = device_for(spec)
-    opts = dict(spec.options or {})
+
+def _hub_name(spec: Any, family: str) -> str:
+    """The hub repo (or torchvision weights) a family's id stands for, as the messages name it."""
+    if family == "timm":
+        import timm
+        cfg = timm.models.get_pretrained_cfg(spec.id)
+        return (getattr(cfg, "hf_hub_id", None) if cfg is not None else None) or spec.id
+    if family == "sentence_transformer" and "/" not in spec.id:
+        return f"sentence-transformers/{spec.id}"
+    return spec.id
+
+
+def _in_cache(spec: Any, family: str) -> Optional[str]:
+    """The cached weights of ``spec`` (a file, or the repo id that loads them offline), or None."""
+    name = _hub_name(spec, family)
+    if family == "timm":
+        return _cached(name)
+    if family == "sentence_transformer":
+        return spec.id if _cached(name, ("modules.json", "config.json")) else None
+    if family == "torchvision":
+        file = _torchvision_file(spec)
+        return str(file) if file is not None and file.exists() else None
+    # transformers folders (CLIP, BLIP-2): a config and a weights file (or a shard index)
+    shards = WEIGHT_FILES + ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+    return spec.id if _cached(name, ("config.json",)) and _cached(name, shards) else None
+
+
+def locate(spec: Any, family: str, kind: str) -> Located:
+    """The loading policy, without loading anything (the preflight calls it on the driver):
+    ``random_init``, then ``path``, then a packaged model, then the local cache, then the hub
+    only with ``allow_download``; otherwise :class:`ModelNotFound` with one actionable sentence.
+    ``family``: timm, sentence_transformer, clip, blip2 or torchvision."""
     if spec.random_init:
-        with seeded(spec):
-            model, source = timm.create_model(spec.id, pretrained=False, **opts), "random"
-    elif spec.path:
+        return Located("random")
+    if spec.path:
         p = Path(spec.path).expanduser()
         if not p.exists():
             raise ModelNotFound(f"{kind} {spec.id!r}: path {p} does not exist")
-        model = timm.create_model(spec.id, pretrained=True,
-                                  pretrained_cfg_overlay={"file": str(_weights_in(p))}, **opts)
-        source = str(p)
+        file = _weights_in(p) if family in ("timm", "torchvision") else p
+        return Located(str(p), str(file))
+    if family == "torchvision" and _torchvision_weights(spec, kind) is None:
+        raise _missing_torchvision(spec, kind)
+    if spec.id in PACKAGED:
+        p = _packaged(spec.id)
+        return Located(str(p), str(p))
+    cached = _in_cache(spec, family)
+    if cached:
+        return Located("cache", cached)
+    if spec.allow_download:
+        return Located("hub", spec.id)
+    if family == "torchvision":
+        raise _missing_torchvision(spec, kind)
+    raise _missing(kind, spec, _hub_name(spec, family))
+
+
+# --- timm image models --------------------------------------------------------------------------
+def load_timm(spec: Any, kind: str = "image encoder") -> Loaded:
+    import timm
+
+    loc = locate(spec, "timm", kind)
+    opts = dict(spec.options or {})
+    if loc.source == "random":
+        with seeded(spec):
+            model = timm.create_model(spec.id, pretrained=False, **opts)
+    elif loc.source == "hub":
+        with _online():
+            model = timm.create_model(spec.id, pretrained=True, **opts)
     else:
-        cfg = timm.models.get_pretrained_cfg(spec.id)
-        hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
-        cached = _cached(hub_id) if hub_id else None
-        if cached:
-            model = timm.create_model(spec.id, pretrained=True,
-                                      pretrained_cfg_overlay={"file": cached}, **opts)
-            source = "cache"
-        elif spec.allow_download:
-            with _online():
-                model = timm.create_model(spec.id, pretrained=True, **opts)
-            source = "hub"
-        else:
-            raise _missing(kind, spec, hub_id or spec.id)
+        model = timm.create_model(spec.id, pretrained=True,
+                                  pretrained_cfg_overlay={"file": loc.where}, **opts)
+    device = device_for(spec)
+    return Loaded(_frozen(model, device), device, dtype_for(spec, device), loc.source == "random",
+                  loc.source)
+
+
+def _frozen(model: Any, device: str) -> Any:
     model = model.eval().to(device)
     for p_ in model.parameters():
         p_.requires_grad_(False)
-    return Loaded(model, device, dtype_for(spec, device), source == "random", source)
+    return model
 
 
 # --- sentence-transformers text models -------------------------------------------------------------
@@ -132,28 +185,19 @@ def load_sentence_transformer(spec: Any, kind: str = "caption encoder") -> Loade
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
 
+    loc = locate(spec, "sentence_transformer", kind)
     device = device_for(spec)
-    if spec.random_init:
+    if loc.source == "random":
         with seeded(spec):
-            model, source = _random_sentence_transformer(spec, device), "random"
-    elif spec.path or spec.id in PACKAGED:
-        path = Path(spec.path).expanduser() if spec.path else _packaged(spec.id)
-        if not path.exists():
-            raise ModelNotFound(f"{kind} {spec.id!r}: path {path} does not exist")
-        model, source = SentenceTransformer(str(path), device=device), str(path)
+            model = _random_sentence_transformer(spec, device)
+    elif loc.source == "hub":
+        with _online():
+            model = SentenceTransformer(spec.id, device=device)
     else:
-        try:
-            model = SentenceTransformer(spec.id, device=device, local_files_only=True)
-            source = "cache"
-        except (OSError, ValueError) as e:
-            if not spec.allow_download:
-                raise _missing(kind, spec, spec.id if "/" in spec.id else
-                               f"sentence-transformers/{spec.id}") from e
-            with _online():
-                model = SentenceTransformer(spec.id, device=device)
-            source = "hub"
+        model = SentenceTransformer(loc.where, device=device,
+                                    local_files_only=loc.source == "cache")
     model.eval()
-    return Loaded(model, device, dtype_for(spec, device), source == "random", source)
+    return Loaded(model, device, dtype_for(spec, device), loc.source == "random", loc.source)
 
 
 # --- CLIP-style dual encoders (the trainer) -------------------------------------------------------
@@ -178,26 +222,20 @@ def load_clip(spec: Any, kind: str = "dual encoder") -> LoadedClip:
     so that tests and demos run offline."""
     from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
 
-    if spec.random_init:
+    loc = locate(spec, "clip", kind)
+    if loc.source == "random":
         return _random_clip(spec)
-    if spec.path:
-        where = Path(spec.path).expanduser()
-        if not where.exists():
-            raise ModelNotFound(f"{kind} {spec.id!r}: path {where} does not exist")
-        kw, source = {}, str(where)
-    else:
-        where, kw, source = spec.id, {"local_files_only": not spec.allow_download}, "cache"
     try:
-        ctx = _online() if spec.allow_download and not spec.path else _nullctx()
-        with ctx:
-            model = CLIPModel.from_pretrained(str(where), **kw)
-            tok = AutoTokenizer.from_pretrained(str(where), **kw)
-            proc = CLIPImageProcessor.from_pretrained(str(where), **kw)
+        with _online() if loc.source == "hub" else _nullctx():
+            kw = {"local_files_only": loc.source == "cache"}
+            model = CLIPModel.from_pretrained(loc.where or spec.id, **kw)
+            tok = AutoTokenizer.from_pretrained(loc.where or spec.id, **kw)
+            proc = CLIPImageProcessor.from_pretrained(loc.where or spec.id, **kw)
     except OSError as e:
         raise _missing(kind, spec, spec.id) from e
     size = proc.crop_size["height"] if isinstance(proc.crop_size, dict) else int(proc.crop_size)
     return LoadedClip(model, tok, size, tuple(proc.image_mean), tuple(proc.image_std), False,
-                      source if spec.path else ("hub" if spec.allow_download else "cache"))
+                      loc.source)
 
 
 def _random_clip(spec: Any) -> LoadedClip:
@@ -270,36 +308,24 @@ def load_blip2(spec: Any, kind: str = "captioner") -> Loaded:
 
     device = device_for(spec)
     dtype = dtype_for(spec, device) if device.startswith("cuda") else torch.float32
-    if spec.random_init:
+    loc = locate(spec, "blip2", kind)
+    if loc.source == "random":
         with seeded(spec):
             model, processor = _random_blip2(spec)
-        source = "random"
     else:
-        if spec.path:
-            where = Path(spec.path).expanduser()
-            if not where.exists():
-                raise ModelNotFound(f"{kind} {spec.id!r}: path {where} does not exist")
-            src, source, extra = str(where), str(where), {}
-        else:
-            src, source, extra = spec.id, "cache", {"local_files_only": True}
+        kw = {"local_files_only": loc.source == "cache"}
         try:
-            processor = AutoProcessor.from_pretrained(src, **extra)
-            model = Blip2ForConditionalGeneration.from_pretrained(src, dtype=dtype, **extra)
+            with _online() if loc.source == "hub" else _nullctx():
+                processor = AutoProcessor.from_pretrained(loc.where or spec.id, **kw)
+                model = Blip2ForConditionalGeneration.from_pretrained(loc.where or spec.id,
+                                                                      dtype=dtype, **kw)
         except (OSError, ValueError) as e:
-            if spec.path or not spec.allow_download:
-                if spec.path:
-                    raise ModelNotFound(f"{kind} {spec.id!r}: {where} is not a BLIP-2 folder "
-                                        f"(save_pretrained of the model and its processor): {e}"
-                                        ) from e
-                raise _missing(kind, spec, spec.id) from e
-            with _online():
-                processor = AutoProcessor.from_pretrained(spec.id)
-                model = Blip2ForConditionalGeneration.from_pretrained(spec.id, dtype=dtype)
-            source = "hub"
-    model = model.eval().to(device)
-    for p_ in model.parameters():
-        p_.requires_grad_(False)
-    return Loaded(model, device, dtype, source == "random", source, processor)
+            if spec.path:
+                raise ModelNotFound(f"{kind} {spec.id!r}: {loc.where} is not a BLIP-2 folder "
+                                    f"(save_pretrained of the model and its processor): {e}") from e
+            raise _missing(kind, spec, spec.id) from e
+    return Loaded(_frozen(model, device), device, dtype, loc.source == "random", loc.source,
+                  processor)
 
 
 TINY_BLIP2 = {
@@ -373,43 +399,18 @@ def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
     from torchvision.transforms._presets import ImageClassification
 
     name = spec.id.split("/", 1)[1]
-    opts = dict(spec.options or {})
-    wname = opts.pop("weights", None)
-    try:
-        weights = torchvision.models.get_model_weights(name)[wname] if wname else None
-    except KeyError as e:
-        raise ModelNotFound(f"{kind} {spec.id!r}: torchvision has no weights {wname!r} for "
-                            f"{name}") from e
+    opts = {k: v for k, v in dict(spec.options or {}).items() if k != "weights"}
+    weights = _torchvision_weights(spec, kind)
     if weights is not None and "image_size" not in opts and "min_size" in weights.meta \
             and name.startswith("vit"):
         opts["image_size"] = weights.meta["min_size"][0]
     device = device_for(spec)
-    state, source = None, "random"
-    if not spec.random_init:
-        if spec.path:
-            source = str(Path(spec.path).expanduser())
-            if not Path(source).exists():
-                raise ModelNotFound(f"{kind} {spec.id!r}: path {source} does not exist")
-            file = _weights_in(Path(source))
-        else:
-            if weights is None:
-                raise ModelNotFound(f"{kind} {spec.id!r}: no weights named: set its `path` to a "
-                                    "torchvision state dict, or `options.weights` to a torchvision "
-                                    "weights name (e.g. IMAGENET1K_SWAG_LINEAR_V1)")
-            fn = weights.url.rsplit("/", 1)[-1]
-            cached = Path(torch.hub.get_dir()) / "checkpoints" / fn
-            if cached.exists():
-                file, source = cached, "cache"
-            elif spec.allow_download:
-                file, source = None, "hub"
-            else:
-                raise ModelNotFound(
-                    f"{kind} {spec.id!r}: no local weights ({wname}). Download {weights.url} on a "
-                    f"machine with network access and set its `path` to the file (or put it in "
-                    f"{cached.parent}), or set `allow_download: true`; for a test run only, "
-                    f"`random_init: true`.")
-        state = weights.get_state_dict(progress=False) if file is None else \
-            torch.load(str(file), map_location="cpu", weights_only=True)
+    loc = locate(spec, "torchvision", kind)
+    state = None
+    if loc.source == "hub":
+        state = weights.get_state_dict(progress=False)
+    elif loc.source != "random":
+        state = torch.load(loc.where, map_location="cpu", weights_only=True)
         for key in ("model", "state_dict"):
             if isinstance(state, dict) and key in state and isinstance(state[key], dict):
                 state = state[key]
@@ -424,10 +425,43 @@ def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
     size = int(opts.get("image_size", 224))
     tf = weights.transforms() if weights is not None else \
         ImageClassification(crop_size=size, resize_size=size)
-    model = model.eval().to(device)
-    for p_ in model.parameters():
-        p_.requires_grad_(False)
-    return Loaded(model, device, dtype_for(spec, device), source == "random", source, tf)
+    return Loaded(_frozen(model, device), device, dtype_for(spec, device), loc.source == "random",
+                  loc.source, tf)
+
+
+def _torchvision_weights(spec: Any, kind: str = "teacher") -> Any:
+    """The torchvision weights enum named by ``options.weights`` (None when none is named)."""
+    import torchvision
+    wname = dict(spec.options or {}).get("weights")
+    try:
+        return torchvision.models.get_model_weights(spec.id.split("/", 1)[1])[wname] \
+            if wname else None
+    except (KeyError, ValueError) as e:
+        raise ModelNotFound(f"{kind} {spec.id!r}: torchvision has no weights {wname!r} for "
+                            f"{spec.id.split('/', 1)[1]}") from e
+
+
+def _torchvision_file(spec: Any) -> Optional[Path]:
+    """Where torch hub caches the named weights (``<torch hub dir>/checkpoints/<file>``)."""
+    import torch
+    weights = _torchvision_weights(spec)
+    if weights is None:
+        return None
+    return Path(torch.hub.get_dir()) / "checkpoints" / weights.url.rsplit("/", 1)[-1]
+
+
+def _missing_torchvision(spec: Any, kind: str) -> ModelNotFound:
+    weights = _torchvision_weights(spec, kind)
+    if weights is None:
+        return ModelNotFound(f"{kind} {spec.id!r}: no weights named: set its `path` to a "
+                             "torchvision state dict, or `options.weights` to a torchvision "
+                             "weights name (e.g. IMAGENET1K_SWAG_LINEAR_V1)")
+    cached = _torchvision_file(spec)
+    return ModelNotFound(
+        f"{kind} {spec.id!r}: no local weights ({weights.name}). Download {weights.url} on a "
+        f"machine with network access and set its `path` to the file (or put it in "
+        f"{cached.parent}), or set `allow_download: true`; for a test run only, "
+        f"`random_init: true`.")
 
 
 class seeded:

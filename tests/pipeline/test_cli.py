@@ -17,7 +17,7 @@ def vlc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.parametrize("cmd", [[], ["run"], ["demo"], ["inspect"], ["export"], ["finetune"],
+@pytest.mark.parametrize("cmd", [[], ["run"], ["check"], ["demo"], ["inspect"], ["export"], ["finetune"],
                                  ["report"]])
 def test_help_everywhere(cmd):
     out = vlc(*cmd, "--help")
@@ -63,6 +63,26 @@ def test_export_reexports_without_recomputing(demo_run, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp
     # the original export is untouched
     assert max(json.loads((out / "run" / "export" / "shards" / "sizes.json").read_text()).values()) > 2
+
+
+def test_export_out_never_changes_what_the_run_reports(demo_run, tmp_path):
+    """`export --out` records itself in its own folder; the run's run.json and summary stay as
+    they were, and `inspect --export DIR` shows the other export."""
+    out, _ = demo_run
+    run = out / "run"
+    before = {f: (run / f).read_bytes() for f in ("run.json", "summary.parquet")}
+    res = vlc("export", str(run), "--out", str(tmp_path / "loose"), "--executor", "local",
+              "--set", "export.drop=[ingest.*]", "--set", "run.progress=false")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert {f: (run / f).read_bytes() for f in before} == before
+    assert (tmp_path / "loose" / "summary.parquet").exists()
+    assert json.loads((tmp_path / "loose" / "run.json").read_text())["config"]["export"]["drop"] \
+        == ["ingest.*"]
+    own, loose = vlc("inspect", str(run)), vlc("inspect", str(run), "--export", str(tmp_path / "loose"))
+    assert own.returncode == loose.returncode == 0, loose.stderr
+    assert "policy drop=['*']" in own.stdout and "policy drop=['ingest.*']" in loose.stdout
+    bad = vlc("inspect", str(run), "--export", str(tmp_path / "nothing"))
+    assert bad.returncode != 0 and "not a finished export" in bad.stderr
 
 
 def test_errors_are_one_clear_line(tmp_path):

@@ -65,3 +65,17 @@ def test_frozen_map_is_read_only_hashable_and_picklable():
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     with pytest.raises(C.ConfigError, match="embed.image_model.options: expected a mapping"):
         C.load(None, {"embed.image_model.options": [1]})
+
+
+def test_a_partial_nested_value_keeps_the_fields_own_defaults():
+    """`--set embed.image_model.path=X` sets the path of the default model, not of a model with
+    no id (ModelSpec's own default)."""
+    c = C.load(None, {"embed.image_model.path": "/models/dino.pth"})
+    assert c.embed.image_model.id == "vit_small_patch8_224.dino"
+    assert c.embed.image_model.path == "/models/dino.pth"
+    c = C.load(None, {"concepts.teacher": {"random_init": True}})
+    assert c.concepts.teacher.id == "torchvision/vit_h_14" and c.concepts.teacher.random_init
+    assert dict(c.concepts.teacher.options) == {"weights": "IMAGENET1K_SWAG_LINEAR_V1"}
+    # naming another model starts from a blank spec: no options of the default architecture
+    c = C.load(None, {"concepts.teacher": {"id": "vit_tiny_patch16_224"}})
+    assert dict(c.concepts.teacher.options) == {} and c.concepts.teacher.path is None

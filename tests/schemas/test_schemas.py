@@ -27,7 +27,7 @@ def test_every_column_name_declared_once_across_modules():
     seen: dict[str, tuple[str, int]] = {}
     clashes = []
     for mod in (schemas.fields, schemas.embed, schemas.mining, schemas.cat, schemas.recaption,
-                schemas.concepts):
+                schemas.concepts, schemas.lang):
         for k, v in vars(mod).items():
             if not isinstance(v, pa.Field) or k.startswith(("M_", "SH_")):
                 continue

