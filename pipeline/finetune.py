@@ -7,6 +7,7 @@ initialises the process group (gloo on CPU, nccl on GPU) and calls ``train``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,7 +23,23 @@ def resolve(cfg: C.Config) -> tuple[C.FinetuneConfig, str, str]:
     run_dir = Path(cfg.run.run_dir)
     shards = ft.shards or str(Path(cfg.export.out_dir or run_dir / "export") / "shards")
     out = ft.out_dir or str(run_dir / "finetune")
-    return ft, str(Path(shards).resolve()), str(Path(out).resolve())
+    return concept_heads(ft, run_dir), str(Path(shards).resolve()), str(Path(out).resolve())
+
+
+def concept_heads(ft: C.FinetuneConfig, run_dir: Path) -> C.FinetuneConfig:
+    """With ``concept_weight > 0``, a head size left at 0 is the number of concepts of that kind
+    in the run's vocabulary (``<run>/concepts/vocab.parquet``), so the heads fit the targets."""
+    if not ft.concept_weight or (ft.n_objects and ft.n_attributes):
+        return ft
+    from vlcurate.schemas import concepts as CO
+    path = run_dir / "concepts" / "vocab.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"finetune.concept_weight > 0: no concept vocabulary at {path}; "
+                                "run the concepts stage, or set finetune.n_objects/n_attributes")
+    import pyarrow.parquet as pq
+    kinds = pq.read_table(path, columns=[CO.V_KIND.name]).column(0).to_pylist()
+    return dataclasses.replace(ft, n_objects=ft.n_objects or kinds.count("object"),
+                               n_attributes=ft.n_attributes or kinds.count("attribute"))
 
 
 def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
