@@ -251,7 +251,8 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
 
     full = go("full")
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, 21)) and log[0]["images"] == 16
+    # 8 per rank + one hard pair for each of the 4 seeds per rank (HELIP p = 1, 50 % seeds)
+    assert [r["step"] for r in log] == list(range(1, 21)) and log[0]["images"] == 2 * (8 + 4)
     first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
     assert last < first, (first, last)
     ranks = [json.loads((full / f"params-rank{r}.json").read_text()) for r in (0, 1)]
