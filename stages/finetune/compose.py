@@ -1,5 +1,6 @@
 """Batch composition: HELIP hard pairs (Alg. 3), FFF batch text augmentation and positives
-(sec. 4.1-4.3), CLIP-C composites. Produces tensors plus the index/masks the losses take."""
+(sec. 4.1-4.3), UniCLIP's augmented views and positive sets (sec. 2.2), CLIP-C composites.
+Produces tensors plus the index/masks the losses take."""
 from __future__ import annotations
 
 import queue
@@ -177,10 +178,9 @@ class Composer:
         hard_index = torch.full((len(samples), p), -1, dtype=torch.long)
         for i, h in enumerate(hard):
             hard_index[i, :len(h)] = torch.tensor(h, dtype=torch.long)
-        oi, ov = _targets(metas, A.object_ids, A.object_probs, c.n_objects) if c.concept_weight \
-            else _targets([{}] * len(metas), "", "", 0)
-        ai, av = _targets(metas, A.attribute_ids, A.attribute_probs, c.n_attributes) \
-            if c.concept_weight else _targets([{}] * len(metas), "", "", 0)
+        concepts = metas if c.concept_weight else [{}] * len(metas)     # read only when trained
+        oi, ov = _targets(concepts, A.object_ids, A.object_probs, c.n_objects)
+        ai, av = _targets(concepts, A.attribute_ids, A.attribute_probs, c.n_attributes)
         rep = (lambda t: t.repeat(views, 1))                             # views share targets
         return Batch(pixels, tok["input_ids"], tok["attention_mask"], torch.tensor(caption_col),
                      owner_t, torch.tensor([key_int(k) for k in keys] * views, dtype=torch.long),

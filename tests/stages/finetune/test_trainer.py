@@ -168,6 +168,12 @@ def test_clipc_composites(shards, clip):
                  for s in samples]
     pairs = {f"{x} and {y}" for i, x in enumerate(originals) for j, y in enumerate(originals) if i != j}
     assert all(t in pairs for t in texts), texts
+    # HELIP seeds and their hard pairs stay originals; the other rows all become composites
+    hc = composer(shards, clip, loss="helip", clipc_fraction=1.0, helip_seed_fraction=0.5)
+    hb = hc(samples, step_rng(0, 0, 0, 0))
+    helip_rows = {i for i in range(8) if (hb.hard_index[i] >= 0).any()}
+    helip_rows |= {int(j) for j in hb.hard_index.flatten() if j >= 0}
+    assert len(helip_rows) == 8 and hb.n_composites == hb.pixels.shape[0] - len(helip_rows)
 
 
 def test_missing_annotation_stops_the_trainer(shards):
