@@ -43,7 +43,14 @@ def concept_heads(ft: C.FinetuneConfig, run_dir: Path) -> C.FinetuneConfig:
 
 
 def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
-    ft, shards, out = resolve(cfg)
+    from vlcurate.stages.finetune.data import ShardSet
+    from vlcurate.stages.finetune.train import check_config
+    try:        # a config the shards cannot serve stops here, with its reason, before torchrun
+        ft, shards, out = resolve(cfg)
+        check_config(ft, ShardSet(shards))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     n = nproc or ft.nproc
     payload = json.dumps({"finetune": C.to_dict(ft), "shards": shards, "out": out})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",

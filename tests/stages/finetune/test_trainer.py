@@ -187,6 +187,14 @@ def test_missing_annotation_stops_the_trainer(shards):
         check_config(cfg, shards)
 
 
+def test_launch_stops_with_the_reason(shards, capsys):
+    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.loss": "sigmoid",
+                        "finetune.concept_weight": 0.5, "finetune.n_objects": 2,
+                        "finetune.n_attributes": 2})
+    assert launch(cfg) == 2                        # before torchrun starts
+    assert "concept_object_ids (needed by finetune.concept_weight > 0" in capsys.readouterr().err
+
+
 def test_concept_ids_must_fit_the_heads(shards, clip):
     from vlcurate.stages.finetune.data import Sample
     comp = composer(shards, clip, loss="clip", concept_weight=0.5, n_objects=2, n_attributes=2)
