@@ -368,9 +368,11 @@ class FinetuneConfig:
     hn_beta: float = 0.25
     fff_recaptions: int = 5              # recaptions per image added as positives (sigmoid/mp_nce)
     fff_mined_positives: bool = True     # the pipeline's FFF positives enter the mask M
+    mp_views: int = 1                    # UniCLIP: augmented views per image (mp_nce only)
+    mp_domain_weights: Optional[tuple[float, ...]] = None  # UniCLIP w_D [ii, it, tt]; null = N/#pairs per batch
     clipc_fraction: float = 0.0          # CLIP-C: share of composite samples per batch
     concept_weight: float = 0.0          # DiHT concept distillation (0.5 keeps the paper's balance)
-    n_objects: int = 0                   # concept head sizes (0: no head)
+    n_objects: int = 0                   # concept head sizes (0: the run's vocabulary if concept_weight > 0)
     n_attributes: int = 0
     batch_size: int = 32                 # per rank
     steps: int = 100

@@ -131,6 +131,10 @@ DEMO_MODELS = {
     "concepts.min_sharedness": 1, "concepts.epochs": 3,
     # HELIP's noise rule needs k supporting pairs: with ~80 kept pairs, k = 100 would flag all
     "hpm.k": 3,
+    # the random image encoder puts most demo pictures at cosine 0.94-0.999 of each other: with
+    # FFF's p2 = 0.92 and HELIP's duplicate cut 0.98, every kept pair would be a positive of every
+    # other (no negatives left for the trainer), so here only near-identical pictures count
+    "hpm.dup_threshold": 0.999, "positives.p2": 0.999,
     # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
     # (every row, and the summary, say so) instead of stopping
     "cat.if_missing": "skip", "textspot.if_missing": "skip",

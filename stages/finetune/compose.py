@@ -1,5 +1,6 @@
 """Batch composition: HELIP hard pairs (Alg. 3), FFF batch text augmentation and positives
-(sec. 4.1-4.3), CLIP-C composites. Produces tensors plus the index/masks the losses take."""
+(sec. 4.1-4.3), UniCLIP's augmented views and positive sets (sec. 2.2), CLIP-C composites.
+Produces tensors plus the index/masks the losses take."""
 from __future__ import annotations
 
 import queue
@@ -11,36 +12,82 @@ from typing import Any
 
 import torch
 
-from .data import A, Sample, ShardSet, composite, key_int, load_rgb, to_tensor
+from vlcurate.schemas import mining as MI
+
+from .data import LAYOUTS, Sample, ShardSet, composite, key_int, load_rgb, to_tensor
+from .fields import A
+
+
+# mined positives (schemas/mining.py relations) -> the UniCLIP domains they join: every relation
+# is an image-text positive (FFF Eq. 1's M[i, j]: image i, the texts of j); S_ii-based ones also
+# join the two images, S_tt-based ones the two caption groups (FFF sec. 4.3 compares caption
+# groups); a HELIP duplicate is both. S_it (``cross``) stays image-text only.
+IMAGE_RELATIONS = frozenset({MI.REL_DUPLICATE, MI.REL_IMAGE})
+TEXT_RELATIONS = frozenset({MI.REL_DUPLICATE, MI.REL_TEXT})
 
 
 @dataclass
 class Batch:
-    pixels: torch.Tensor           # [n_img, 3, S, S]
+    pixels: torch.Tensor           # [n_img, 3, S, S], n_img = views * n: view v of row i at v*n+i
     input_ids: torch.Tensor        # [n_txt, L]
     attention_mask: torch.Tensor   # [n_txt, L]
-    caption_col: torch.Tensor      # [n_img] the column of each image's own caption
-    text_owner: torch.Tensor       # [n_txt] the image row each text belongs to
+    caption_col: torch.Tensor      # [n] the column of each row's own caption
+    text_owner: torch.Tensor       # [n_txt] the sample row each text belongs to
     image_keys: torch.Tensor       # [n_img] int64 sample-id keys (same sample = same key)
     pos_mask: torch.Tensor         # [n_img, n_txt] FFF's M: own texts + mined positives' texts
-    hard_index: torch.Tensor       # [n_img, p] image rows of each seed's hard pairs, -1 pad
+    image_pos: torch.Tensor        # [n_img, n_img] views of one row + mined image-image positives
+    text_pos: torch.Tensor         # [n_txt, n_txt] texts of one row + mined text-text positives
+    hard_index: torch.Tensor       # [n, p] image rows of each seed's hard pairs, -1 pad
     obj_index: torch.Tensor        # [n_img, k] concept targets (-1 pad) and their probabilities
     obj_value: torch.Tensor
     attr_index: torch.Tensor
     attr_value: torch.Tensor
     n_hard_added: int = 0
     n_composites: int = 0
+    n_views: int = 1
 
 
-def _targets(metas: list[dict], ids: str, probs: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _targets(metas: list[dict], ids: str, probs: str, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     k = max([len(m.get(ids) or []) for m in metas] + [1])
     index = torch.full((len(metas), k), -1, dtype=torch.long)
     value = torch.zeros((len(metas), k))
     for i, m in enumerate(metas):
         got_i, got_v = m.get(ids) or [], m.get(probs) or []
+        if got_i and max(got_i) >= n_classes:
+            raise ValueError(f"{ids}: concept id {max(got_i)} does not fit a head of {n_classes} "
+                             "classes; set finetune.n_objects / n_attributes to the vocabulary "
+                             "sizes (<run>/concepts/vocab.parquet)")
         index[i, :len(got_i)] = torch.tensor(got_i, dtype=torch.long)
         value[i, :len(got_v)] = torch.tensor(got_v, dtype=torch.float32)
     return index, value
+
+
+def positive_masks(keys: list[str], metas: list[dict], owner: torch.Tensor, skip: set[int],
+                   mined: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(image-text [n, n_txt], image-image [n, n], text-text [n_txt, n_txt]) positives of the
+    batch's rows: each row's own texts (caption and recaptions, positives of each other), and,
+    with ``mined``, the positives the pipeline listed for it (rows in ``skip``, the composites,
+    are not the samples their key names). Image-text stays directional (row i lists M[i, j]);
+    image-image and text-text relations are symmetric similarities."""
+    n = len(keys)
+    own = owner[None, :] == torch.arange(n)[:, None]                  # [n, n_txt]
+    it, ii = own.clone(), torch.eye(n, dtype=torch.bool)
+    tt = owner[:, None] == owner[None, :]
+    if mined:
+        where = {k: i for i, k in enumerate(keys) if i not in skip}
+        for i, m in enumerate(metas):
+            ids = m.get(A.positive_ids) or []
+            rels = m.get(A.positive_relations) or [None] * len(ids)
+            for pid, rel in zip(ids, rels):
+                j = where.get(pid)
+                if j is None or j == i:
+                    continue
+                it[i] |= own[j]
+                if rel in IMAGE_RELATIONS:
+                    ii[i, j] = ii[j, i] = True
+                if rel in TEXT_RELATIONS:
+                    tt |= (own[i][:, None] & own[j][None, :]) | (own[j][:, None] & own[i][None, :])
+    return it, ii, tt
 
 
 class Composer:
@@ -69,59 +116,76 @@ class Composer:
         hard += [[] for _ in range(len(out) - len(samples))]
         return out, hard
 
-    def __call__(self, samples: list[Sample], rng: random.Random, train: bool = True) -> Batch:
+    def composites(self, images: list, captions: list[str], metas: list[dict], keys: list[str],
+                   hard: list[list[int]], rng: random.Random) -> set[int]:
+        """CLIP-C: a fraction of the rows become composites of two instances (in place); returns
+        their rows. The partner is always an *original* sample: its image and caption as loaded,
+        never a composite made earlier in the batch (CLIP-C joins "two distinct instances in the
+        dataset"). HELIP seeds and their hard pairs stay originals. The layout, side by side or
+        stacked, is drawn per composite (CLIP-C: "(S/2 x S) or (S x S/2)")."""
         c = self.cfg
-        samples, hard = self.helip(samples, rng) if train else (samples, [[] for _ in samples])
-        n_hard = sum(len(h) for h in hard)
-        # decode in threads (PIL releases the GIL); everything random stays sequential below
-        images = list(self.pool.map(lambda s: load_rgb(s.image, self.size), samples))
-        captions = [s.caption for s in samples]
-        metas = [dict(s.meta) for s in samples]
-        keys = [key_int(s.key) for s in samples]
-        n_comp = 0
-        if train and c.clipc_fraction > 0 and len(samples) > 1:
-            # CLIP-C: a fraction of the (non-HELIP) rows become composites of two instances
-            for i in range(len(samples)):
-                if hard[i] or rng.random() >= c.clipc_fraction:
-                    continue
-                j = rng.choice([x for x in range(len(samples)) if x != i])
-                images[i] = composite(images[i], images[j], self.size)
-                captions[i] = f"{captions[i]} and {captions[j]}"
-                metas[i] = {}
-                keys[i] = key_int(f"{samples[i].key}+{samples[j].key}")
-                n_comp += 1
-        pixels = torch.stack([to_tensor(im, self.size, self.mean, self.std, rng if train else None)
-                              for im in images])
+        n = len(images)
+        if c.clipc_fraction <= 0 or n < 2:
+            return set()
+        helip_rows = {i for i, h in enumerate(hard) if h} | {j for h in hard for j in h}
+        orig_images, orig_captions, orig_keys = list(images), list(captions), list(keys)
+        made: set[int] = set()
+        for i in range(n):
+            if i in helip_rows or rng.random() >= c.clipc_fraction:
+                continue
+            j = rng.choice([x for x in range(n) if x != i])
+            images[i] = composite(orig_images[i], orig_images[j], self.size, rng.choice(LAYOUTS))
+            captions[i] = f"{orig_captions[i]} and {orig_captions[j]}"
+            metas[i] = {}
+            keys[i] = f"{orig_keys[i]}+{orig_keys[j]}"
+            made.add(i)
+        return made
+
+    def texts(self, captions: list[str], metas: list[dict], train: bool) -> tuple[list, list, list]:
+        """Every text of the batch: each row's caption, then (FFF batch text augmentation, sec.
+        4.2) up to ``fff_recaptions`` of its recaptions; their owner rows and caption columns."""
+        c = self.cfg
         texts, owner, caption_col = [], [], []
+        extra = c.fff_recaptions if train and c.loss in ("sigmoid", "mp_nce") else 0
         for i, cap in enumerate(captions):
             caption_col.append(len(texts))
             texts.append(cap)
             owner.append(i)
-            if train and c.fff_recaptions:          # FFF: every recaption is a positive too
-                for r in (metas[i].get(A.recaptions) or [])[: c.fff_recaptions]:
-                    texts.append(r)
-                    owner.append(i)
+            for r in (metas[i].get(A.recaptions) or [])[:extra]:
+                texts.append(r)
+                owner.append(i)
+        return texts, owner, caption_col
+
+    def __call__(self, samples: list[Sample], rng: random.Random, train: bool = True) -> Batch:
+        c = self.cfg
+        samples, hard = self.helip(samples, rng) if train else (samples, [[] for _ in samples])
+        # decode in threads (PIL releases the GIL); everything random stays sequential below
+        images = list(self.pool.map(lambda s: load_rgb(s.image, self.size), samples))
+        captions = [s.caption for s in samples]
+        metas = [dict(s.meta) for s in samples]
+        keys = [s.key for s in samples]
+        made = self.composites(images, captions, metas, keys, hard, rng) if train else set()
+        views = c.mp_views if train and c.loss == "mp_nce" else 1      # UniCLIP's augmented views
+        pixels = torch.stack([to_tensor(im, self.size, self.mean, self.std, rng if train else None)
+                              for _ in range(views) for im in images])
+        texts, owner, caption_col = self.texts(captions, metas, train)
         tok = self.tok(texts, padding="max_length", truncation=True,
                        max_length=self.tok.model_max_length, return_tensors="pt")
         owner_t = torch.tensor(owner)
-        pos = owner_t[None, :] == torch.arange(len(samples))[:, None]
-        if train and c.fff_mined_positives:        # FFF Eq. 1 positives mined by the pipeline
-            where = {s.key: i for i, s in enumerate(samples)}
-            for i, m in enumerate(metas):
-                for pid in m.get(A.positive_ids) or []:
-                    j = where.get(pid)
-                    if j is not None:
-                        pos[i] |= owner_t == j
-                        pos[j] |= owner_t == i
+        mined = train and c.fff_mined_positives and c.loss in ("sigmoid", "mp_nce")
+        it, ii, tt = positive_masks(keys, metas, owner_t, made, mined)
         p = max([len(h) for h in hard] + [1])
         hard_index = torch.full((len(samples), p), -1, dtype=torch.long)
         for i, h in enumerate(hard):
             hard_index[i, :len(h)] = torch.tensor(h, dtype=torch.long)
-        oi, ov = _targets(metas, A.object_ids, A.object_probs)
-        ai, av = _targets(metas, A.attribute_ids, A.attribute_probs)
+        concepts = metas if c.concept_weight else [{}] * len(metas)     # read only when trained
+        oi, ov = _targets(concepts, A.object_ids, A.object_probs, c.n_objects)
+        ai, av = _targets(concepts, A.attribute_ids, A.attribute_probs, c.n_attributes)
+        rep = (lambda t: t.repeat(views, 1))                             # views share targets
         return Batch(pixels, tok["input_ids"], tok["attention_mask"], torch.tensor(caption_col),
-                     owner_t, torch.tensor(keys, dtype=torch.long), pos, hard_index, oi, ov, ai, av,
-                     n_hard, n_comp)
+                     owner_t, torch.tensor([key_int(k) for k in keys] * views, dtype=torch.long),
+                     rep(it), ii.repeat(views, views), tt, hard_index, rep(oi), rep(ov), rep(ai),
+                     rep(av), sum(len(h) for h in hard), len(made), views)
 
 
 def step_rng(seed: int, epoch: int, step: int, rank: int) -> random.Random:

@@ -24,9 +24,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from .fields import AnnotationNames
-
-A = AnnotationNames()
+from .fields import A  # noqa: F401  (re-exported: the annotation names)
 
 
 @dataclass
@@ -104,6 +102,12 @@ class ShardSet:
             if n > skip:
                 yield out
 
+    def first_meta(self) -> dict:
+        """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
+        for s in self._raw(self.names[:1]):
+            return s.meta
+        raise ValueError(f"{self.dir}: the shards hold no sample")
+
     # --- random access -------------------------------------------------------------------------
     def _load_index(self) -> dict:
         import pyarrow.dataset as ds
@@ -169,12 +173,23 @@ def to_tensor(im: Any, size: int, mean: tuple, std: tuple, rng: Optional[random.
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-def composite(a: Any, b: Any, size: int) -> Any:
-    """CLIP-C: the centre halves of two images side by side (each S x S/2 of an S x S image)."""
+LAYOUTS = ("side_by_side", "stacked")
+
+
+def composite(a: Any, b: Any, size: int, layout: str = "side_by_side") -> Any:
+    """CLIP-C: the centre halves of two images joined into one S x S image. CLIP-C (sec. 3) takes
+    "the central (S/2 x S) or (S x S/2)" crop of each: ``side_by_side`` puts the two central
+    vertical halves (S/2 wide) left and right, ``stacked`` the two central horizontal halves
+    (S/2 high) top and bottom. ``a`` fills the left (top) half."""
     from PIL import Image
+    if layout not in LAYOUTS:
+        raise ValueError(f"CLIP-C layout {layout!r}: expected one of {LAYOUTS}")
     out = Image.new("RGB", (size, size))
+    lo, hi = size // 4, size // 4 + size // 2
     for i, im in enumerate((a, b)):
         sq = im.resize((size, size), Image.BICUBIC)
-        half = sq.crop((size // 4, 0, size // 4 + size // 2, size))
-        out.paste(half, (i * (size // 2), 0))
+        if layout == "side_by_side":
+            out.paste(sq.crop((lo, 0, hi, size)), (i * (size // 2), 0))
+        else:
+            out.paste(sq.crop((0, lo, size, hi)), (0, i * (size // 2)))
     return out

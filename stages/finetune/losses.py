@@ -28,7 +28,7 @@ from torch import Tensor
 __all__ = [
     "info_nce", "hnml", "helip_loss", "hn_nce", "sigmoid_loss", "sigmoid_bias_init",
     "soft_target_cross_entropy", "concept_distillation_loss", "mp_nce", "mp_nce_image_text",
-    "pair_matrix", "indices_to_mask",
+    "pair_matrix", "indices_to_mask", "unified_positives", "mp_domain_weights",
 ]
 
 
@@ -427,6 +427,36 @@ def mp_nce(emb: Tensor, domains: Tensor, pos_mask: Tensor, scale: Tensor, offset
     return (per_anchor / pos.sum(dim=1)).mean()
 
 
+def unified_positives(pos_it: Tensor, image_pos: Tensor, text_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """The unified batch ``[images; texts]`` of UniCLIP: its ``[n + m, n + m]`` positive mask
+    (``image_pos`` ``[n, n]``, ``pos_it`` ``[n, m]`` and its transpose, ``text_pos`` ``[m, m]``)
+    and the domain of each row (image = 0, text = 1)."""
+    n, m = pos_it.shape
+    pos = torch.cat([torch.cat([image_pos, pos_it], 1), torch.cat([pos_it.T, text_pos], 1)])
+    domains = torch.cat([torch.zeros(n, dtype=torch.long, device=pos_it.device),
+                         torch.ones(m, dtype=torch.long, device=pos_it.device)])
+    return pos, domains
+
+
+@torch.no_grad()
+def mp_domain_weights(pos_mask: Tensor, domains: Tensor, n_domains: int, n_pairs: int,
+                      dtype: torch.dtype = torch.float32) -> Tensor:
+    """UniCLIP's balancing weights ``w_D`` (Eq. 12): ``w_D = N / |{(i, p): p in P_i u {i},
+    D(i, p) = D}|``, the number of original pairs ``N`` over the number of positive pairs of the
+    domain combination D in the batch, so that each combination contributes equally. Pairs are
+    ordered and include the trivial one, as in the paper's example (three views of an image and
+    one text: 9N image-image, 6N image-text, N text-text pairs, so w = 1/9, 1/6, 1). Returns the
+    ``[K, K]`` symmetric matrix ``mp_nce`` takes; a combination with no positive pair gets 0 (no
+    term uses it). Hyperparameters of the loss: no gradient flows through them.
+    """
+    pos = pos_mask | _eye(pos_mask.shape[0], pos_mask.device)
+    pair = domains[:, None] * n_domains + domains[None, :]            # ordered (D_i, D_p) id
+    counts = torch.bincount(pair[pos], minlength=n_domains * n_domains).view(n_domains, n_domains)
+    counts = counts + counts.T - torch.diag(counts.diagonal())        # unordered combination
+    w = n_pairs / counts.to(dtype).clamp_min(1)
+    return w.masked_fill(counts == 0, 0.0)
+
+
 def mp_nce_image_text(image_emb: Tensor, text_emb: Tensor, pos_mask: Tensor, scale: Tensor,
                       offset: Tensor, weights: Tensor, image_pos: Tensor | None = None,
                       text_pos: Tensor | None = None) -> Tensor:
@@ -435,13 +465,11 @@ def mp_nce_image_text(image_emb: Tensor, text_emb: Tensor, pos_mask: Tensor, sca
     ``pos_mask`` ``[n, m]`` are the image-text positives (e.g. FFF's M); ``image_pos`` ``[n, n]``
     and ``text_pos`` ``[m, m]`` the intra-domain positives (views of one image, captions of one
     image), by default none besides the trivial pairs. ``scale``/``offset``/``weights`` are
-    ``[2, 2]`` (see ``pair_matrix``).
+    ``[2, 2]`` (see ``pair_matrix``; ``mp_domain_weights`` gives the paper's ``w_D``).
     """
     n, m = image_emb.shape[0], text_emb.shape[0]
     dev = image_emb.device
     image_pos = _eye(n, dev) if image_pos is None else image_pos
     text_pos = _eye(m, dev) if text_pos is None else text_pos
-    pos = torch.cat([torch.cat([image_pos, pos_mask], 1), torch.cat([pos_mask.T, text_pos], 1)])
-    domains = torch.cat([torch.zeros(n, dtype=torch.long, device=dev),
-                         torch.ones(m, dtype=torch.long, device=dev)])
+    pos, domains = unified_positives(pos_mask, image_pos, text_pos)
     return mp_nce(torch.cat([image_emb, text_emb]), domains, pos, scale, offset, weights)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +23,7 @@ from . import distributed as D
 from . import losses as L
 from .compose import Batch, Composer, batches, prefetch, step_rng
 from .data import ShardSet
+from .fields import require
 from .model import DualEncoder
 
 LOSSES = ("clip", "helip", "hn_nce", "sigmoid", "mp_nce")
@@ -30,9 +33,9 @@ def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torc
             obj: Optional[torch.Tensor], attr: Optional[torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The configured loss on the global batch (+ DiHT's concept distillation on local rows)."""
     gi, gt = D.gather_with_grad(img), D.gather_with_grad(txt)
-    cap = D.globalize_index(b.caption_col[:, None], txt.shape[0])[:, 0]
     parts: dict[str, torch.Tensor] = {}
     if cfg.loss in ("clip", "helip", "hn_nce"):      # one caption per image: a square problem
+        cap = D.globalize_index(b.caption_col[:, None], txt.shape[0])[:, 0]
         sq = gt[cap]
         if cfg.loss == "clip":
             parts["clip"] = L.info_nce(gi, sq, model.logit_scale())
@@ -41,20 +44,44 @@ def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torc
             parts["helip"] = L.helip_loss(gi, sq, model.logit_scale(), hard, gamma=cfg.helip_gamma)
         else:
             parts["hn_nce"] = L.hn_nce(gi, sq, model.logit_scale(), cfg.hn_alpha, cfg.hn_beta)
-    else:                                            # every text, FFF's positive matrix M
-        owner_keys = b.image_keys[b.text_owner]
-        pos = D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
-        if cfg.loss == "sigmoid":
-            parts["sigmoid"] = L.sigmoid_loss(gi, gt, model.sig_log_t.exp(), model.sig_bias, pos)
-        else:
-            w = L.pair_matrix(torch.ones(3, device=gi.device), 2)
-            parts["mp_nce"] = L.mp_nce_image_text(gi, gt, pos, L.pair_matrix(model.mp_log_scale.exp(), 2),
-                                                  L.pair_matrix(model.mp_offset, 2), w)
+    elif cfg.loss == "sigmoid":                      # every text, FFF's positive matrix M
+        parts["sigmoid"] = L.sigmoid_loss(gi, gt, model.sig_log_t.exp(), model.sig_bias,
+                                          image_text_positives(b))
+    else:                                            # UniCLIP: images and texts, one space
+        pos, domains = mp_positives(b)
+        parts["mp_nce"] = L.mp_nce(torch.cat([gi, gt]), domains, pos,
+                                   L.pair_matrix(model.mp_log_scale.exp(), 2),
+                                   L.pair_matrix(model.mp_offset, 2),
+                                   mp_weights(cfg, pos, domains, gi.shape[0] // b.n_views))
     if cfg.concept_weight and obj is not None:
         parts["concepts"] = cfg.concept_weight * L.concept_distillation_loss(
             obj, b.obj_index, b.obj_value, attr, b.attr_index, b.attr_value)
     total = sum(parts.values())
     return total, {k: float(v.detach()) for k, v in parts.items()}
+
+
+def image_text_positives(b: Batch) -> torch.Tensor:
+    """FFF's M on the global batch: an image and every text of its sample (by key, across ranks),
+    plus the mined positives the composer put in the local batch."""
+    owner_keys = b.image_keys[b.text_owner]
+    return D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
+
+
+def mp_positives(b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """UniCLIP's positive sets on the global unified batch ``[images; texts]`` (Eq. 12): the
+    views of one image, its caption and recaptions are positives of each other (by key, across
+    ranks), and so are the mined image-image, image-text and text-text positives."""
+    owner_keys = b.image_keys[b.text_owner]
+    ii = D.global_key_mask(b.image_keys, b.image_keys) | D.global_block_mask(b.image_pos)
+    tt = D.global_key_mask(owner_keys, owner_keys) | D.global_block_mask(b.text_pos)
+    return L.unified_positives(image_text_positives(b), ii, tt)
+
+
+def mp_weights(cfg: Any, pos: torch.Tensor, domains: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    """w_D: fixed ``finetune.mp_domain_weights`` [ii, it, tt], or UniCLIP's rule on this batch."""
+    if cfg.mp_domain_weights is not None:
+        return L.pair_matrix(torch.tensor(cfg.mp_domain_weights, device=pos.device), 2)
+    return L.mp_domain_weights(pos, domains, 2, n_pairs)
 
 
 def _trainable(model: DualEncoder, loss: str) -> None:
@@ -82,10 +109,8 @@ def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> fl
         b = _to(b, device)
         img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
         gi, gt = D.gather_no_grad(img), D.gather_no_grad(txt)
-        owner_keys = b.image_keys[b.text_owner]
-        pos = D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
         sims.append(gi @ gt.T)
-        masks.append(pos)
+        masks.append(image_text_positives(b))
     return L.sigmoid_bias_init(sims, masks, float(model.sig_log_t.exp()))
 
 
@@ -120,6 +145,57 @@ def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> di
     return out
 
 
+@dataclass
+class Setup:
+    """What ``train`` builds before its first step (tests build batches from it the same way)."""
+    model: DualEncoder
+    shards: ShardSet
+    train_set: ShardSet
+    eval_set: ShardSet
+    composer: Composer
+
+
+def check_config(cfg: Any, shards: ShardSet) -> None:
+    """Stop with a reason before training on annotations or settings that cannot work."""
+    require(cfg, shards.first_meta(), str(shards.dir))
+    if cfg.concept_weight and not (cfg.n_objects > 0 and cfg.n_attributes > 0):
+        raise ValueError("finetune.concept_weight > 0 needs concept heads: set finetune.n_objects "
+                         "and n_attributes to the vocabulary sizes (<run>/concepts/vocab.parquet)")
+    if cfg.mp_views < 1:
+        raise ValueError(f"finetune.mp_views must be >= 1, got {cfg.mp_views}")
+    if cfg.mp_domain_weights is not None and len(cfg.mp_domain_weights) != 3:
+        raise ValueError("finetune.mp_domain_weights: three values [image-image, image-text, "
+                         f"text-text], got {list(cfg.mp_domain_weights)}")
+
+
+def prepare(cfg: Any, shards_dir: str, device: str = "cpu") -> Setup:
+    """Model, shards and batch composer, after ``check_config``."""
+    all_shards = ShardSet(shards_dir)
+    check_config(cfg, all_shards)
+    loaded = models.load_clip(cfg.model)
+    model = DualEncoder(loaded.model, cfg.n_objects, cfg.n_attributes).to(device)
+    _trainable(model, cfg.loss)
+    train_set, eval_set = all_shards.split(cfg.eval_shards)
+    composer = Composer(cfg, all_shards, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
+    return Setup(model, all_shards, train_set, eval_set, composer)
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint that holds more than tensors and plain containers."""
+
+
+def load_checkpoint(path: Path, device: str) -> dict:
+    """``torch.load(weights_only=True)``: checkpoints may come from elsewhere (issue 11), and
+    unpickling arbitrary objects runs arbitrary code. Anything else is refused with a reason."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpoint(
+            f"{path}: refused: it holds objects other than tensors and plain containers, which "
+            f"only a full unpickle (able to run code) could load. Trainer checkpoints never do; "
+            f"delete it or point finetune.out_dir elsewhere. ({str(e).splitlines()[0]})") from e
+
+
 def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     rank, world = D.rank_world()
     device = "cuda" if torch.cuda.is_available() and cfg.model.device != "cpu" else "cpu"
@@ -128,19 +204,15 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    loaded = models.load_clip(cfg.model)
-    model = DualEncoder(loaded.model, cfg.n_objects, cfg.n_attributes).to(device)
-    _trainable(model, cfg.loss)
+    setup = prepare(cfg, shards_dir, device)
+    model, train_set, eval_set, composer = setup.model, setup.train_set, setup.eval_set, setup.composer
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    all_shards = ShardSet(shards_dir)
-    train_set, eval_set = all_shards.split(cfg.eval_shards)
-    composer = Composer(cfg, all_shards, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
     step, epoch, in_epoch = 0, 0, 0
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = load_checkpoint(ckpt, device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
@@ -195,4 +267,5 @@ def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
     return (len(shards) // world) // cfg.batch_size
 
 
-__all__ = ["train", "evaluate", "loss_fn", "retrieval_metrics", "LOSSES"]
+__all__ = ["train", "prepare", "check_config", "load_checkpoint", "UnsafeCheckpoint", "evaluate",
+           "loss_fn", "mp_positives", "image_text_positives", "retrieval_metrics", "LOSSES"]

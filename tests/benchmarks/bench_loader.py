@@ -67,7 +67,9 @@ def main() -> int:
     for name, ft in (("plain (clip)", {"loss": "clip"}),
                      ("HELIP seeds 50%, p=1 (helip)", {"loss": "helip"}),
                      ("CLIP-C 25% composites", {"loss": "clip", "clipc_fraction": 0.25}),
-                     ("FFF texts + positives (sigmoid)", {"loss": "sigmoid"})):
+                     ("FFF texts + positives (sigmoid)", {"loss": "sigmoid"}),
+                     ("UniCLIP 2 views (mp_nce)", {"loss": "mp_nce", "mp_views": 2}),
+                     ("CLIP-C 100% composites", {"loss": "clip", "clipc_fraction": 1.0})):
         fc = C.from_dict({"finetune": ft}).finetune
         comp = Composer(fc, shards, clip.tokenizer, clip.image_size, clip.mean, clip.std)
         g = batches(shards, comp, batch_size=a.batch_size, seed=0, rank=0, world=1)

@@ -461,6 +461,55 @@ def test_mp_nce_offsets_lose_one_dimension():
     assert abs(L.mp_nce(Z, dom, P, S, shifted, W).item() - base) > 1e-4
 
 
+def naive_domain_weights(dom, P, n_pairs):
+    """UniCLIP Eq. 12's w_D, counted pair by pair: N over the number of (anchor, positive) pairs
+    (p in P_i u {i}) of each unordered domain combination."""
+    count = {}
+    for i in range(len(dom)):
+        for p in range(len(dom)):
+            if p == i or P[i, p]:
+                d = tuple(sorted((int(dom[i]), int(dom[p]))))
+                count[d] = count.get(d, 0) + 1
+    w = torch.zeros(2, 2, dtype=DT)
+    for (a, b), c in count.items():
+        w[a, b] = w[b, a] = n_pairs / c
+    return w
+
+
+def test_mp_domain_weights_paper_example():
+    # UniCLIP sec. 2.2: three views of an image and one text per pair -> 9N ii, 6N it, N tt
+    n = 4
+    own_i = torch.arange(3 * n) % n                       # view v of pair i at v * n + i
+    pos_it = own_i[:, None] == torch.arange(n)[None, :]
+    pos, dom = L.unified_positives(pos_it, own_i[:, None] == own_i[None, :],
+                                   torch.eye(n, dtype=torch.bool))
+    w = L.mp_domain_weights(pos, dom, 2, n, dtype=DT)
+    torch.testing.assert_close(w, torch.tensor([[1 / 9, 1 / 6], [1 / 6, 1.0]], dtype=DT))
+
+
+def test_mp_nce_with_domain_weights_parity():
+    # views, k texts per pair, mined positives in all three combinations: w_D from the batch
+    n, views, k = 3, 2, 3
+    X, T = unit(n * views, seed=60), unit(n * k, seed=61)
+    own_i, own_t = torch.arange(n * views) % n, torch.arange(n * k) // k
+    it = (own_i[:, None] == own_t[None, :]) | rand_mask(n * views, n * k, 0.1, seed=62)
+    ii = (own_i[:, None] == own_i[None, :]) | (rand_mask(n * views, n * views, 0.1, seed=63))
+    tt = (own_t[:, None] == own_t[None, :]) | (rand_mask(n * k, n * k, 0.1, seed=64))
+    ii, tt = ii | ii.T, tt | tt.T
+    pos, dom = L.unified_positives(it, ii, tt)
+    W = L.mp_domain_weights(pos, dom, 2, n, dtype=DT)
+    torch.testing.assert_close(W, naive_domain_weights(dom, pos, n))
+    (sv, ov, _), (S, O, _) = domain_params()
+    Z = torch.cat([X, T])
+    fast = L.mp_nce(Z, dom, pos, S, O, W)
+    assert_parity(fast, naive_mp_nce(Z, dom, pos, S, O, naive_domain_weights(dom, pos, n)),
+                  [X, T, sv, ov])
+    assert not W.requires_grad
+    # a combination with no positive pair gets weight 0 (only images, no texts)
+    only = L.mp_domain_weights(torch.zeros(4, 4, dtype=torch.bool), torch.zeros(4, dtype=torch.long), 2, 4)
+    assert only.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+
+
 def test_indices_to_mask():
     m = L.indices_to_mask(torch.tensor([[1, -1], [0, 2], [-1, -1]]), 3)
     assert m.tolist() == [[False, True, False], [True, False, True], [False, False, False]]

@@ -16,6 +16,7 @@ from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.finetune import launch
 from vlcurate.pipeline.runner import run
 from vlcurate.schemas import F, tables
+from vlcurate.schemas import mining as MI
 from vlcurate.stages.base import Stage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.finetune.compose import Composer, batches, step_rng
@@ -26,13 +27,18 @@ from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.models import load_clip
 
 
+RELS = (MI.REL_DUPLICATE, MI.REL_IMAGE, MI.REL_TEXT)
+
+
 class FakeMining(Stage):
     """Stands in for the mining and recaption stages: each row's hard pairs are the next two
-    rows of its part, its mined positive the previous row, and two recaptions."""
+    rows of its part, its mined positive the previous row (relation duplicate, image or text by
+    row), and two recaptions."""
     name = "fakemine"
     inputs = {"ingest": (F.CAPTION,)}
     output = tables.stage_table(pa.field(A.hard_ids, pa.list_(pa.string())),
                                 pa.field(A.positive_ids, pa.list_(pa.string())),
+                                pa.field(A.positive_relations, pa.list_(pa.string())),
                                 pa.field(A.recaptions, pa.list_(pa.string())))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -41,6 +47,7 @@ class FakeMining(Stage):
         return pa.table({F.SAMPLE_ID.name: ids,
                          A.hard_ids: [[ids[(i + 1) % n], ids[(i + 2) % n]] for i in range(n)],
                          A.positive_ids: [[ids[i - 1]] if i else [] for i in range(n)],
+                         A.positive_relations: [[RELS[i % 3]] if i else [] for i in range(n)],
                          A.recaptions: [[f"recap one {i}", f"recap two {i}"] for i in range(n)],
                          F.REASONS.name: [[]] * n, F.REASON_DETAIL.name: [None] * n},
                         schema=self.output)
@@ -90,21 +97,55 @@ def test_helip_batches_contain_each_seeds_hard_pairs(shards, clip):
     assert composer(shards, clip, loss="clip")(samples, step_rng(0, 0, 0, 0)).n_hard_added == 0
 
 
+def with_positives(shards, n: int) -> list:
+    """``n`` streamed samples, then the mined positive of each (so pairs are in the batch)."""
+    first = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:n]
+    have = {s.key for s in first}
+    extra = [shards.fetch(p) for s in first for p in s.meta[A.positive_ids] if p not in have]
+    return first + [e for e in extra if e is not None]
+
+
 def test_fff_texts_and_positive_mask(shards, clip):
     comp = composer(shards, clip, loss="sigmoid", fff_recaptions=5)
-    samples = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:6]
+    samples = with_positives(shards, 4)
+    n = len(samples)
     b = comp(samples, step_rng(0, 0, 0, 0))
-    assert b.input_ids.shape[0] == 6 * 3                 # caption + 2 recaptions each
+    assert b.input_ids.shape[0] == n * 3                 # caption + 2 recaptions each
     where = {s.key: i for i, s in enumerate(samples)}
+    mined = 0
     for i, s in enumerate(samples):
         own = (b.text_owner == i)
         assert b.pos_mask[i][own].all() and own.sum() == 3
+        # directional (FFF's M[i, j]: image i, the texts of j): only what row i lists
         expected = {i} | {where[p] for p in s.meta[A.positive_ids] if p in where}
-        expected |= {j for j, t in enumerate(samples) if s.key in t.meta[A.positive_ids]}
+        mined += len(expected) - 1
         assert set(b.text_owner[b.pos_mask[i]].tolist()) == expected
+    assert mined >= 4
     off = composer(shards, clip, loss="sigmoid", fff_recaptions=0, fff_mined_positives=False)
     b0 = off(samples, step_rng(0, 0, 0, 0))
-    assert torch.equal(b0.pos_mask, torch.eye(6, dtype=torch.bool))
+    assert torch.equal(b0.pos_mask, torch.eye(n, dtype=torch.bool))
+
+
+def test_mp_nce_domains_follow_the_relation(shards, clip):
+    comp = composer(shards, clip, loss="mp_nce", fff_recaptions=5, mp_views=2)
+    samples = with_positives(shards, 4)
+    n = len(samples)
+    b = comp(samples, step_rng(0, 0, 0, 0))
+    assert b.pixels.shape[0] == 2 * n and b.n_views == 2
+    where = {s.key: i for i, s in enumerate(samples)}
+    for i, s in enumerate(samples):
+        mine = (b.text_owner == i).nonzero().flatten()
+        assert b.text_pos[mine][:, mine].all()          # caption and recaptions: positives
+        assert b.image_pos[i, n + i] and b.image_pos[n + i, i]          # two views of one image
+        for p, rel in zip(s.meta[A.positive_ids], s.meta[A.positive_relations]):
+            if p not in where:
+                continue
+            j = where[p]
+            theirs = (b.text_owner == j).nonzero().flatten()
+            assert b.pos_mask[i][theirs].all() and b.pos_mask[n + i][theirs].all()
+            assert bool(b.image_pos[i, j]) == (rel in (MI.REL_DUPLICATE, MI.REL_IMAGE))
+            assert bool(b.text_pos[mine][:, theirs].all()) == (rel in (MI.REL_DUPLICATE, MI.REL_TEXT))
+            assert not b.text_pos[mine][:, theirs].any() or rel != MI.REL_IMAGE
 
 
 def test_clipc_composites(shards, clip):
@@ -113,12 +154,66 @@ def test_clipc_composites(shards, clip):
     a, b = Image.new("RGB", (40, 40), (255, 0, 0)), Image.new("RGB", (40, 40), (0, 0, 255))
     c = composite(a, b, 32)
     assert c.getpixel((4, 16)) == (255, 0, 0) and c.getpixel((28, 16)) == (0, 0, 255)
+    c = composite(a, b, 32, "stacked")
+    assert c.getpixel((16, 4)) == (255, 0, 0) and c.getpixel((16, 28)) == (0, 0, 255)
+    with pytest.raises(ValueError, match="layout"):
+        composite(a, b, 32, "diagonal")
     comp = composer(shards, clip, loss="clip", clipc_fraction=1.0)
-    samples = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:4]
+    samples = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:8]
     batch = comp(samples, step_rng(0, 0, 0, 0))
-    assert batch.n_composites == 4
+    assert batch.n_composites == 8
     texts = comp.tok.batch_decode(batch.input_ids, skip_special_tokens=True)
-    assert all(" and " in t for t in texts)
+    # every composite joins two *original* captions: never a composite made earlier
+    originals = [comp.tok.decode(comp.tok(s.caption)["input_ids"], skip_special_tokens=True)
+                 for s in samples]
+    pairs = {f"{x} and {y}" for i, x in enumerate(originals) for j, y in enumerate(originals) if i != j}
+    assert all(t in pairs for t in texts), texts
+    # HELIP seeds and their hard pairs stay originals; the other rows all become composites
+    hc = composer(shards, clip, loss="helip", clipc_fraction=1.0, helip_seed_fraction=0.5)
+    hb = hc(samples, step_rng(0, 0, 0, 0))
+    helip_rows = {i for i in range(8) if (hb.hard_index[i] >= 0).any()}
+    helip_rows |= {int(j) for j in hb.hard_index.flatten() if j >= 0}
+    assert len(helip_rows) == 8 and hb.n_composites == hb.pixels.shape[0] - len(helip_rows)
+
+
+def test_missing_annotation_stops_the_trainer(shards):
+    from vlcurate.stages.finetune.fields import MissingAnnotation
+    from vlcurate.stages.finetune.train import check_config
+    ok = C.from_dict({"finetune": {"loss": "mp_nce"}}).finetune
+    check_config(ok, shards)                      # hard pairs, positives, recaptions: all there
+    cfg = C.from_dict({"finetune": {"loss": "sigmoid", "concept_weight": 0.5, "n_objects": 3,
+                                    "n_attributes": 3}}).finetune
+    with pytest.raises(MissingAnnotation, match="concept_object_ids.*stage concepts"):
+        check_config(cfg, shards)
+
+
+def test_launch_stops_with_the_reason(shards, capsys):
+    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.loss": "sigmoid",
+                        "finetune.concept_weight": 0.5, "finetune.n_objects": 2,
+                        "finetune.n_attributes": 2})
+    assert launch(cfg) == 2                        # before torchrun starts
+    assert "concept_object_ids (needed by finetune.concept_weight > 0" in capsys.readouterr().err
+
+
+def test_concept_ids_must_fit_the_heads(shards, clip):
+    from vlcurate.stages.finetune.data import Sample
+    comp = composer(shards, clip, loss="clip", concept_weight=0.5, n_objects=2, n_attributes=2)
+    s = next(iter(shards.stream(epoch=0, seed=0, rank=0, world=1)))
+    meta = {**s.meta, A.object_ids: [0, 5], A.object_probs: [0.5, 0.5],
+            A.attribute_ids: [1], A.attribute_probs: [1.0]}
+    with pytest.raises(ValueError, match="n_objects"):
+        comp([Sample(s.key, s.image, s.caption, meta)] * 2, step_rng(0, 0, 0, 0))
+
+
+def test_checkpoints_load_weights_only(tmp_path):
+    from vlcurate.stages.finetune.train import UnsafeCheckpoint, load_checkpoint
+    good = tmp_path / "good.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "step": 3}, good)
+    assert load_checkpoint(good, "cpu")["step"] == 3
+    bad = tmp_path / "bad.pt"
+    torch.save({"model": {}, "step": 3, "payload": Path("/tmp")}, bad)   # an arbitrary object
+    with pytest.raises(UnsafeCheckpoint, match="refused"):
+        load_checkpoint(bad, "cpu")
 
 
 def test_stream_is_deterministic_and_resumable(shards):
@@ -158,8 +253,7 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
     cfg = C.load(None, {"source.path": str(data), "source.max_captions_per_image": 1,
                         "source.rows_per_part": 120, "run.run_dir": str(tmp_path / "run"),
                         "run.progress": False, "export.samples_per_shard": 60})
-    run(cfg, dag=dag()[:2] + [Node(ExportStage, after=("ingest", "ids"))], executor="local",
-        log=lambda _: None)
+    run(cfg, dag=dag(), executor="local", log=lambda _: None)   # helip reads hard pairs
     ft = {"finetune.model": {"id": "tiny", "random_init": True}, "finetune.batch_size": 8,
           "finetune.steps": 20, "finetune.ckpt_every": 5, "finetune.lr": 5e-4,
           "finetune.weight_decay": 0.0, "finetune.loss": "helip"}
@@ -171,7 +265,8 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
 
     full = go("full")
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, 21)) and log[0]["images"] == 16
+    # 8 per rank + one hard pair for each of the 4 seeds per rank (HELIP p = 1, 50 % seeds)
+    assert [r["step"] for r in log] == list(range(1, 21)) and log[0]["images"] == 2 * (8 + 4)
     first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
     assert last < first, (first, last)
     ranks = [json.loads((full / f"params-rank{r}.json").read_text()) for r in (0, 1)]
@@ -181,6 +276,24 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
     # stopped at step 12 (last checkpoint), then resumed to 20: the same model as the full run
     go("resumed", **{"finetune.steps": 12})
     go("resumed")
-    a = torch.load(full / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["model"]
+    a = torch.load(full / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["mp_nce", "sigmoid"])
+def test_ddp_multi_positive_losses_two_processes(shards, tmp_path, loss):
+    """UniCLIP's views and positive sets (and FFF's M) across 2 gloo ranks: the global masks line
+    up with the gathered embeddings, the loss is finite and the ranks stay identical."""
+    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.out_dir": str(tmp_path),
+                        "finetune.model": {"id": "tiny", "random_init": True},
+                        "finetune.loss": loss, "finetune.mp_views": 2, "finetune.batch_size": 4,
+                        "finetune.steps": 3, "finetune.eval_shards": 0, "finetune.lr": 1e-3,
+                        "finetune.bias_init_batches": 1})
+    assert launch(cfg, nproc=2) == 0
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3] and all(r[loss] > 0 for r in log)
+    assert log[0]["images"] == 2 * 4 * (2 if loss == "mp_nce" else 1)
+    ranks = [json.loads((tmp_path / f"params-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["param_sum"] == ranks[1]["param_sum"]
