@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -62,12 +63,14 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
     if len(data) == 0:
         return Rejected(R.ZERO_BYTE, "image is 0 bytes")
-    if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
-        Image.MAX_IMAGE_PIXELS = max_pixels  # our own guard below replaces Pillow's lower one
+    # The pixel guard for every format: our check of the declared size below, and Pillow's own
+    # check at max_pixels for what a container holds (an ICO / ICNS entry's embedded PNG or BMP
+    # may be larger than the directory says), with its warning turned into a reject.
+    Image.MAX_IMAGE_PIXELS = max_pixels
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=_formats())
             w, h = im.size
             if w * h > max_pixels:
                 return Rejected(R.TOO_LARGE, f"{w}x{h} = {w * h} pixels > max_pixels {max_pixels}")
@@ -78,10 +81,12 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
                                 f"{w}x{h}: a side is over JPEG's limit of {JPEG_MAX_SIDE} pixels")
             fmt, mode = im.format or "UNKNOWN", im.mode
             im.load()  # the one full decode; raises on truncated or corrupt data
-    except Image.DecompressionBombError as e:
-        return Rejected(R.TOO_LARGE, str(e))
-    except UnidentifiedImageError:
-        return Rejected(R.UNDECODABLE, f"not a recognised image format (starts {data[:8]!r})")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        m = re.search(r"\((\d+) pixels\)", str(e))
+        return Rejected(R.TOO_LARGE, f"{m.group(1) if m else 'more'} pixels > max_pixels "
+                                     f"{max_pixels} (declared, checked before decoding)")
+    except UnidentifiedImageError:  # (never the file's bytes in a detail)
+        return Rejected(R.UNDECODABLE, f"not a recognised image format ({len(data)} bytes)")
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         msg = str(e)
         # Pillow says "image file is truncated" when the data runs out; "broken data stream"
@@ -105,6 +110,16 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
     except (OSError, ValueError) as e:
         return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {type(e).__name__}: {e}")
     return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
+
+
+# Formats Pillow decodes by running an external program (Ghostscript for EPS): never on
+# untrusted bytes; such data is "not a recognised image format".
+_EXTERNAL = {"EPS"}
+
+
+def _formats() -> list[str]:
+    Image.init()
+    return [f for f in Image.OPEN if f not in _EXTERNAL]
 
 
 def _has_rotation(im: Image.Image) -> bool:

@@ -208,7 +208,7 @@ def test_huge_png_header_is_rejected_without_decoding_pixels(no_pixel_decode):
 def test_max_pixels_from_config_is_checked_before_decoding(no_pixel_decode):
     r = decode(corpus.png_header(10000, 10000), max_pixels=1_000_000)
     assert r.reason == R.TOO_LARGE
-    assert r.detail == "10000x10000 = 100000000 pixels > max_pixels 1000000"
+    assert r.detail.startswith("100000000 pixels > max_pixels 1000000")
     assert no_pixel_decode == []
 
 
