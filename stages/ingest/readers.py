@@ -422,7 +422,9 @@ def _hint(root: Path, kind: str) -> str:
     found = {k: len(_files(root, s)) for k, s in (("webdataset", TAR_SUFFIXES),
                                                    ("parquet", (".parquet",)))}
     found["folder"] = sum((root / n).exists() for n in CAPTION_FILES)
-    other = [f"{n} ({k} files)" for k, n in found.items() if n and k != kind]
+    label = {"webdataset": ".tar shard(s)", "parquet": ".parquet file(s)",
+             "folder": "captions file(s)"}
+    other = [f"{n} {label[k]}" for k, n in found.items() if n and k != kind]
     return f"; it holds {', '.join(other)}: is source.kind right?" if other else ""
 
 
