@@ -66,7 +66,8 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
     # The pixel guard for every format: our check of the declared size below, and Pillow's own
     # check at max_pixels for what a container holds (an ICO / ICNS entry's embedded PNG or BMP
     # may be larger than the directory says), with its warning turned into a reject.
-    Image.MAX_IMAGE_PIXELS = max_pixels
+    # (Pillow's limit is a module global: set for this decode only, then put back.)
+    prev, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -92,7 +93,11 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         # Pillow says "image file is truncated" when the data runs out; "broken data stream"
         # is its generic decoder error for corrupt data (garbage in a JPEG's scan), not a cut.
         reason = R.TRUNCATED if ("truncated" in msg or isinstance(e, EOFError)) else R.UNDECODABLE
-        return Rejected(reason, f"{type(e).__name__}: {msg}")
+        return Rejected(reason, f"{type(e).__name__}: {msg[:200]}")
+    except Exception as e:  # a plugin's own bug on hostile bytes must not stop the run
+        return Rejected(R.UNDECODABLE, f"{type(e).__name__}: {str(e)[:200]}")
+    finally:
+        Image.MAX_IMAGE_PIXELS = prev
 
     rotate = _has_rotation(im)
     if (reencode == "auto" and fmt == "JPEG" and mode == "RGB" and not rotate
@@ -107,7 +112,7 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         rgb = _to_rgb(im)
         buf = io.BytesIO()
         rgb.save(buf, format="JPEG", quality=jpeg_quality)
-    except (OSError, ValueError) as e:
+    except Exception as e:
         return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {type(e).__name__}: {e}")
     return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
 
