@@ -146,10 +146,10 @@ def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], i: int, n: 
 
 def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]:
     """Plan rows of a captions file, and the columns its records have (None: no record)."""
-    out, seen, columns = [], {}, None
+    out, seen, columns, header = [], {}, None, []
     with safe.open_regular(path) as fh:
         rows = textfiles.read_jsonl(fh) if path.suffix == ".jsonl" else \
-            textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",")
+            textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",", header)
         for i, (row, error, _line) in enumerate(rows):
             if row is not None:  # a JSONL record may lack a key (a bad row): checked by plan
                 columns = sorted(set(columns or ()) | set(row))
@@ -159,7 +159,7 @@ def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]
             if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
                 continue
             out.append(_folder_row(cfg, row, error, i, n))
-    return out, columns
+    return out, (sorted(header) if path.suffix != ".jsonl" else columns)
 
 
 def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:

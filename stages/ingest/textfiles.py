@@ -64,13 +64,14 @@ def split(text: bytes, delim: bytes) -> Optional[list[bytes]]:
         pos += 1
 
 
-def read_table(fh: IO[bytes], delim: bytes) -> Iterator[Row]:
-    """Records of a CSV/TSV file as {header: cell bytes}; the header is the first line."""
+def read_table(fh: IO[bytes], delim: bytes, header: list[str]) -> Iterator[Row]:
+    """Records of a CSV/TSV file as {header: cell bytes}; the header is the first line, and
+    its column names are put in ``header``."""
     lines = (x for x in physical_lines(fh) if x[1] is None or x[1].strip())  # blank: no record
     first = next(lines, None)
     if first is None or first[1] is None:
         return
-    header = [h.decode("utf-8", "replace").strip() for h in (split(first[1], delim) or [b""])]
+    header += [h.decode("utf-8", "replace").strip() for h in (split(first[1], delim) or [])]
     buf: collections.deque = collections.deque()
     while True:
         while len(buf) < MAX_RECORD_LINES:
