@@ -244,6 +244,7 @@ def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
             with safe.open_regular(f) as fh:
                 pf = pq.ParquetFile(fh)
                 meta, schema = pf.metadata, pf.schema_arrow
+                disk = os.fstat(fh.fileno()).st_size
         except Exception as e:  # not a Parquet file (or a FIFO named .parquet): one reject row
             reason = R.SPECIAL_FILE if isinstance(e, safe.NotRegular) else R.BAD_FILE
             specs.append({"file": str(f), "bad_file": safe.detail(e), "reason": reason})
@@ -252,7 +253,7 @@ def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
             specs.append(dict(cols, file=str(f), row_group=g, offset=offset, rows=rg.num_rows,
-                              declared=_declared_bytes(rg),
+                              declared=_declared_bytes(rg), disk=disk,
                               img2dataset=i2d))
             offset += rg.num_rows
         n_rows += meta.num_rows
@@ -322,9 +323,11 @@ def _read_parquet(cfg: Any, spec: dict) -> pa.Table:
         return _records(cfg, [_reject(f"{f.name}:<bad_file>", f.name, spec["reason"],
                                       spec["bad_file"])])
     keys = [f"{f.stem}:{spec['offset'] + i}" for i in range(spec["rows"])]
-    if spec["declared"] > spec["rows"] * cfg.max_image_bytes + (1 << 20):  # a bomb: never read
+    over = spec["declared"] > spec["rows"] * cfg.max_image_bytes + (1 << 20)
+    if over or safe.bomb(spec["declared"], spec["disk"]):   # never read
         why = (f"row group {spec['row_group']} declares {spec['declared']} bytes for "
-               f"{spec['rows']} rows (> max_image_bytes per row)")
+               f"{spec['rows']} rows in a {spec['disk']}-byte file "
+               f"({'> max_image_bytes per row' if over else 'a compression bomb'})")
         return _records(cfg, [_reject(k, k, R.FILE_TOO_LARGE, why) for k in keys])
     try:
         rows = [_parquet_record(cfg, spec, f, i, r) for i, r in enumerate(_parquet_rows(cfg, spec))]

@@ -13,6 +13,16 @@ from typing import Optional
 from vlcurate.schemas import reasons as R
 
 MAX_DETAIL = 200      # characters of an error message kept in a row (never file contents)
+# A compression bomb: a tar member (of a gzip shard) or a Parquet row group that declares more
+# than BOMB_RATIO times the bytes its whole file has on disk, and more than BOMB_FLOOR. Image
+# bytes (JPEG, PNG, WebP) do not compress, so real data never comes near; zeros do (gzip
+# ~1000x, zstd far more). Without this a 10 kB file could expand to max_image_bytes of zeros.
+BOMB_RATIO = 100
+BOMB_FLOOR = 4 << 20
+
+
+def bomb(declared: int, on_disk: int) -> bool:
+    return declared > BOMB_FLOOR and declared > BOMB_RATIO * on_disk
 
 
 def clean_text(s: Optional[str]) -> Optional[str]:

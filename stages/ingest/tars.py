@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 
 from vlcurate.schemas import reasons as R
 
-from .safe import NotRegular, clean_text, detail, open_regular
+from .safe import NotRegular, bomb, clean_text, detail, open_regular
 
 BLOCK = tarfile.BLOCKSIZE
 _ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, ValueError, OverflowError)
@@ -65,7 +65,7 @@ class _Bounded:
         return self.f.tell()
 
 
-def _member(tf: tarfile.TarFile, m: tarfile.TarInfo, limit: int) -> Member:
+def _member(tf: tarfile.TarFile, m: tarfile.TarInfo, limit: int, disk: int) -> Member:
     name = clean_text(m.name)
     if m.issym() or m.islnk():
         kind = "symbolic" if m.issym() else "hard"
@@ -76,6 +76,9 @@ def _member(tf: tarfile.TarFile, m: tarfile.TarInfo, limit: int) -> Member:
         return Member(name, None, R.SPECIAL_FILE, "is a FIFO or device member")
     if m.size > limit:
         return Member(name, None, R.FILE_TOO_LARGE, f"{m.size} bytes > max_image_bytes {limit}")
+    if bomb(m.size, disk):
+        return Member(name, None, R.FILE_TOO_LARGE, f"declares {m.size} bytes in a {disk}-byte "
+                                                    "file (a compression bomb)")
     fh = tf.extractfile(m)
     return Member(name, fh.read() if fh else b"")
 
@@ -118,14 +121,14 @@ def read(path: str, limit: int, end: TarEnd) -> Iterator[Member]:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             f = gzip.GzipFile(fileobj=raw) if gz else raw
-            yield from _archives(_Bounded(f, limit), limit, end)
+            yield from _archives(_Bounded(f, limit), limit, end, os.fstat(raw.fileno()).st_size)
     except NotRegular as e:
         end.error, end.detail = R.SPECIAL_FILE, detail(e)
     except _ERRORS as e:
         end.error, end.detail = (R.BAD_RECORD if end.members else R.BAD_FILE), detail(e)
 
 
-def _archives(f: _Bounded, limit: int, end: TarEnd) -> Iterator[Member]:
+def _archives(f: _Bounded, limit: int, end: TarEnd, disk: int) -> Iterator[Member]:
     pos: Optional[int] = 0
     while pos is not None:
         f.seek(pos)
@@ -134,7 +137,7 @@ def _archives(f: _Bounded, limit: int, end: TarEnd) -> Iterator[Member]:
             tf.members.clear()           # tarfile keeps every header otherwise
             if not m.isdir():            # a directory entry is not a record
                 end.members += 1
-                yield _member(tf, m, limit)
+                yield _member(tf, m, limit, disk)
         pos, error = _end_of(f, tf)
         if error:
             end.error = R.BAD_RECORD if (end.members or tf.offset) else R.BAD_FILE

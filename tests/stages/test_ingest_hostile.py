@@ -414,3 +414,24 @@ def test_the_wrong_kind_for_the_files_is_an_error_that_says_so(fmt, wrong, hint,
         readers.plan(cfg.source, tmp_path / "plan.parquet")
     assert hint in str(e.value) and "source.kind" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ("parquet", "webdataset"))
+def test_compression_bombs_under_the_size_limit_are_never_expanded(fmt, tmp_path):
+    """5 MiB of zeros is under max_image_bytes (64 MiB) but declares > 100x its file's bytes."""
+    root = tmp_path / "src"
+    root.mkdir()
+    zeros = bytes(5 << 20)
+    if fmt == "parquet":
+        pq.write_table(pa.table({"key": ["z"], "image": pa.array([zeros], pa.binary()),
+                                 "caption": ["zeros"]}), root / "data.parquet",
+                       compression="zstd", use_dictionary=False)
+        expected = [("data:0", [R.FILE_TOO_LARGE, R.MISSING_CAPTION])]
+    else:
+        tar = hostile.write_tar(tmp_path / "z.tar", hostile.tar_members(
+            [dict(good("z", 0), image=zeros), good("g1", 1)]))
+        (root / "00000.tar.gz").write_bytes(gzip.compress(tar.read_bytes()))
+        expected = [("z", [R.FILE_TOO_LARGE]), ("g1", [])]
+    rows = run_ingest(hostile.config(fmt, root), tmp_path)
+    check(rows, expected)
+    assert "compression bomb" in rows[0][F.REASON_DETAIL.name]
