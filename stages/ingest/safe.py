@@ -5,6 +5,7 @@ Every function here returns a reason instead of raising: the caller turns it int
 """
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from pathlib import Path
@@ -59,10 +60,15 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+@functools.lru_cache(maxsize=64)
+def _real_root(root: bytes) -> bytes:
+    return os.path.realpath(root).rstrip(b"/") + b"/"
+
+
 def inside(path: str | Path, root: str | Path) -> bool:
     """``path`` resolves (``..``, absolute paths and symlinks followed) to ``root`` or below."""
-    real, top = os.path.realpath(os.fsencode(path)), os.path.realpath(os.fsencode(root))
-    return real == top or real.startswith(top.rstrip(b"/") + b"/")
+    top = _real_root(os.fsencode(root))
+    return (os.path.realpath(os.fsencode(path)) + b"/").startswith(top)
 
 
 def read_file(path: str | Path, limit: int) -> tuple[Optional[bytes], Optional[str], str]:
