@@ -435,3 +435,61 @@ def test_compression_bombs_under_the_size_limit_are_never_expanded(fmt, tmp_path
     rows = run_ingest(hostile.config(fmt, root), tmp_path)
     check(rows, expected)
     assert "compression bomb" in rows[0][F.REASON_DETAIL.name]
+
+
+def test_a_socket_is_never_opened_and_a_fifo_captions_file_is_a_source_error(tmp_path):
+    import socket
+    recs = [good("g0", 0), dict(good("sock", 1), image=None)]
+    root = hostile.write("csv", tmp_path / "src", recs)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(root / "images" / "sock.jpg"))
+    try:
+        check(run_ingest(hostile.config("csv", root), tmp_path),
+              [("g0", []), ("sock", [R.SPECIAL_FILE])])
+    finally:
+        s.close()
+    (root / "captions.csv").unlink()
+    os.mkfifo(root / "captions.csv")       # never waited on
+    with pytest.raises(SourceError, match="is a FIFO"):
+        readers.plan(hostile.config("csv", root).source, tmp_path / "plan.parquet")
+
+
+def test_img2dataset_files_and_parquet_layouts(tmp_path):
+    """The other two img2dataset layouts: a FIFO, an oversized and a junk image, an invisible
+    caption and a failed download in each, and a junk parquet beside the parquet layout."""
+    files = tmp_path / "files"
+    (files / "00000").mkdir(parents=True)
+    d = files / "00000"
+    (d / "g0.jpg").write_bytes(corpus.jpeg(32, 24, seed=0))
+    (d / "g0.txt").write_bytes(b"good")
+    os.mkfifo(d / "fifo.jpg")
+    (d / "fifo.txt").write_bytes(b"a fifo")
+    (d / "big.jpg").write_bytes(b"\xff" * (LIMIT + 1))
+    (d / "big.txt").write_bytes(b"too big")
+    (d / "junk.jpg").write_bytes(SECRET * 10)
+    (d / "junk.txt").write_bytes(b"junk")
+    (d / "zw.jpg").write_bytes(corpus.jpeg(32, 24, seed=1))
+    (d / "zw.txt").write_bytes("\u200b".encode())
+    pq.write_table(pa.table({"key": ["gone"], "url": ["http://x"], "caption": ["lost"],
+                             "status": ["failed_to_download"], "error_message": ["404"]}),
+                   files / "00000.parquet")
+    expected = [("g0", []), ("fifo", [R.SPECIAL_FILE]), ("big", [R.FILE_TOO_LARGE]),
+                ("junk", [R.UNDECODABLE]), ("zw", [R.EMPTY_CAPTION]),
+                ("gone", [R.DOWNLOAD_FAILED])]
+    check(run_ingest(corpus.config(files, "img2dataset", source__max_image_bytes=LIMIT),
+                     tmp_path / "f"), expected)
+
+    par = tmp_path / "parquet"
+    par.mkdir()
+    images = [corpus.jpeg(32, 24, seed=0), b"\xff" * (LIMIT + 1), SECRET * 10,
+              corpus.jpeg(32, 24, seed=1), None]
+    pq.write_table(pa.table({"key": ["g0", "big", "junk", "zw", "gone"],
+                             "jpg": pa.array(images, pa.binary()),
+                             "caption": ["good", "too big", "junk", "\u200b", "lost"],
+                             "status": ["success"] * 4 + ["failed_to_download"],
+                             "error_message": [None] * 4 + ["404"]}), par / "00000.parquet")
+    (par / "00001.parquet").write_bytes(SECRET * 30)
+    expected = [e for e in expected if e[0] != "fifo"] + [
+        ("00001.parquet:<bad_file>", [R.BAD_FILE, R.MISSING_CAPTION])]
+    check(run_ingest(corpus.config(par, "img2dataset", source__max_image_bytes=LIMIT),
+                     tmp_path / "p"), expected)
