@@ -93,9 +93,9 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         # Pillow says "image file is truncated" when the data runs out; "broken data stream"
         # is its generic decoder error for corrupt data (garbage in a JPEG's scan), not a cut.
         reason = R.TRUNCATED if ("truncated" in msg or isinstance(e, EOFError)) else R.UNDECODABLE
-        return Rejected(reason, f"{type(e).__name__}: {msg[:200]}")
+        return Rejected(reason, _message(e))
     except Exception as e:  # a plugin's own bug on hostile bytes must not stop the run
-        return Rejected(R.UNDECODABLE, f"{type(e).__name__}: {str(e)[:200]}")
+        return Rejected(R.UNDECODABLE, _message(e))
     finally:
         Image.MAX_IMAGE_PIXELS = prev
 
@@ -113,8 +113,17 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         buf = io.BytesIO()
         rgb.save(buf, format="JPEG", quality=jpeg_quality)
     except Exception as e:
-        return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {type(e).__name__}: {e}")
+        return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {_message(e)}")
     return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
+
+
+_BYTES = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
+
+
+def _message(e: BaseException) -> str:
+    """A decoder's error, short, without the bytes some plugins quote ("not a TIFF file
+    (header b'II*...' not valid)"): a reason detail never shows what a file holds."""
+    return f"{type(e).__name__}: {_BYTES.sub('<bytes>', str(e))[:200]}"
 
 
 # Formats Pillow decodes by running an external program (Ghostscript for EPS): never on

@@ -267,6 +267,7 @@ def test_mutated_images_never_raise():
         out = decode(bytes(b), max_pixels=10_000_000)
         if isinstance(out, images.Rejected):
             assert out.reason in R.INGEST
+            assert not images._BYTES.search(out.detail), out.detail   # no file bytes shown
             seen.add(out.reason)
         else:
             assert isinstance(out, images.Decoded) and out.width >= 8 and out.height >= 8
@@ -323,3 +324,10 @@ def test_ico_container_whose_embedded_image_is_larger_than_declared(no_pixel_dec
 def test_ico_within_the_limit_still_decodes():
     r = images.decode(_ico_lying_about_its_size(24, 24), max_pixels=1000, min_side=1)
     assert isinstance(r, images.Decoded) and (r.width, r.height) == (24, 24)
+
+
+def test_decoder_messages_never_quote_file_bytes():
+    assert images._message(SyntaxError("not a TIFF file (header b'II*\\x00secret' not valid)")) \
+        == "SyntaxError: not a TIFF file (header <bytes> not valid)"
+    r = decode(b"II*\x00" + b"SECRET" * 40)
+    assert isinstance(r, images.Rejected) and "SECRET" not in r.detail
