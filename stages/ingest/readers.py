@@ -155,7 +155,7 @@ def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]
                 columns = sorted(set(columns or ()) | set(row))
             image = _text((row or {}).get(cfg.image_column)) or ""
             n = seen[image] = seen.get(image, -1) + 1
-            # the cap is per image; rows with no image name (bad lines, empty cells) are never capped
+            # the cap is per image; rows with no image name (bad lines, empty cells): never capped
             if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
                 continue
             out.append(_folder_row(cfg, row, error, i, n))
@@ -268,7 +268,8 @@ def _declared_bytes(rg: Any) -> int:
     return max(int(rg.total_byte_size), 0)
 
 
-def _image_cell(v: Any, base: Path, cfg: Any) -> tuple[Optional[bytes], Optional[str], Optional[str], str]:
+def _image_cell(v: Any, base: Path,
+                cfg: Any) -> tuple[Optional[bytes], Optional[str], Optional[str], str]:
     """(bytes, image_ref, read_error, detail) for a bytes, path or {bytes, path} struct cell."""
     if isinstance(v, dict):  # Hugging Face datasets' Image feature
         if v.get("bytes") is not None:
@@ -401,7 +402,8 @@ def _dir_members(cfg: Any, d: Path) -> Iterable[tars.Member]:
     for e in sorted(os.scandir(d), key=lambda e: e.name):
         if e.name.endswith((".parquet", "_stats.json")) or e.is_dir():
             continue
-        data, reason, detail = safe.read_member(d, e.name, Path(cfg.path), limit=cfg.max_image_bytes,
+        data, reason, detail = safe.read_member(d, e.name, Path(cfg.path),
+                                                limit=cfg.max_image_bytes,
                                                 allow_outside=cfg.allow_outside_source)
         yield tars.Member(clean_text(e.name), data, reason, detail)
 

@@ -122,11 +122,12 @@ def _parquet_bomb(d: Path) -> dict:
     return {"kind": "parquet"}
 
 
-def _folder(d: Path, images: dict[str, bytes], lines: list[bytes], links: dict = {}) -> None:
+def _folder(d: Path, images: dict[str, bytes], lines: list[bytes],
+            links: dict | None = None) -> None:
     (d / "images").mkdir()
     for name, data in images.items():
         (d / "images" / name).write_bytes(data)
-    for name, target in links.items():
+    for name, target in (links or {}).items():
         os.symlink(target, d / "images" / name)
     (d / "captions.csv").write_bytes(b"image,caption\n" + b"".join(lines))
 

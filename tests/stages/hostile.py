@@ -36,7 +36,7 @@ def _b(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogatepass")
 
 
-# --- folder: images/ + captions.{csv,tsv,jsonl} ----------------------------------------------------
+# --- folder: images/ + captions.{csv,tsv,jsonl} ------------------------------------------------
 def _image_files(root: Path, recs: list[dict]) -> None:
     images = root / "images"
     images.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def _parquet(root: Path, recs: list[dict], name: str = "data.parquet") -> None:
     pq.write_table(t, root / name)
 
 
-# --- tars: key.jpg + key.txt (or key.json) ---------------------------------------------------------
+# --- tars: key.jpg + key.txt (or key.json) -----------------------------------------------------
 def tar_members(recs: list[dict]) -> list[tuple[Any, bytes, str]]:
     """(name, data, special) in order; a record's caption goes to .txt, a non-bytes caption to
     .json as {"caption": ...}."""

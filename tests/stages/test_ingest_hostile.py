@@ -391,7 +391,8 @@ def _empty(fmt: str, root: Path) -> None:
     elif fmt == "jsonl":
         (root / "captions.jsonl").write_bytes(b"\n\n")
     elif fmt == "parquet":
-        pq.write_table(pa.table({"key": pa.array([], pa.string()), "image": pa.array([], pa.binary()),
+        pq.write_table(pa.table({"key": pa.array([], pa.string()),
+                                 "image": pa.array([], pa.binary()),
                                  "caption": pa.array([], pa.string())}), root / "d.parquet")
     else:
         hostile.write_tar(root / "00000.tar", [])

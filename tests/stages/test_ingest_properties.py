@@ -8,7 +8,6 @@ higher, and ``VLCURATE_HOSTILE_SEED``, for a longer search: a failure names its 
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import random
 import shutil
@@ -18,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from . import corpus, hostile
-from .hostile import FOLDER, FORMATS, TARS, good
+from . import hostile
+from .hostile import FOLDER, FORMATS, good
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ingest import IngestStage, readers
