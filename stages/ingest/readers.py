@@ -146,20 +146,22 @@ def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], i: int, n: 
 
 def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]:
     """Plan rows of a captions file, and the columns its records have (None: no record)."""
-    out, seen, columns, header = [], {}, None, []
+    out, seen, columns, header = [], {}, set(), []
     with safe.open_regular(path) as fh:
         rows = textfiles.read_jsonl(fh) if path.suffix == ".jsonl" else \
             textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",", header)
         for i, (row, error, _line) in enumerate(rows):
             if row is not None:  # a JSONL record may lack a key (a bad row): checked by plan
-                columns = sorted(set(columns or ()) | set(row))
+                columns.update(row)
             image = _text((row or {}).get(cfg.image_column)) or ""
             n = seen[image] = seen.get(image, -1) + 1
             # the cap is per image; rows with no image name (bad lines, empty cells): never capped
             if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
                 continue
             out.append(_folder_row(cfg, row, error, i, n))
-    return out, (sorted(header) if path.suffix != ".jsonl" else columns)
+    if path.suffix != ".jsonl":
+        return out, sorted(header)
+    return out, sorted(columns) if columns else None
 
 
 def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
@@ -245,11 +247,13 @@ def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
                 pf = pq.ParquetFile(fh)
                 meta, schema = pf.metadata, pf.schema_arrow
                 disk = os.fstat(fh.fileno()).st_size
+                cols, offset = _parquet_columns(cfg, f, schema, i2d), 0
+        except SourceError:
+            raise
         except Exception as e:  # not a Parquet file (or a FIFO named .parquet): one reject row
             reason = R.SPECIAL_FILE if isinstance(e, safe.NotRegular) else R.BAD_FILE
             specs.append({"file": str(f), "bad_file": safe.detail(e), "reason": reason})
             continue
-        cols, offset = _parquet_columns(cfg, f, schema, i2d), 0
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
             specs.append(dict(cols, file=str(f), row_group=g, offset=offset, rows=rg.num_rows,

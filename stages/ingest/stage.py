@@ -31,7 +31,7 @@ def _read_detail(ref: str, extra: str | None) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
-    version = "1"
+    version = "2"                    # 2: the source-level contract of issue 11 (new reasons)
     config_sections = ("source", "ingest")
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
