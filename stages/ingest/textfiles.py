@@ -19,6 +19,9 @@ MAX_LINE_BYTES = 1 << 20
 MAX_RECORD_LINES = 64
 _FIELD = {d: re.compile(rb'"((?:[^"]|"")*)"|([^"%s\n][^%s\n]*|)' % (re.escape(d), re.escape(d)),
                         re.S) for d in (b",", b"\t")}
+# lenient: a quoted part then any text up to the delimiter (groups 1, 2); or any text (3)
+_LENIENT = {d: re.compile(rb'"((?:[^"]|"")*)"([^%s\n]*)|([^%s\n]*)' % ((re.escape(d),) * 2))
+            for d in (b",", b"\t")}
 
 # (record or None, error or None, first line number)
 Row = tuple[Optional[dict], Optional[str], int]
@@ -46,16 +49,21 @@ def physical_lines(fh: IO[bytes]) -> Iterator[tuple[int, Optional[bytes]]]:
         yield n, line[:-1] if line.endswith(b"\r") else line
 
 
-def split(text: bytes, delim: bytes) -> Optional[list[bytes]]:
+def split(text: bytes, delim: bytes, lenient: bool = False) -> Optional[list[bytes]]:
     """RFC 4180 fields of ``text`` (quoted fields may hold delimiters, ``""`` and newlines; an
-    unquoted field may hold a quote that is not its first character), or None if malformed."""
+    unquoted field may hold a quote that is not its first character), or None if malformed.
+    ``lenient`` (one physical line only): text after a closing quote joins the field, as
+    Python's csv and Arrow read ``"the best" photo``."""
     if b'"' not in text:
         return text.split(delim) if b"\n" not in text else None
-    pat, fields, pos = _FIELD[delim], [], 0
+    pat, fields, pos = (_LENIENT if lenient else _FIELD)[delim], [], 0
     while True:
         m = pat.match(text, pos)
         q = m.group(1)
-        fields.append(q.replace(b'""', b'"') if q is not None else m.group(2))
+        if q is None:
+            fields.append(m.group(3 if lenient else 2))
+        else:
+            fields.append(q.replace(b'""', b'"') + (m.group(2) if lenient else b""))
         pos = m.end()
         if pos == len(text):
             return fields
@@ -90,12 +98,11 @@ def _record(buf: collections.deque, header: list[str], delim: bytes) -> Row:
     if line is None:
         buf.popleft()
         return None, f"line {n}: longer than {MAX_LINE_BYTES} bytes", n
-    fields, used, text = split(line, delim), 1, line
-    while fields is None and used < len(buf) and buf[used][1] is not None \
-            and text.count(b'"') % 2 == 1:   # an open quote: try the next line as its continuation
-        text += b"\n" + buf[used][1]
-        used += 1
-        fields = split(text, delim) if text.count(b'"') % 2 == 0 else None
+    fields, used = split(line, delim), 1
+    if fields is None and line.count(b'"') % 2 == 1:   # an open quote: a field over lines?
+        fields, used = _span(buf, delim)
+    elif fields is None:                                # balanced: "the best" photo
+        fields = split(line, delim, lenient=True)
     if fields is None or len(fields) != len(header):
         buf.popleft()
         why = ("unbalanced or misplaced quote" if fields is None
@@ -104,6 +111,19 @@ def _record(buf: collections.deque, header: list[str], delim: bytes) -> Row:
     for _ in range(used):
         buf.popleft()
     return dict(zip(header, fields)), None, n
+
+
+def _span(buf: collections.deque, delim: bytes) -> tuple[Optional[list[bytes]], int]:
+    """(fields, lines used) of a record whose quoted field goes on over the next lines, parsed
+    strictly; (None, 1) if the lines never join into one well-formed record."""
+    text, used = buf[0][1], 1
+    while used < len(buf) and buf[used][1] is not None:
+        text += b"\n" + buf[used][1]
+        used += 1
+        if text.count(b'"') % 2 == 0:
+            fields = split(text, delim)
+            return (fields, used) if fields is not None else (None, 1)
+    return None, 1
 
 
 def read_jsonl(fh: IO[bytes]) -> Iterator[Row]:
