@@ -56,13 +56,9 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
-def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
-           reencode: str = "auto", jpeg_quality: int = 95) -> Decoded | Rejected:
-    """Decode ``data`` fully once. Returns :class:`Decoded` or :class:`Rejected` with a reason."""
-    if data is None:
-        return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
-    if len(data) == 0:
-        return Rejected(R.ZERO_BYTE, "image is 0 bytes")
+def _open_guarded(data: bytes, max_pixels: int,
+                  min_side: int) -> tuple[Image.Image, str, str] | Rejected:
+    """(decoded image, source format, source mode), every size checked before any pixel."""
     # The pixel guard for every format: our check of the declared size below, and Pillow's own
     # check at max_pixels for what a container holds (an ICO / ICNS entry's embedded PNG or BMP
     # may be larger than the directory says), with its warning turned into a reject.
@@ -82,6 +78,7 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
                                 f"{w}x{h}: a side is over JPEG's limit of {JPEG_MAX_SIDE} pixels")
             fmt, mode = im.format or "UNKNOWN", im.mode
             im.load()  # the one full decode; raises on truncated or corrupt data
+            return im, fmt, mode
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         m = re.search(r"\((\d+) pixels\)", str(e))
         return Rejected(R.TOO_LARGE, f"{m.group(1) if m else 'more'} pixels > max_pixels "
@@ -99,6 +96,19 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
     finally:
         Image.MAX_IMAGE_PIXELS = prev
 
+
+def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
+           reencode: str = "auto", jpeg_quality: int = 95) -> Decoded | Rejected:
+    """Decode ``data`` fully once. Returns :class:`Decoded` or :class:`Rejected` with a reason."""
+    if data is None:
+        return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
+    if len(data) == 0:
+        return Rejected(R.ZERO_BYTE, "image is 0 bytes")
+    opened = _open_guarded(data, max_pixels, min_side)
+    if isinstance(opened, Rejected):
+        return opened
+    im, fmt, mode = opened
+    w, h = im.size
     rotate = _has_rotation(im)
     if (reencode == "auto" and fmt == "JPEG" and mode == "RGB" and not rotate
             and getattr(im, "n_frames", 1) == 1):
