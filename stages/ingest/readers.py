@@ -35,7 +35,11 @@ _PLAN_SCHEMA = pa.schema([F.KEY, F.IMAGE_REF, F.RAW_CAPTION, F.EXTRA, F.READ_ERR
 
 
 class SourceError(ValueError):
-    """The source cannot be read at all (as opposed to a bad row, which becomes a reject)."""
+    """The source cannot be read at all (as opposed to a bad row, which becomes a reject).
+    Always one line (a file name may hold a newline): the CLI prints it as ``error: ...``."""
+
+    def __str__(self) -> str:
+        return clean_text(super().__str__()).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def source_name(cfg: Any) -> str:
