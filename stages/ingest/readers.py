@@ -437,16 +437,24 @@ def _hint(root: Path, kind: str) -> str:
     return f"; it holds {', '.join(other)}: is source.kind right?" if other else ""
 
 
+def _i2d_shard_dir(p: Path) -> bool:
+    """img2dataset's files layout: a folder of images named like its shards (00000/), or with
+    the shard's sibling files (00000.parquet, 00000_stats.json); not a folder source's images/."""
+    if not p.is_dir() or not any(q.suffix.lstrip(".").lower() in IMAGE_EXTS for q in p.iterdir()):
+        return False
+    return p.name.isdigit() or p.with_suffix(".parquet").exists() \
+        or (p.parent / f"{p.name}_stats.json").exists()
+
+
 def _img2dataset_layout(root: Path) -> str:
     if _files(root, TAR_SUFFIXES):
         return "tar"
-    if any(p.is_dir() and any(q.suffix.lstrip(".").lower() in IMAGE_EXTS for q in p.iterdir())
-           for p in root.iterdir()):
+    if any(_i2d_shard_dir(p) for p in root.iterdir()):
         return "files"
     if _files(root, (".parquet",)):
         return "parquet"
     raise SourceError(f"{root}: no img2dataset output found (no .tar shards, image folders or "
-                      ".parquet files)")
+                      f".parquet files){_hint(root, 'img2dataset')}")
 
 
 def _root(cfg: Any) -> Path:

@@ -408,7 +408,8 @@ def test_an_empty_source_is_an_error_before_any_part_runs(fmt, tmp_path):
 
 @pytest.mark.parametrize("fmt,wrong,hint", [
     ("parquet", "webdataset", "1 .parquet file(s)"), ("webdataset", "parquet", "1 .tar shard(s)"),
-    ("parquet", "csv", "1 .parquet file(s)"), ("csv", "parquet", "1 captions file(s)")])
+    ("parquet", "csv", "1 .parquet file(s)"), ("csv", "parquet", "1 captions file(s)"),
+    ("jsonl", "img2dataset", "1 captions file(s)")])
 def test_the_wrong_kind_for_the_files_is_an_error_that_says_so(fmt, wrong, hint, tmp_path):
     root = hostile.write(fmt, tmp_path / "src", [good("g0", 0)])
     cfg = hostile.config(wrong, root, source__captions_file=None)
