@@ -107,6 +107,13 @@ class SourceConfig:
     extra_columns: tuple[str, ...] = ()  # copied into the `extra` JSON column
     max_captions_per_image: Optional[int] = None
     rows_per_part: int = 1000            # folder/parquet: rows per part; tars: one part per tar
+    # Untrusted input (the readers see only this section, so the read limit lives here): a file,
+    # tar member or Parquet cell over max_image_bytes is rejected (ingest.file_too_large) before
+    # it is read; an image path resolving outside source.path is ingest.outside_source unless
+    # allowed; a Parquet list<string> caption column is a config error unless caption_list: first.
+    max_image_bytes: int = 64 * 1024 * 1024
+    allow_outside_source: bool = False
+    caption_list: Literal["error", "first"] = "error"
 
 
 @dataclass(frozen=True)
@@ -538,7 +545,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     return obj
 
 
-_POSITIVE = {"rows_per_part", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
+_POSITIVE = {"rows_per_part", "max_image_bytes", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
              "image_batch_size", "text_batch_size", "decode_threads"}
 
 

@@ -16,10 +16,15 @@ CAPTION_TOO_LONG = "ingest.caption_too_long"
 DUPLICATE_ID = "ingest.duplicate_id"
 DOWNLOAD_FAILED = "ingest.download_failed"      # img2dataset status != success
 BAD_RECORD = "ingest.bad_record"                # unparsable JSONL line, unreadable tar member, ...
+BAD_FILE = "ingest.bad_file"                    # a source file that is not what its name says
+BAD_CAPTION = "ingest.bad_caption"              # a JSON caption that is not a string
+OUTSIDE_SOURCE = "ingest.outside_source"        # image path resolves outside the source folder
+SPECIAL_FILE = "ingest.special_file"            # FIFO, device, socket; tar link or sparse member
+FILE_TOO_LARGE = "ingest.file_too_large"        # over source.max_image_bytes: never read
 
 INGEST = (MISSING_FILE, MISSING_IMAGE, ZERO_BYTE, UNDECODABLE, TRUNCATED, TOO_LARGE, TOO_SMALL,
           MISSING_CAPTION, EMPTY_CAPTION, NON_UTF8, CAPTION_TOO_LONG, DUPLICATE_ID, DOWNLOAD_FAILED,
-          BAD_RECORD)
+          BAD_RECORD, BAD_FILE, BAD_CAPTION, OUTSIDE_SOURCE, SPECIAL_FILE, FILE_TOO_LARGE)
 
 # Reasons with this prefix can never be exported: the row has no usable image or caption.
 MANDATORY_PREFIX = "ingest."

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -55,19 +56,18 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
-def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
-           reencode: str = "auto", jpeg_quality: int = 95) -> Decoded | Rejected:
-    """Decode ``data`` fully once. Returns :class:`Decoded` or :class:`Rejected` with a reason."""
-    if data is None:
-        return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
-    if len(data) == 0:
-        return Rejected(R.ZERO_BYTE, "image is 0 bytes")
-    if Image.MAX_IMAGE_PIXELS and max_pixels > Image.MAX_IMAGE_PIXELS:
-        Image.MAX_IMAGE_PIXELS = max_pixels  # our own guard below replaces Pillow's lower one
+def _open_guarded(data: bytes, max_pixels: int,
+                  min_side: int) -> tuple[Image.Image, str, str] | Rejected:
+    """(decoded image, source format, source mode), every size checked before any pixel."""
+    # The pixel guard for every format: our check of the declared size below, and Pillow's own
+    # check at max_pixels for what a container holds (an ICO / ICNS entry's embedded PNG or BMP
+    # may be larger than the directory says), with its warning turned into a reject.
+    # (Pillow's limit is a module global: set for this decode only, then put back.)
+    prev, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=_formats())
             w, h = im.size
             if w * h > max_pixels:
                 return Rejected(R.TOO_LARGE, f"{w}x{h} = {w * h} pixels > max_pixels {max_pixels}")
@@ -78,17 +78,37 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
                                 f"{w}x{h}: a side is over JPEG's limit of {JPEG_MAX_SIDE} pixels")
             fmt, mode = im.format or "UNKNOWN", im.mode
             im.load()  # the one full decode; raises on truncated or corrupt data
-    except Image.DecompressionBombError as e:
-        return Rejected(R.TOO_LARGE, str(e))
-    except UnidentifiedImageError:
-        return Rejected(R.UNDECODABLE, f"not a recognised image format (starts {data[:8]!r})")
+            return im, fmt, mode
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        m = re.search(r"\((\d+) pixels\)", str(e))
+        return Rejected(R.TOO_LARGE, f"{m.group(1) if m else 'more'} pixels > max_pixels "
+                                     f"{max_pixels} (declared, checked before decoding)")
+    except UnidentifiedImageError:  # (never the file's bytes in a detail)
+        return Rejected(R.UNDECODABLE, f"not a recognised image format ({len(data)} bytes)")
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         msg = str(e)
         # Pillow says "image file is truncated" when the data runs out; "broken data stream"
         # is its generic decoder error for corrupt data (garbage in a JPEG's scan), not a cut.
         reason = R.TRUNCATED if ("truncated" in msg or isinstance(e, EOFError)) else R.UNDECODABLE
-        return Rejected(reason, f"{type(e).__name__}: {msg}")
+        return Rejected(reason, _message(e))
+    except Exception as e:  # a plugin's own bug on hostile bytes must not stop the run
+        return Rejected(R.UNDECODABLE, _message(e))
+    finally:
+        Image.MAX_IMAGE_PIXELS = prev
 
+
+def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
+           reencode: str = "auto", jpeg_quality: int = 95) -> Decoded | Rejected:
+    """Decode ``data`` fully once. Returns :class:`Decoded` or :class:`Rejected` with a reason."""
+    if data is None:
+        return Rejected(R.MISSING_IMAGE, "no image bytes in the record")
+    if len(data) == 0:
+        return Rejected(R.ZERO_BYTE, "image is 0 bytes")
+    opened = _open_guarded(data, max_pixels, min_side)
+    if isinstance(opened, Rejected):
+        return opened
+    im, fmt, mode = opened
+    w, h = im.size
     rotate = _has_rotation(im)
     if (reencode == "auto" and fmt == "JPEG" and mode == "RGB" and not rotate
             and getattr(im, "n_frames", 1) == 1):
@@ -102,9 +122,28 @@ def decode(data: Optional[bytes], *, max_pixels: int, min_side: int = 1,
         rgb = _to_rgb(im)
         buf = io.BytesIO()
         rgb.save(buf, format="JPEG", quality=jpeg_quality)
-    except (OSError, ValueError) as e:
-        return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {type(e).__name__}: {e}")
+    except Exception as e:
+        return Rejected(R.UNDECODABLE, f"cannot re-encode as JPEG: {_message(e)}")
     return Decoded(buf.getvalue(), rgb.width, rgb.height, fmt, mode, True)
+
+
+_BYTES = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
+
+
+def _message(e: BaseException) -> str:
+    """A decoder's error, short, without the bytes some plugins quote ("not a TIFF file
+    (header b'II*...' not valid)"): a reason detail never shows what a file holds."""
+    return f"{type(e).__name__}: {_BYTES.sub('<bytes>', str(e))[:200]}"
+
+
+# Formats Pillow decodes by running an external program (Ghostscript for EPS): never on
+# untrusted bytes; such data is "not a recognised image format".
+_EXTERNAL = {"EPS"}
+
+
+def _formats() -> list[str]:
+    Image.init()
+    return [f for f in Image.OPEN if f not in _EXTERNAL]
 
 
 def _has_rotation(im: Image.Image) -> bool:

@@ -1,51 +1,108 @@
 """Source readers. ``plan`` splits a source into parts (the unit of work and of commit);
 ``read_part`` turns one part into raw records (:data:`schemas.tables.RAW_RECORDS`).
 
-Readers only read bytes; they never decode images or captions (the ingest stage does, once).
-What a reader already knows is wrong (a missing file, an unparsable line, a failed download)
-goes into ``read_error`` so that the row is rejected, never skipped.
+The contract: every record a source holds becomes exactly one raw record, and one that cannot
+be read carries a ``read_error`` reason (the row is rejected, never skipped); nothing a source
+holds makes ``read_part`` raise. A source file that is not what its name says is one
+``ingest.bad_file`` row. ``plan`` raises :class:`SourceError` (before any part runs) only for
+the source as a whole: no records, the wrong kind for its files, a column the config names
+that is not there. Readers only read bytes (bounded by ``source.max_image_bytes``, never from a
+FIFO, device or socket); they never decode images or captions (the ingest stage does, once).
+A row's ``extra`` JSON says what was wrong (``{"error": ...}``) when the reader knows.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tarfile
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 
+from . import safe, tars, textfiles
+from .safe import clean_text
+
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_FILES = ("captions.csv", "captions.jsonl", "metadata.jsonl", "captions.tsv")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_PLAN_SCHEMA = pa.schema([F.KEY, F.IMAGE_REF, F.RAW_CAPTION, F.EXTRA, F.READ_ERROR,
+                          pa.field("image_path", pa.binary()), pa.field("error", pa.string())])
 
 
 class SourceError(ValueError):
-    """The source cannot be read at all (as opposed to a bad row, which becomes a reject)."""
+    """The source cannot be read at all (as opposed to a bad row, which becomes a reject).
+    Always one line (a file name may hold a newline): the CLI prints it as ``error: ...``."""
+
+    def __str__(self) -> str:
+        return clean_text(super().__str__()).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def source_name(cfg: Any) -> str:
     return cfg.name or Path(cfg.path.rstrip("/")).name or "source"
 
 
-def _files(root: Path, suffix: str) -> list[Path]:
-    return sorted(p for p in root.rglob(f"*{suffix}") if p.is_file())
+def _files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """Every entry under ``root`` named ``*<suffix>`` that is not a directory (FIFOs and other
+    special files included: they become reject rows, never silently missing)."""
+    if not root.is_dir():
+        return [root] if root.name.endswith(suffixes) else []
+    out = []
+    for d, dirs, names in os.walk(root):
+        dirs.sort()
+        out += [Path(d) / n for n in names if n.endswith(suffixes)]
+    return sorted(out)
 
 
 def _records(cfg: Any, rows: list[dict]) -> pa.Table:
     name = source_name(cfg)
     for r in rows:
         r.setdefault(F.SOURCE.name, name)
+        for f in (F.SOURCE, F.KEY, F.IMAGE_REF, F.EXTRA):
+            r[f.name] = clean_text(r.get(f.name))
     return conform(pa.Table.from_pylist(rows, schema=tables.RAW_RECORDS), tables.RAW_RECORDS)
 
 
 def _extra(values: dict) -> Optional[str]:
     return json.dumps(values, ensure_ascii=False, default=str, sort_keys=True) if values else None
+
+
+def _reject(key: str, ref: str, reason: str, error: str) -> dict:
+    return {F.KEY.name: key, F.IMAGE_REF.name: ref, F.READ_ERROR.name: reason,
+            F.EXTRA.name: _extra({"error": error})}
+
+
+def _text(v: Any) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "surrogateescape")
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def caption_bytes(v: Any) -> tuple[Optional[bytes], bool]:
+    """(raw caption, ok). A string keeps its exact bytes (a lone surrogate stays invalid
+    UTF-8, so the stage rejects it as non-UTF-8); a list, object, number or bool is not ok."""
+    if v is None or isinstance(v, bytes):
+        return v, True
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogatepass"), True
+    return None, False
+
+
+def _with_error(extra: Optional[str], error: str) -> str:
+    """``extra`` with {"error": ...} added (what the reader knows is wrong with the row)."""
+    try:
+        d = json.loads(extra) if extra else {}
+    except ValueError:
+        d = {}
+    d = d if isinstance(d, dict) else {}
+    d["error"] = error
+    return _extra(d)
 
 
 # --- a folder of images with a captions CSV/TSV/JSONL -------------------------------------------
@@ -61,230 +118,276 @@ def _captions_path(cfg: Any) -> Path:
         if (root / n).exists():
             return root / n
     raise SourceError(f"no captions file in {root}: expected one of {', '.join(CAPTION_FILES)} "
-                      "or set source.captions_file")
+                      f"or set source.captions_file{_hint(root, 'folder')}")
 
 
-def _read_jsonl(path: Path) -> Iterable[tuple[dict, Optional[str]]]:
-    with open(path, "rb") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line.decode("utf-8", "surrogateescape"))
-            except json.JSONDecodeError as e:
-                yield {"__line__": n}, f"line {n}: {e}"
-                continue
-            if not isinstance(obj, dict):  # valid JSON, not a record: a bad row, not a bad source
-                yield {"__line__": n}, f"line {n}: expected a JSON object, got {type(obj).__name__}"
-                continue
-            yield obj, None
-
-
-def _read_csv(path: Path, cfg: Any) -> Iterable[tuple[dict, Optional[str]]]:
-    delim = "\t" if path.suffix == ".tsv" else ","
-    with open(path, "rb") as fh:
-        header = fh.readline().decode("utf-8", "replace").lstrip("\ufeff").strip("\r\n").split(delim)
-    header = [h.strip().strip('"') for h in header]
-    table = pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delim,
-                                                                  newlines_in_values=True),
-                           convert_options=pacsv.ConvertOptions(
-                               column_types={h: pa.binary() for h in header}))
-    for row in table.to_pylist():
-        yield {k.lstrip("\ufeff"): v for k, v in row.items()}, None
-
-
-def _text(v: Any) -> Optional[str]:
-    if v is None:
-        return None
+def _image_name(v: Any) -> tuple[str, Optional[bytes], Optional[str], str]:
+    """(image name as text, path bytes, read_error, detail) of an image cell."""
+    if v is None or v in (b"", ""):
+        return "", None, R.MISSING_FILE, "no image name in the record"
     if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    return str(v)
+        return v.decode("utf-8", "surrogateescape"), v, None, ""
+    if not isinstance(v, str):
+        return "", None, R.BAD_RECORD, f"image name is a {type(v).__name__}, not a string"
+    try:
+        return v, os.fsencode(v), None, ""
+    except UnicodeError:
+        return v, None, R.MISSING_FILE, "image name is not a valid file name"
 
 
-def _raw_caption(v: Any) -> Optional[bytes]:
-    if v is None:
-        return None
-    if isinstance(v, bytes):
-        return v
-    return str(v).encode("utf-8", "surrogateescape")
+def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], i: int, n: int) -> dict:
+    row = row or {}
+    image, path, err, detail = _image_name(row.get(cfg.image_column)) if error is None \
+        else ("", None, R.BAD_RECORD, error)
+    caption, ok = caption_bytes(row.get(cfg.caption_column))
+    if not ok and err is None:
+        err, detail = R.BAD_CAPTION, f"caption is a {type(row[cfg.caption_column]).__name__}"
+    key = _text(row.get(cfg.key_column)) if cfg.key_column else (f"{image}#{n}" if image else None)
+    return {F.KEY.name: key or f"row{i}", F.IMAGE_REF.name: image, F.RAW_CAPTION.name: caption,
+            F.EXTRA.name: _extra({c: _text(row.get(c)) for c in cfg.extra_columns}),
+            F.READ_ERROR.name: err, "image_path": path, "error": detail or None}
+
+
+def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]:
+    """Plan rows of a captions file, and the columns its records have (None: no record)."""
+    out, seen, columns, header = [], {}, set(), []
+    with safe.open_regular(path) as fh:
+        rows = textfiles.read_jsonl(fh) if path.suffix == ".jsonl" else \
+            textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",", header)
+        for i, (row, error, _line) in enumerate(rows):
+            if row is not None:  # a JSONL record may lack a key (a bad row): checked by plan
+                columns.update(row)
+            image = _text((row or {}).get(cfg.image_column)) or ""
+            n = seen[image] = seen.get(image, -1) + 1
+            # the cap is per image; rows with no image name (bad lines, empty cells): never capped
+            if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
+                continue
+            out.append(_folder_row(cfg, row, error, i, n))
+    if path.suffix != ".jsonl":
+        return out, sorted(header)
+    return out, sorted(columns) if columns else None
 
 
 def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
     path = _captions_path(cfg)
-    rows = _read_jsonl(path) if path.suffix == ".jsonl" else _read_csv(path, cfg)
-    out, seen, columns, n_records = [], {}, set(), 0
-    for i, (row, error) in enumerate(rows):
-        if error is None:  # a JSONL record may lack a key (a bad row): columns are checked below
-            columns.update(row)
-            n_records += 1
-        image = _text(row.get(cfg.image_column)) or ""
-        n = seen[image] = seen.get(image, -1) + 1
-        # the cap is per image; rows with no image name (bad lines, empty cells) are never capped
-        if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
-            continue
-        if cfg.key_column:
-            key = _text(row.get(cfg.key_column))
-        else:
-            key = f"{image}#{n}" if image else f"row{i}"
-        out.append({F.KEY.name: key or f"row{i}", F.IMAGE_REF.name: image,
-                    F.RAW_CAPTION.name: _raw_caption(row.get(cfg.caption_column)),
-                    F.EXTRA.name: _extra({c: _text(row.get(c)) for c in cfg.extra_columns}),
-                    F.READ_ERROR.name: R.BAD_RECORD if error else (None if image else R.MISSING_FILE),
-                    "error_detail": error})
+    try:
+        out, columns = _folder_rows(cfg, path)
+    except OSError as e:
+        raise SourceError(f"cannot read the captions file: {safe.detail(e)}") from None
+    if not out:
+        raise SourceError(f"{path}: no records (an empty captions file)")
     for setting in ("image_column", "caption_column"):  # no record at all has it: a config error
         column = getattr(cfg, setting)
-        if n_records and column not in columns:
+        if columns is not None and column not in columns:
             raise SourceError(f"{path}: no column {column!r} (source.{setting}); "
-                              f"columns: {sorted(columns)}")
-    schema = pa.schema([F.KEY, F.IMAGE_REF, F.RAW_CAPTION, F.EXTRA, F.READ_ERROR,
-                        pa.field("error_detail", pa.string())])
+                              f"columns: {columns}")
+    for r in out:
+        for k in (F.KEY.name, F.IMAGE_REF.name, F.EXTRA.name, "error"):
+            r[k] = clean_text(r[k])
     plan_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(out, schema=schema), plan_path,
+    pq.write_table(pa.Table.from_pylist(out, schema=_PLAN_SCHEMA), plan_path,
                    row_group_size=cfg.rows_per_part)
-    n_parts = pq.ParquetFile(plan_path).num_row_groups if out else 0
+    n_parts = pq.ParquetFile(plan_path).num_row_groups
     return [{"part": i, "plan": str(plan_path), "row_group": i} for i in range(n_parts)]
 
 
 def _read_folder(cfg: Any, spec: dict) -> pa.Table:
     rows = pq.ParquetFile(spec["plan"]).read_row_group(spec["row_group"]).to_pylist()
-    root = Path(cfg.path) / cfg.images_dir
+    base = Path(cfg.path) / cfg.images_dir
     for r in rows:
-        detail = r.pop("error_detail", None)
-        if detail:  # say what was wrong with the line (as a corrupt tar's row does)
-            r[F.EXTRA.name] = _extra({"error": detail})
-        if r[F.READ_ERROR.name] is None:
-            p = root / r[F.IMAGE_REF.name]
-            try:
-                r[F.RAW_IMAGE.name] = p.read_bytes()
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                r[F.READ_ERROR.name] = R.MISSING_FILE
-            except OSError:
-                r[F.READ_ERROR.name] = R.MISSING_FILE
+        path, error = r.pop("image_path"), r.pop("error")
+        if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION):
+            data, reason, detail = safe.read_member(base, path, Path(cfg.path),
+                                                    limit=cfg.max_image_bytes,
+                                                    allow_outside=cfg.allow_outside_source)
+            r[F.RAW_IMAGE.name] = data
+            if reason:  # an unreadable image wins over a bad caption (one read_error per row)
+                r[F.READ_ERROR.name], error = reason, detail
+        if error:  # say what was wrong with the line (as a corrupt tar's row does)
+            r[F.EXTRA.name] = _with_error(r[F.EXTRA.name], error)
     return _records(cfg, rows)
 
 
 # --- Parquet with image bytes or paths (also img2dataset's parquet output) ------------------------
-def _plan_parquet(cfg: Any) -> list[dict]:
+def _caption_ok(cfg: Any, f: Path, t: pa.DataType) -> None:
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+            or pa.types.is_large_binary(t) or pa.types.is_null(t):
+        return
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and cfg.caption_list == "first":
+        return
+    fix = "; set source.caption_list: first to take the first element of each list" \
+        if pa.types.is_list(t) or pa.types.is_large_list(t) else ""
+    raise SourceError(f"{f}: caption column {cfg.caption_column!r} is {t}, not a string{fix}")
+
+
+def _parquet_columns(cfg: Any, f: Path, schema: pa.Schema, i2d: bool) -> dict:
+    names = schema.names
+    image, key = cfg.image_column, cfg.key_column
+    if i2d:  # img2dataset: bytes in a column named after its encode format, ids in "key"
+        if image not in names:
+            image = next((c for c in IMAGE_EXTS if c in names), image)
+        if key is None and "key" in names:
+            key = "key"
+    for col in (image, cfg.caption_column):
+        if col not in names:
+            raise SourceError(f"{f}: no column {col!r}; columns: {names}")
+    _caption_ok(cfg, f, schema.field(cfg.caption_column).type)
+    extra = [c for c in cfg.extra_columns if c in names]
+    status = [c for c in ("status", "error_message") if i2d and c in names]
+    return {"image": image, "key": key if key in names else None,
+            "columns": sorted({image, cfg.caption_column, *extra, *status,
+                               *([key] if key in names else [])})}
+
+
+def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
     root = Path(cfg.path)
-    files = [root] if root.is_file() else _files(root, ".parquet")
-    specs = []
+    files = _files(root, (".parquet",))
+    if not files:
+        raise SourceError(f"no .parquet files in {root}{_hint(root, 'parquet')}")
+    specs, n_rows = [], 0
     for f in files:
-        meta = pq.ParquetFile(f).metadata
-        offset = 0
+        try:
+            with safe.open_regular(f) as fh:
+                pf = pq.ParquetFile(fh)
+                meta, schema = pf.metadata, pf.schema_arrow
+                disk = os.fstat(fh.fileno()).st_size
+                cols, offset = _parquet_columns(cfg, f, schema, i2d), 0
+        except SourceError:
+            raise
+        except Exception as e:  # not a Parquet file (or a FIFO named .parquet): one reject row
+            reason = R.SPECIAL_FILE if isinstance(e, safe.NotRegular) else R.BAD_FILE
+            specs.append({"file": str(f), "bad_file": safe.detail(e), "reason": reason})
+            continue
         for g in range(meta.num_row_groups):
-            specs.append({"file": str(f), "row_group": g, "offset": offset})
-            offset += meta.row_group(g).num_rows
+            rg = meta.row_group(g)
+            specs.append(dict(cols, file=str(f), row_group=g, offset=offset, rows=rg.num_rows,
+                              declared=_declared_bytes(rg), disk=disk,
+                              img2dataset=i2d))
+            offset += rg.num_rows
+        n_rows += meta.num_rows
+    if not n_rows and not any("bad_file" in s for s in specs):
+        raise SourceError(f"{root}: no records (every .parquet file is empty)")
     return [dict(s, part=i) for i, s in enumerate(specs)]
 
 
-def _image_cell(v: Any, base: Path) -> tuple[Optional[bytes], Optional[str], Optional[str]]:
-    """(bytes, image_ref, read_error) for a bytes, path or {bytes, path} struct cell."""
+def _declared_bytes(rg: Any) -> int:
+    """What the row group says its columns take once decompressed. (Row-group level only: a
+    hostile column-chunk entry can make pyarrow abort the process when it is parsed.)"""
+    return max(int(rg.total_byte_size), 0)
+
+
+def _image_cell(v: Any, base: Path,
+                cfg: Any) -> tuple[Optional[bytes], Optional[str], Optional[str], str]:
+    """(bytes, image_ref, read_error, detail) for a bytes, path or {bytes, path} struct cell."""
     if isinstance(v, dict):  # Hugging Face datasets' Image feature
         if v.get("bytes") is not None:
-            return v["bytes"], v.get("path"), None
+            data, _, err, detail = _image_cell(v["bytes"], base, cfg)
+            return data, _text(v.get("path")), err, detail
         v = v.get("path")
     if isinstance(v, (bytes, bytearray)):
-        return bytes(v), None, None
+        if len(v) > cfg.max_image_bytes:
+            return None, None, R.FILE_TOO_LARGE, f"{len(v)} bytes > max_image_bytes"
+        return bytes(v), None, None, ""
     if isinstance(v, str) and v:
-        p = Path(v) if Path(v).is_absolute() else base / v
-        try:
-            return p.read_bytes(), v, None
-        except OSError:
-            return None, v, R.MISSING_FILE
-    return None, None, R.MISSING_IMAGE
+        root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+        data, reason, detail = safe.read_member(base, v, root, limit=cfg.max_image_bytes,
+                                                allow_outside=cfg.allow_outside_source)
+        return data, v, reason, detail
+    return None, None, R.MISSING_IMAGE, ""
 
 
-def _read_parquet(cfg: Any, spec: dict, status_column: Optional[str] = None) -> pa.Table:
+def _parquet_rows(cfg: Any, spec: dict) -> Iterable[dict]:
+    with safe.open_regular(spec["file"]) as fh:
+        pf = pq.ParquetFile(fh)
+        for batch in pf.iter_batches(batch_size=64, row_groups=[spec["row_group"]],
+                                     columns=spec["columns"]):
+            yield from batch.to_pylist()
+
+
+def _parquet_record(cfg: Any, spec: dict, f: Path, i: int, r: dict) -> dict:
+    key = _text(r.get(spec["key"])) if spec["key"] else None
+    data, ref, err, detail = _image_cell(r.get(spec["image"]), f.parent, cfg)
+    cap = r.get(cfg.caption_column)
+    if isinstance(cap, list):   # source.caption_list: first (checked by plan)
+        cap = cap[0] if cap else None
+    caption, ok = caption_bytes(cap)
+    if spec.get("img2dataset") and r.get("status") not in (None, "success"):
+        err = R.DOWNLOAD_FAILED
+    elif not ok and err is None:
+        err = R.BAD_CAPTION
+    extra = {c: r.get(c) for c in cfg.extra_columns if c in r}
+    if err == R.DOWNLOAD_FAILED and r.get("error_message"):
+        extra["error_message"] = r["error_message"]
+    if detail:
+        extra["error"] = detail
+    return {F.KEY.name: key or f"{f.stem}:{spec['offset'] + i}",
+            F.IMAGE_REF.name: ref or f"{f.name}:{spec['offset'] + i}",
+            F.RAW_IMAGE.name: data, F.RAW_CAPTION.name: caption,
+            F.EXTRA.name: _extra(extra), F.READ_ERROR.name: err}
+
+
+def _read_parquet(cfg: Any, spec: dict) -> pa.Table:
     f = Path(spec["file"])
-    t = pq.ParquetFile(f).read_row_group(spec["row_group"])
-    image_column, key_column = cfg.image_column, cfg.key_column
-    if status_column:  # img2dataset: bytes in a column named after its encode format, ids in "key"
-        if image_column not in t.column_names:  # (the same keys as its tar and files layouts)
-            image_column = next((c for c in IMAGE_EXTS if c in t.column_names), image_column)
-        if key_column is None and "key" in t.column_names:
-            key_column = "key"
-    for col in (image_column, cfg.caption_column):
-        if col not in t.column_names:
-            raise SourceError(f"{f}: no column {col!r}; columns: {t.column_names}")
-    rows = []
-    for i, r in enumerate(t.to_pylist()):
-        key = _text(r.get(key_column)) if key_column else None
-        data, ref, err = _image_cell(r.get(image_column), f.parent)
-        if status_column and r.get(status_column) not in (None, "success"):
-            err = R.DOWNLOAD_FAILED
-        extra = {c: r.get(c) for c in cfg.extra_columns}
-        if err == R.DOWNLOAD_FAILED and r.get("error_message"):
-            extra["error_message"] = r["error_message"]
-        rows.append({F.KEY.name: key or f"{f.stem}:{spec['offset'] + i}",
-                     F.IMAGE_REF.name: ref or f"{f.name}:{spec['offset'] + i}",
-                     F.RAW_IMAGE.name: data, F.RAW_CAPTION.name: _raw_caption(r.get(cfg.caption_column)),
-                     F.EXTRA.name: _extra(extra), F.READ_ERROR.name: err})
+    if "bad_file" in spec:
+        return _records(cfg, [_reject(f"{f.name}:<bad_file>", f.name, spec["reason"],
+                                      spec["bad_file"])])
+    keys = [f"{f.stem}:{spec['offset'] + i}" for i in range(spec["rows"])]
+    over = spec["declared"] > spec["rows"] * cfg.max_image_bytes + (1 << 20)
+    if over or safe.bomb(spec["declared"], spec["disk"]):   # never read
+        why = (f"row group {spec['row_group']} declares {spec['declared']} bytes for "
+               f"{spec['rows']} rows in a {spec['disk']}-byte file "
+               f"({'> max_image_bytes per row' if over else 'a compression bomb'})")
+        return _records(cfg, [_reject(k, k, R.FILE_TOO_LARGE, why) for k in keys])
+    try:
+        rows = [_parquet_record(cfg, spec, f, i, r) for i, r in enumerate(_parquet_rows(cfg, spec))]
+        if len(rows) != spec["rows"]:
+            raise ValueError(f"read {len(rows)} rows, the footer says {spec['rows']}")
+    except Exception as e:  # a corrupt page: every record of the row group is a reject
+        rows = [_reject(k, k, R.BAD_RECORD, safe.detail(e)) for k in keys]
     return _records(cfg, rows)
 
 
 # --- WebDataset tars (and img2dataset's webdataset / files output) --------------------------------
-def _split_key(name: str) -> tuple[str, str]:
-    """WebDataset convention: the key is the path up to the first dot of the basename."""
-    d, base = os.path.split(name)
-    stem, _, ext = base.partition(".")
-    return (f"{d}/{stem}" if d else stem), ext.lower()
-
-
-def _group_members(members: Iterable[tuple[str, bytes]]) -> list[tuple[str, dict[str, bytes]]]:
-    groups: dict[str, dict[str, bytes]] = {}
-    for name, data in members:
-        key, ext = _split_key(name)
-        if ext:
-            groups.setdefault(key, {})[ext] = data
-    return list(groups.items())
-
-
-def _record_from_group(key: str, fields: dict[str, bytes], ref_prefix: str) -> dict:
-    ext = next((e for e in IMAGE_EXTS if e in fields), None)
-    meta: dict = {}
-    if "json" in fields:
+def _record_from_group(g: tars.Group, ref_prefix: str) -> dict:
+    ext = next((e for e in IMAGE_EXTS if g.fields.get(e) is not None), None)
+    meta: Any = {}
+    if g.fields.get("json") is not None:
         try:
-            meta = json.loads(fields["json"])
-        except (ValueError, UnicodeDecodeError):
+            meta = json.loads(g.fields["json"].decode("utf-8", "surrogateescape"))
+        except (ValueError, RecursionError):
             meta = {}
-    caption = fields.get("txt")
-    if caption is None and isinstance(meta, dict) and isinstance(meta.get("caption"), str):
-        caption = meta["caption"].encode("utf-8", "surrogateescape")
-    return {F.KEY.name: key, F.IMAGE_REF.name: f"{ref_prefix}{key}.{ext or '?'}",
-            F.RAW_IMAGE.name: fields.get(ext) if ext else None, F.RAW_CAPTION.name: caption,
-            F.EXTRA.name: fields["json"].decode("utf-8", "replace") if "json" in fields else None,
-            F.READ_ERROR.name: None if ext else R.MISSING_IMAGE}
-
-
-def _tar_members(path: Path, errors: list[str]) -> Iterable[tuple[str, bytes]]:
-    try:
-        with tarfile.open(path, "r:*") as tf:
-            for m in tf:
-                if m.isfile():
-                    fh = tf.extractfile(m)
-                    yield m.name, fh.read() if fh else b""
-            # tarfile ends the loop without an error at a header that is cut short, missing or
-            # garbled after the first member; a complete archive has its zero end block there.
-            tf.fileobj.seek(tf.offset)
-            if tf.fileobj.read(tarfile.BLOCKSIZE) != bytes(tarfile.BLOCKSIZE):
-                errors.append(f"ReadError: no end-of-archive block at offset {tf.offset} "
-                              "(truncated or corrupt)")
-    except (tarfile.TarError, EOFError, OSError) as e:
-        errors.append(f"{type(e).__name__}: {e}")
+    caption, ok = g.fields.get("txt"), True
+    if caption is None and isinstance(meta, dict):
+        caption, ok = caption_bytes(meta.get("caption"))
+    err = g.error or (None if ext else R.MISSING_IMAGE) or (None if ok else R.BAD_CAPTION)
+    extra = g.fields["json"].decode("utf-8", "replace") if g.fields.get("json") else None
+    return {F.KEY.name: g.key, F.IMAGE_REF.name: f"{ref_prefix}{g.key}.{ext or '?'}",
+            F.RAW_IMAGE.name: g.fields.get(ext) if ext and not g.error else None,
+            F.RAW_CAPTION.name: caption,
+            F.EXTRA.name: _with_error(extra, g.detail) if g.error else extra,
+            F.READ_ERROR.name: err}
 
 
 def _failed_downloads(parquet: Path) -> list[dict]:
     """img2dataset writes every attempted row, failures included, to a parquet beside the tar."""
     if not parquet.exists():
         return []
-    t = pq.read_table(parquet)
-    if "status" not in t.column_names:
-        return []
+    try:
+        with safe.open_regular(parquet) as fh:
+            pf = pq.ParquetFile(fh)
+            names = pf.schema_arrow.names
+            if "status" not in names:
+                return []
+            want = [c for c in ("key", "url", "caption", "status", "error_message") if c in names]
+            t = pf.read(columns=want)
+    except Exception as e:
+        return [_reject(f"{parquet.name}:<bad_file>", parquet.name, R.BAD_FILE, safe.detail(e))]
     rows = []
     for r in t.to_pylist():
         if r.get("status") != "success":
+            caption, _ = caption_bytes(r.get("caption"))
             rows.append({F.KEY.name: str(r.get("key")), F.IMAGE_REF.name: str(r.get("url")),
-                         F.RAW_CAPTION.name: _raw_caption(r.get("caption")),
+                         F.RAW_CAPTION.name: caption,
                          F.EXTRA.name: _extra({"error_message": r.get("error_message")}),
                          F.READ_ERROR.name: R.DOWNLOAD_FAILED})
     return rows
@@ -292,37 +395,66 @@ def _failed_downloads(parquet: Path) -> list[dict]:
 
 def _read_tar(cfg: Any, spec: dict) -> pa.Table:
     path = Path(spec["file"])
-    errors: list[str] = []
-    rows = [_record_from_group(k, v, f"{path.name}:") for k, v in
-            _group_members(_tar_members(path, errors))]
-    if errors:  # a truncated or corrupt tar: keep what was read, and say what was not
-        rows.append({F.KEY.name: f"{path.name}:<unreadable>", F.IMAGE_REF.name: path.name,
-                     F.EXTRA.name: _extra({"error": errors[0]}), F.READ_ERROR.name: R.BAD_RECORD})
+    end = tars.TarEnd()
+    rows = [_record_from_group(g, f"{path.name}:")
+            for g in tars.groups(tars.read(spec["file"], cfg.max_image_bytes, end))]
+    if end.error:  # a truncated or corrupt tar: keep what was read, and say what was not
+        rows.append(_reject(f"{path.name}:<unreadable>", path.name, end.error, end.detail))
     if spec.get("statuses"):
-        rows.extend(_failed_downloads(path.with_suffix(".parquet")))
+        rows.extend(_failed_downloads(Path(str(path).removesuffix(".gz").removesuffix(".tgz"))
+                                      .with_suffix(".parquet")))
     return _records(cfg, rows)
+
+
+def _dir_members(cfg: Any, d: Path) -> Iterable[tars.Member]:
+    for e in sorted(os.scandir(d), key=lambda e: e.name):
+        if e.name.endswith((".parquet", "_stats.json")) or e.is_dir():
+            continue
+        data, reason, detail = safe.read_member(d, e.name, Path(cfg.path),
+                                                limit=cfg.max_image_bytes,
+                                                allow_outside=cfg.allow_outside_source)
+        yield tars.Member(clean_text(e.name), data, reason, detail)
 
 
 def _read_files_dir(cfg: Any, spec: dict) -> pa.Table:
     d = Path(spec["dir"])
-    members = ((p.name, p.read_bytes()) for p in sorted(d.iterdir()) if p.is_file()
-               and not p.name.endswith((".parquet", "_stats.json")))
-    rows = [_record_from_group(k, v, f"{d.name}/") for k, v in _group_members(members)]
+    rows = [_record_from_group(g, f"{d.name}/") for g in tars.groups(_dir_members(cfg, d))]
     rows.extend(_failed_downloads(d.with_suffix(".parquet")))
     return _records(cfg, rows)
 
 
 # --- dispatch -------------------------------------------------------------------------------------
+def _hint(root: Path, kind: str) -> str:
+    """What the folder does hold, when it is not what source.kind expects."""
+    if not root.is_dir():
+        return ""
+    found = {k: len(_files(root, s)) for k, s in (("webdataset", TAR_SUFFIXES),
+                                                   ("parquet", (".parquet",)))}
+    found["folder"] = sum((root / n).exists() for n in CAPTION_FILES)
+    label = {"webdataset": ".tar shard(s)", "parquet": ".parquet file(s)",
+             "folder": "captions file(s)"}
+    other = [f"{n} {label[k]}" for k, n in found.items() if n and k != kind]
+    return f"; it holds {', '.join(other)}: is source.kind right?" if other else ""
+
+
+def _i2d_shard_dir(p: Path) -> bool:
+    """img2dataset's files layout: a folder of images named like its shards (00000/), or with
+    the shard's sibling files (00000.parquet, 00000_stats.json); not a folder source's images/."""
+    if not p.is_dir() or not any(q.suffix.lstrip(".").lower() in IMAGE_EXTS for q in p.iterdir()):
+        return False
+    return p.name.isdigit() or p.with_suffix(".parquet").exists() \
+        or (p.parent / f"{p.name}_stats.json").exists()
+
+
 def _img2dataset_layout(root: Path) -> str:
-    if _files(root, ".tar"):
+    if _files(root, TAR_SUFFIXES):
         return "tar"
-    if any(p.is_dir() and any(q.suffix.lstrip(".").lower() in IMAGE_EXTS for q in p.iterdir())
-           for p in root.iterdir()):
+    if any(_i2d_shard_dir(p) for p in root.iterdir()):
         return "files"
-    if _files(root, ".parquet"):
+    if _files(root, (".parquet",)):
         return "parquet"
     raise SourceError(f"{root}: no img2dataset output found (no .tar shards, image folders or "
-                      ".parquet files)")
+                      f".parquet files){_hint(root, 'img2dataset')}")
 
 
 def _root(cfg: Any) -> Path:
@@ -330,6 +462,22 @@ def _root(cfg: Any) -> Path:
     if not cfg.path or not root.exists():
         raise SourceError(f"source.path does not exist: {cfg.path!r}")
     return root
+
+
+def _plan_tars(cfg: Any, root: Path) -> list[dict]:
+    shards = _files(root, TAR_SUFFIXES)
+    if not shards:
+        raise SourceError(f"no .tar / .tar.gz / .tgz shards in {root}{_hint(root, 'webdataset')}")
+    if all(_empty_tar(f) for f in shards):
+        raise SourceError(f"{root}: no records (every tar shard is an empty archive)")
+    return [{"part": i, "file": str(f), "statuses": cfg.kind == "img2dataset"}
+            for i, f in enumerate(shards)]
+
+
+def _empty_tar(path: Path) -> bool:
+    """An archive with only its end-of-archive block (a 0-byte file is a bad file instead)."""
+    end = tars.TarEnd()
+    return next(tars.read(str(path), 1 << 20, end), None) is None and end.error is None
 
 
 def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
@@ -341,12 +489,11 @@ def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
         return _plan_parquet(cfg)
     layout = "tar" if cfg.kind == "webdataset" else _img2dataset_layout(root)
     if layout == "tar":
-        return [{"part": i, "file": str(f), "statuses": cfg.kind == "img2dataset"}
-                for i, f in enumerate(_files(root, ".tar"))]
+        return _plan_tars(cfg, root)
     if layout == "files":
         dirs = sorted(p for p in root.iterdir() if p.is_dir())
         return [{"part": i, "dir": str(d)} for i, d in enumerate(dirs)]
-    return [dict(s, img2dataset=True) for s in _plan_parquet(cfg)]
+    return _plan_parquet(cfg, i2d=True)
 
 
 def read_part(cfg: Any, spec: dict) -> pa.Table:
@@ -354,9 +501,17 @@ def read_part(cfg: Any, spec: dict) -> pa.Table:
         return _read_folder(cfg, spec)
     if "dir" in spec:
         return _read_files_dir(cfg, spec)
-    if spec.get("file", "").endswith(".tar"):
+    if spec.get("file", "").endswith(TAR_SUFFIXES):
         return _read_tar(cfg, spec)
-    return _read_parquet(cfg, spec, "status" if spec.get("img2dataset") else None)
+    return _read_parquet(cfg, spec)
+
+
+def _stat(p: Path) -> str:
+    try:
+        st = p.stat()
+    except OSError:  # a dangling link: its own mtime still changes when it is replaced
+        st = p.lstat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def signature(cfg: Any) -> str:
@@ -367,14 +522,13 @@ def signature(cfg: Any) -> str:
     elif root.is_file():
         files = [root]
     else:  # shards and metadata files; a files-layout folder changes its own mtime
-        files = [p for p in sorted(root.rglob("*")) if p.suffix in (".tar", ".parquet")
+        files = [p for p in sorted(root.rglob("*")) if p.name.endswith((*TAR_SUFFIXES, ".parquet"))
                  or (p.is_dir() and p.parent == root)]
     h = hashlib.sha256()
     for p in files:
-        st = p.stat()
-        h.update(f"{p.relative_to(root) if p != root else p.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        name = p.relative_to(root) if p != root else p.name
+        h.update(f"{name}:{_stat(p)}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]
 
 
 __all__ = ["plan", "read_part", "signature", "source_name", "SourceError"]
-

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import Resources, Stage
 
 from . import captions, images, readers
@@ -18,9 +20,18 @@ def sample_id(source: str, key: str) -> str:
                            digest_size=8).hexdigest()
 
 
+def _read_detail(ref: str, extra: str | None) -> str:
+    """``ref``, and what the reader said was wrong (``{"error": ...}`` in extra), if anything."""
+    try:
+        error = json.loads(extra).get("error") if extra else None
+    except (ValueError, AttributeError):
+        error = None
+    return f"{ref}: {error}" if isinstance(error, str) and error else f"{ref}"
+
+
 class IngestStage(Stage):
     name = "ingest"
-    version = "1"
+    version = "2"                    # 2: the source-level contract of issue 11 (new reasons)
     config_sections = ("source", "ingest")
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
@@ -43,16 +54,22 @@ class IngestStage(Stage):
             source, key = cols[F.SOURCE.name][i], cols[F.KEY.name][i]
             reasons: list[str] = []
             details: list[str] = []
-            if cols[F.READ_ERROR.name][i]:
-                reasons.append(cols[F.READ_ERROR.name][i])
-                details.append(f"{cols[F.IMAGE_REF.name][i]}")
+            # a bad caption (a JSON list, ...) is the reader's to know, but the image is still read
+            read_error = cols[F.READ_ERROR.name][i]
+            bad_caption = read_error == R.BAD_CAPTION
+            if read_error and not bad_caption:
+                reasons.append(read_error)
+                details.append(_read_detail(cols[F.IMAGE_REF.name][i], cols[F.EXTRA.name][i]))
             caption, reason, detail = captions.decode(cols[F.RAW_CAPTION.name][i],
                                                       max_chars=cfg.max_caption_chars)
+            if bad_caption:
+                caption, reason = None, R.BAD_CAPTION
+                detail = _read_detail("caption", cols[F.EXTRA.name][i])
             if reason:
                 reasons.append(reason)
                 details.append(detail)
             img = None
-            if not cols[F.READ_ERROR.name][i]:
+            if not read_error or bad_caption:
                 img = images.decode(cols[F.RAW_IMAGE.name][i], max_pixels=cfg.max_pixels,
                                     min_side=cfg.min_side, reencode=cfg.reencode,
                                     jpeg_quality=cfg.jpeg_quality)

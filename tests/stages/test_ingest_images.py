@@ -208,7 +208,7 @@ def test_huge_png_header_is_rejected_without_decoding_pixels(no_pixel_decode):
 def test_max_pixels_from_config_is_checked_before_decoding(no_pixel_decode):
     r = decode(corpus.png_header(10000, 10000), max_pixels=1_000_000)
     assert r.reason == R.TOO_LARGE
-    assert r.detail == "10000x10000 = 100000000 pixels > max_pixels 1000000"
+    assert r.detail.startswith("100000000 pixels > max_pixels 1000000")
     assert no_pixel_decode == []
 
 
@@ -267,8 +267,67 @@ def test_mutated_images_never_raise():
         out = decode(bytes(b), max_pixels=10_000_000)
         if isinstance(out, images.Rejected):
             assert out.reason in R.INGEST
+            assert not images._BYTES.search(out.detail), out.detail   # no file bytes shown
             seen.add(out.reason)
         else:
             assert isinstance(out, images.Decoded) and out.width >= 8 and out.height >= 8
             assert corpus.decode_rgb(out.data).size == (out.width, out.height)
     assert R.UNDECODABLE in seen
+
+
+# --- the pixel guard, for every format Pillow opens (issue 11) ---------------------------------
+def _saved(fmt: str, size: tuple[int, int]) -> bytes | None:
+    for mode in ("RGB", "L", "1"):
+        try:
+            return corpus.encode(Image.new(mode, size, 128 if mode != "RGB" else (9, 99, 199)), fmt)
+        except Exception:
+            continue
+    return None
+
+
+def test_every_format_pillow_writes_is_checked_before_any_pixel_is_decoded(no_pixel_decode):
+    Image.init()
+    checked = []
+    for fmt in sorted(set(Image.SAVE) & set(Image.OPEN)):
+        data = _saved(fmt, (40, 40))
+        if data is None:
+            continue
+        r = images.decode(data, max_pixels=100, min_side=1)
+        assert isinstance(r, images.Rejected), fmt
+        if fmt == "EPS":   # never handed to Ghostscript
+            assert r.reason == R.UNDECODABLE, (fmt, r)
+            continue
+        assert r.reason == R.TOO_LARGE, (fmt, r)
+        checked.append(fmt)
+    assert no_pixel_decode == []
+    assert {"BMP", "GIF", "ICO", "JPEG", "PNG", "TIFF", "WEBP", "PPM", "TGA", "DDS"} <= set(checked)
+
+
+def _ico_lying_about_its_size(real: int, said: int) -> bytes:
+    """An ICO whose directory entry says ``said`` x ``said`` but whose embedded PNG is
+    ``real`` x ``real`` (Pillow's ICO size comes from the directory)."""
+    data = bytearray(corpus.encode(corpus.noise_image(real, real), "ICO", sizes=[(real, real)]))
+    data[6], data[7] = said, said          # the first entry's width and height bytes
+    return bytes(data)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("real", [40, 64])  # between max_pixels and 2x (a warning), and over 2x
+def test_ico_container_whose_embedded_image_is_larger_than_declared(no_pixel_decode, real):
+    data = _ico_lying_about_its_size(real, 16)   # (Pillow's ICO decodes its entry in open())
+    r = images.decode(data, max_pixels=1000, min_side=1)
+    assert isinstance(r, images.Rejected) and r.reason == R.TOO_LARGE, r
+    assert r.detail.startswith(f"{real * real} pixels > max_pixels 1000")
+    assert no_pixel_decode == []
+
+
+def test_ico_within_the_limit_still_decodes():
+    r = images.decode(_ico_lying_about_its_size(24, 24), max_pixels=1000, min_side=1)
+    assert isinstance(r, images.Decoded) and (r.width, r.height) == (24, 24)
+
+
+def test_decoder_messages_never_quote_file_bytes():
+    assert images._message(SyntaxError("not a TIFF file (header b'II*\\x00secret' not valid)")) \
+        == "SyntaxError: not a TIFF file (header <bytes> not valid)"
+    r = decode(b"II*\x00" + b"SECRET" * 40)
+    assert isinstance(r, images.Rejected) and "SECRET" not in r.detail

@@ -98,9 +98,10 @@ def test_rows_per_part_splits_the_plan_into_parts(tmp_path):
     assert len(specs) == 1 and parts[0].num_rows == 5
 
 
-def test_header_only_csv_has_no_parts(tmp_path):
+def test_header_only_csv_is_an_error_not_a_0_row_success(tmp_path):
     src = corpus.folder(tmp_path / "s", [], images={})
-    assert readers.plan(corpus.config(src).source, tmp_path / "plan.parquet") == []
+    with pytest.raises(SourceError, match="no records"):
+        readers.plan(corpus.config(src).source, tmp_path / "plan.parquet")
 
 
 def test_csv_cells_are_kept_as_raw_bytes(tmp_path):
@@ -241,9 +242,8 @@ def test_missing_column_names_the_column(tmp_path, setting, column):
 def test_parquet_missing_column_names_the_column(tmp_path):
     pq.write_table(pa.table({"image": [b"x"], "text": ["t"]}), tmp_path / "d.parquet")
     cfg = corpus.config(tmp_path / "d.parquet", "parquet")
-    spec, = readers.plan(cfg.source, tmp_path / "plan.parquet")
-    with pytest.raises(SourceError, match="no column 'caption'"):
-        readers.read_part(cfg.source, spec)
+    with pytest.raises(SourceError, match="no column 'caption'"):  # before any part runs
+        readers.plan(cfg.source, tmp_path / "plan.parquet")
 
 
 def test_empty_img2dataset_folder(tmp_path):
@@ -295,7 +295,10 @@ def test_parquet_with_relative_and_absolute_image_paths(tmp_path):
     paths = ["imgs/a.jpg", str(tmp_path / "b.png"), "imgs/gone.jpg", None]
     pq.write_table(pa.table({"image": paths, "caption": ["a", "b", "gone", "null"]}),
                    root / "meta.parquet")
-    rows = rows_of(corpus.config(root, "parquet"), tmp_path)
+    rows = rows_of(corpus.config(root, "parquet"), tmp_path)   # b.png is outside the source
+    assert col(rows, F.READ_ERROR) == [None, R.OUTSIDE_SOURCE, R.MISSING_FILE, R.MISSING_IMAGE]
+    assert col(rows, F.RAW_IMAGE) == [a, None, None, None]
+    rows = rows_of(corpus.config(root, "parquet", source__allow_outside_source=True), tmp_path)
     assert col(rows, F.RAW_IMAGE) == [a, b, None, None]
     assert col(rows, F.IMAGE_REF) == ["imgs/a.jpg", str(tmp_path / "b.png"), "imgs/gone.jpg",
                                       "meta.parquet:3"]
@@ -406,7 +409,9 @@ def test_truncated_or_corrupt_tar_keeps_what_was_read_plus_one_bad_record(tmp_pa
     assert col(rows, F.KEY) == kept + ["x.tar:<unreadable>"]
     assert col(rows, F.READ_ERROR) == [None] * len(kept) + [R.BAD_RECORD]
     assert rows[0][F.RAW_CAPTION.name] == b"caption 1" and rows[0][F.RAW_IMAGE.name]
-    assert "ReadError" in json.loads(rows[-1][F.EXTRA.name])["error"]
+    assert json.loads(rows[-1][F.EXTRA.name])["error"].startswith(
+        {"mid_data": "ReadError: unexpected end of data", "garbled_header": "invalid header at"}
+        .get(where, "no end-of-archive block at offset"))
     out = IngestStage(cfg)(parts[0])                        # and the stage takes it as it is
     assert out.num_rows == len(rows)
     assert out.column(F.REASONS.name).to_pylist()[0] == []
@@ -414,12 +419,12 @@ def test_truncated_or_corrupt_tar_keeps_what_was_read_plus_one_bad_record(tmp_pa
 
 
 @pytest.mark.parametrize("data", [b"", b"this is not a tar file at all" * 40])
-def test_unreadable_tar_is_one_bad_record(tmp_path, data):
+def test_a_file_that_is_not_a_tar_is_one_bad_file_row(tmp_path, data):
     (tmp_path / "wds").mkdir()
     (tmp_path / "wds" / "bad.tar").write_bytes(data)
     rows = rows_of(corpus.config(tmp_path / "wds", "webdataset"), tmp_path)
     assert col(rows, F.KEY) == ["bad.tar:<unreadable>"]
-    assert col(rows, F.READ_ERROR) == [R.BAD_RECORD]
+    assert col(rows, F.READ_ERROR) == [R.BAD_FILE]
 
 
 # --- img2dataset ----------------------------------------------------------------------------------

@@ -68,15 +68,15 @@ def test_bad_corpus_image_rejects_have_no_image(bad):
 def test_bad_corpus_details(bad):
     _, out = bad
     rows = {r[F.KEY.name]: r for r in out.to_pylist()}
-    assert rows["huge"][F.REASON_DETAIL.name].startswith("Image size (900000000 pixels)")
+    assert rows["huge"][F.REASON_DETAIL.name].startswith("900000000 pixels > max_pixels")
     assert rows["tiny"][F.REASON_DETAIL.name] == "4x4: a side is below min_side 8"
     assert rows["truncated"][F.REASON_DETAIL.name].startswith("OSError: image file is truncated")
-    assert rows["missing"][F.REASON_DETAIL.name] == "missing.jpg"
-    assert rows["latin1_caption"][F.REASON_DETAIL.name] == "byte 3: b'\\xe9' is not UTF-8"
+    assert rows["missing"][F.REASON_DETAIL.name] == "missing.jpg: no such file"
+    assert rows["latin1_caption"][F.REASON_DETAIL.name] == "byte 3 (0xe9) is not UTF-8"
     assert rows["long_caption"][F.REASON_DETAIL.name] == "10000 characters > max_caption_chars 2048"
     # two reasons: two details, in the same order
     assert rows["missing_empty"][F.REASON_DETAIL.name] == (
-        "missing.jpg; caption is empty after whitespace normalisation")
+        "missing.jpg: no such file; caption is empty after whitespace normalisation")
 
 
 def test_bad_corpus_captions(bad):
