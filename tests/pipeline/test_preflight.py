@@ -72,7 +72,8 @@ def test_source_problems(tmp_path):
     empty.mkdir()
     (empty / "captions.csv").write_text("image,caption\n")
     c = c.replace(**{"source.path": str(empty)})
-    assert found(c, "ingest") == [f"source: folder source '{empty}' holds no records (no parts)"]
+    assert found(c, "ingest") == [f"source: {empty / 'captions.csv'}: no records (an empty "
+                                  "captions file)"]
 
 
 def test_cli_reports_everything_at_once_and_runs_nothing(demo_data, tmp_path, capsys):
