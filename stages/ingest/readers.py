@@ -176,9 +176,9 @@ def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
         raise SourceError(f"cannot read the captions file: {safe.detail(e)}") from None
     if not out:
         raise SourceError(f"{path}: no records (an empty captions file)")
-    for setting in ("image_column", "caption_column"):  # no record at all has it: a config error
+    for setting in ("image_column", "caption_column", "key_column"):  # no record has it: an error
         column = getattr(cfg, setting)
-        if columns is not None and column not in columns:
+        if column and columns is not None and column not in columns:
             raise SourceError(f"{path}: no column {column!r} (source.{setting}); "
                               f"columns: {columns}")
     for r in out:
@@ -228,9 +228,10 @@ def _parquet_columns(cfg: Any, f: Path, schema: pa.Schema, i2d: bool) -> dict:
             image = next((c for c in IMAGE_EXTS if c in names), image)
         if key is None and "key" in names:
             key = "key"
-    for col in (image, cfg.caption_column):
-        if col not in names:
-            raise SourceError(f"{f}: no column {col!r}; columns: {names}")
+    for col, setting in ((image, "image_column"), (cfg.caption_column, "caption_column"),
+                         (cfg.key_column, "key_column")):
+        if col and col not in names:   # a configured key column must exist: never row-index keys
+            raise SourceError(f"{f}: no column {col!r} (source.{setting}); columns: {names}")
     _caption_ok(cfg, f, schema.field(cfg.caption_column).type)
     extra = [c for c in cfg.extra_columns if c in names]
     status = [c for c in ("status", "error_message") if i2d and c in names]

@@ -76,6 +76,15 @@ def test_source_problems(tmp_path):
                                   "captions file)"]
 
 
+def test_a_configured_key_column_must_exist(demo_data, tmp_path):
+    """A key column the source lacks would silently give row-index keys (sample_ids that depend on
+    row order): it is an error before anything runs."""
+    c = cfg(demo_data, tmp_path, **{"source.key_column": "uid"})
+    bad = found(c, "ingest")
+    assert len(bad) == 1 and bad[0].startswith(
+        f"source: {demo_data / 'captions.csv'}: no column 'uid' (source.key_column); columns:")
+
+
 def test_cli_reports_everything_at_once_and_runs_nothing(demo_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = ["--set", f"source.path={demo_data}", "--set", "source.key_column=id",

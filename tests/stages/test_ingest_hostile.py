@@ -348,7 +348,7 @@ def test_parquet_list_caption_column_is_a_config_error_or_its_first_element(tmp_
     rows = run_ingest(hostile.config("parquet", root, source__caption_list="first"), tmp_path)
     check(rows, [("a", []), ("b", [R.MISSING_CAPTION]), ("c", [R.MISSING_CAPTION])])
     assert rows[0][F.CAPTION.name] == "first"
-    pq.write_table(pa.table({"image": [b"x"], "caption": [3]}), root / "d.parquet")
+    pq.write_table(pa.table({"key": ["a"], "image": [b"x"], "caption": [3]}), root / "d.parquet")
     with pytest.raises(SourceError, match="int64, not a string"):
         run_ingest(hostile.config("parquet", root), tmp_path)
 

@@ -85,11 +85,12 @@ def test_the_cli_reports_an_empty_or_wrong_source_as_one_line(tmp_path, what, me
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"source": {"kind": kind, "path": str(src)},
                                       "run": {"run_dir": str(tmp_path / "run"),
-                                              "progress": False}}))
+                                              "progress": False, "stages": ["ids"]}}))
     out = subprocess.run([sys.executable, "-m", "vlcurate.pipeline.cli", "run", str(config),
                           "--executor", "local"], capture_output=True, text=True, timeout=100,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert out.returncode == 2, out.stderr[-2000:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
+    lines = out.stderr.strip().splitlines()   # the preflight's report: the source's one line
+    assert lines[0] == "preflight found problems; nothing has run yet:", out.stderr
+    assert len(lines) == 2 and lines[1].startswith("  - source: ") and message in lines[1]
     assert not (tmp_path / "run" / "ingest" / "_manifest.json").exists()
