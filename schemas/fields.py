@@ -25,6 +25,9 @@ KEY = pa.field("key", pa.string(), nullable=False,
 
 # --- ingest: image ----------------------------------------------------------------------------
 IMAGE = pa.field("image", pa.binary(), metadata={"doc": "RGB image bytes (JPEG unless passthrough)"})
+IMAGE_HASH = pa.field("image_hash", pa.string(), metadata={
+    "doc": "blake2b-128 of the stored image bytes, hex: rows with equal hashes show the same image "
+           "(COCO and Flickr give five captions per image), and per-image work is done once"})
 IMAGE_REF = pa.field("image_ref", pa.string(),
                      metadata={"doc": "where the image came from (path or tar member)"})
 WIDTH = pa.field("width", pa.int32())

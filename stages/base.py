@@ -36,7 +36,7 @@ Optional hooks (class attributes):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
@@ -99,3 +99,16 @@ def reasons_array(per_row: list[list[str]]) -> pa.Array:
 
 def passthrough_ids(batch: pa.Table) -> pa.Array:
     return batch.column(F.SAMPLE_ID.name)
+
+
+def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], list]) -> list:
+    """``compute`` on each distinct image once, fanned back out to every row that shows it: the
+    rows of an image with several captions (COCO and Flickr give five) share one OCR pass, one
+    embedding, one set of recaptions. Rows are grouped by their bytes (equal bytes, equal
+    ``image_hash``), in order of first appearance, so the result depends only on the batch."""
+    index: dict[bytes, int] = {}
+    first = [index.setdefault(b, len(index)) for b in images]
+    results = compute(list(index))
+    if len(results) != len(index):
+        raise RuntimeError(f"{len(results)} results for {len(index)} distinct images")
+    return [results[i] for i in first]

@@ -20,6 +20,11 @@ def sample_id(source: str, key: str) -> str:
                            digest_size=8).hexdigest()
 
 
+def image_hash(data: bytes) -> str:
+    """The content hash of the stored image bytes (what per-image work is keyed by)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def _read_detail(ref: str, extra: str | None) -> str:
     """``ref``, and what the reader said was wrong (``{"error": ...}`` in extra), if anything."""
     try:
@@ -31,7 +36,8 @@ def _read_detail(ref: str, extra: str | None) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
-    version = "2"                    # 2: the source-level contract of issue 11 (new reasons)
+    version = "3"                    # 2: the source-level contract of issue 11 (new reasons)
+    #                                  3: image_hash
     config_sections = ("source", "ingest")
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
@@ -82,6 +88,7 @@ class IngestStage(Stage):
                    F.CAPTION.name: caption, F.EXTRA.name: cols[F.EXTRA.name][i],
                    F.REASONS.name: reasons, F.REASON_DETAIL.name: "; ".join(details) or None,
                    F.IMAGE.name: img.data if img else None,
+                   F.IMAGE_HASH.name: image_hash(img.data) if img else None,
                    F.WIDTH.name: img.width if img else None,
                    F.HEIGHT.name: img.height if img else None,
                    F.IMAGE_FORMAT.name: img.format if img else None,

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import recaption as R
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.stages.base import Resources, Stage, once_per_image
 
 from .captioner import Captioner
 
@@ -43,8 +43,8 @@ class RecaptionStage(Stage):
         self.captioner = Captioner(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        beams = self.captioner.caption_bytes(batch.column(F.IMAGE.name).to_pylist(),
-                                             self.cfg.batch_size)
+        beams = once_per_image(batch.column(F.IMAGE.name).to_pylist(),
+                               lambda ims: self.captioner.caption_bytes(ims, self.cfg.batch_size))
         n = batch.num_rows
         return conform(pa.table({
             F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),

@@ -286,3 +286,13 @@ def test_sample_ids_from_a_folder_do_not_depend_on_parts(tmp_path):
     assert base == ids(source__rows_per_part=2) == ids()
     assert base[0] == sample_id("photos", "0.jpg#0")
     assert ids(source__name="renamed")[0] == sample_id("renamed", "0.jpg#0") != base[0]
+
+
+def test_image_hash_is_equal_for_equal_bytes_only():
+    from vlcurate.stages.base import once_per_image
+    from vlcurate.stages.ingest.stage import image_hash
+    assert image_hash(b"abc") == image_hash(b"abc") != image_hash(b"abd")
+    assert len(image_hash(b"abc")) == 32
+    calls: list[list[bytes]] = []
+    out = once_per_image([b"x", b"y", b"x"], lambda ims: calls.append(ims) or [i.upper() for i in ims])
+    assert out == [b"X", b"Y", b"X"] and calls == [[b"x", b"y"]]

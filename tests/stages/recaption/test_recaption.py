@@ -154,3 +154,18 @@ def test_missing_weights_error_names_what_to_provide(tmp_path):
         models.load_blip2(C.ModelSpec(id="x", path=str(tmp_path / "nope")))
     with pytest.raises(models.ModelNotFound, match="not a BLIP-2 folder"):
         models.load_blip2(C.ModelSpec(id="x", path=str(tmp_path)))
+
+
+def test_each_distinct_image_is_captioned_once(blip2_dir):
+    """Rows that show the same image (five captions per COCO image) share one BLIP-2 pass."""
+    stage = RecaptionStage(cfg(blip2_dir, batch_size=8))
+    seen: list[int] = []
+    generate = stage.captioner.generate
+    stage.captioner.generate = lambda ims: (seen.append(len(ims)), generate(ims))[1]
+    a, b = jpeg((10, 120, 200)), jpeg((200, 30, 40))
+    t = pa.table({F.SAMPLE_ID.name: [f"id{i}" for i in range(5)], F.IMAGE.name: [a, b, a, a, b]})
+    out = stage(t).column(R.RECAPTIONS.name).to_pylist()
+    assert seen == [2]
+    assert out[0] == out[2] == out[3] and out[1] == out[4]
+    alone = RecaptionStage(cfg(blip2_dir, batch_size=8))(t.slice(0, 2))
+    assert alone.column(R.RECAPTIONS.name).to_pylist() == out[:2]
