@@ -126,7 +126,7 @@ class ShardSet:
 def buffered(rows: np.ndarray, rng: random.Random, buffer: int) -> Iterator[int]:
     """A seeded shuffle buffer over row numbers (the WebDataset-style streaming shuffle)."""
     buf: list[int] = []
-    for row in rows.tolist():
+    for row in (r for i in range(0, len(rows), 1 << 16) for r in rows[i:i + (1 << 16)].tolist()):
         buf.append(row)
         if len(buf) < buffer:
             continue
