@@ -65,6 +65,9 @@ def build(shard_dir: Path, dest: Path) -> None:
     with pa.OSFile(str(tmp), "wb") as fh, pa.ipc.new_file(fh, out.schema) as w:
         w.write_table(out, max_chunksize=max(1, len(out)))
     os.replace(tmp, dest)
+    for stale in dest.parent.glob(".index-*.arrow"):     # an older export's (another manifest)
+        if stale != dest:
+            stale.unlink(missing_ok=True)
 
 
 class ShardIndex:
