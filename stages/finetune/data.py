@@ -53,6 +53,7 @@ class ShardSet:
         self.index = index or ShardIndex(self.dir)
         self.rows = np.arange(len(self.index)) if rows is None else rows
         self._member: Optional[np.ndarray] = None
+        self._runs: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -68,18 +69,28 @@ class ShardSet:
                 ShardSet(self.dir, self.rows[held], self.index))
 
     # --- streaming --------------------------------------------------------------------------
-    def epoch_order(self, epoch: int, seed: int) -> np.ndarray:
-        """Every row of this set for ``epoch`` before the shuffle buffer: the shards in a seeded
-        order, each shard's samples in file order (contiguous reads)."""
-        codes = self.index.code[self.rows]
-        present = np.unique(codes)
-        starts = np.searchsorted(codes, present)
-        ends = np.searchsorted(codes, present, side="right")
-        order = list(range(len(present)))
+    def _shard_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each shard's samples start and end in ``rows`` (rows are in file order)."""
+        if self._runs is None:
+            codes = self.index.code[self.rows]
+            present = np.unique(codes)
+            self._runs = (np.searchsorted(codes, present), np.searchsorted(codes, present, "right"))
+        return self._runs
+
+    def epoch_order(self, epoch: int, seed: int, start: int = 0,
+                    stop: Optional[int] = None) -> np.ndarray:
+        """Positions ``start:stop`` of this epoch's order before the shuffle buffer: the shards
+        in a seeded order, each shard's samples in file order (contiguous reads). Only the shards
+        that overlap the slice are gathered."""
+        starts, ends = self._shard_runs()
+        order = list(range(len(starts)))
         random.Random(f"{seed}/{epoch}").shuffle(order)
-        if not order:
-            return self.rows[:0]
-        return np.concatenate([self.rows[starts[i]:ends[i]] for i in order])
+        first = np.concatenate([[0], np.cumsum((ends - starts)[order])]).astype(np.int64)
+        stop = len(self) if stop is None else stop
+        parts = [self.rows[starts[i] + max(start, first[k]) - first[k]:
+                           starts[i] + min(stop, first[k + 1]) - first[k]]
+                 for k, i in enumerate(order) if max(start, first[k]) < min(stop, first[k + 1])]
+        return np.concatenate(parts) if parts else self.rows[:0]
 
     def rank_rows(self, epoch: int, seed: int, rank: int, world: int) -> np.ndarray:
         """This rank's rows: slice ``rank`` of ``world`` equal contiguous slices of the epoch
@@ -87,7 +98,7 @@ class ShardSet:
         split at a sample, each rank reading only its own byte ranges. The ``len % world`` samples
         past the last slice sit out this epoch (others the next: the shard order changes)."""
         per_rank = len(self) // world
-        return self.epoch_order(epoch, seed)[rank * per_rank:(rank + 1) * per_rank]
+        return self.epoch_order(epoch, seed, rank * per_rank, (rank + 1) * per_rank)
 
     def stream(self, *, epoch: int, seed: int, rank: int, world: int, buffer: int = 256,
                skip: int = 0) -> Iterator[Sample]:

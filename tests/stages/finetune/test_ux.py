@@ -70,6 +70,16 @@ def test_ranks_read_contiguous_shard_runs(shards):
     assert len(per[0] & per[1]) <= 1 and per[0] | per[1] == set(codes.tolist())
 
 
+def test_rank_slices_gather_only_their_shards_yet_equal_the_whole_order(shards):
+    train_set, _ = shards.split(0.1, 0)
+    full = train_set.epoch_order(5, 3)
+    assert sorted(full.tolist()) == train_set.rows.tolist()        # a permutation of the set
+    for world in (1, 2, 3, 4):
+        q = len(train_set) // world
+        for rank in range(world):
+            assert train_set.rank_rows(5, 3, rank, world).tolist() == full[rank * q:(rank + 1) * q].tolist()
+
+
 def test_two_rank_batches_resume_exactly(shards, clip):   # noqa: F811
     comp = composer(shards, clip, loss="helip")
     for rank in (0, 1):
