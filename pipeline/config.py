@@ -387,12 +387,14 @@ class FinetuneConfig:
     weight_decay: float = 0.1
     seed: int = 0
     ckpt_every: int = 50
-    eval_shards: int = 1                 # last shards held out for zero-shot retrieval
+    eval_fraction: float = 0.05          # share held out for zero-shot retrieval (by sample_id hash)
+    eval_seed: int = 0                   # seeds the held-out hash (apart from `seed`: same eval set)
     eval_batch_size: int = 64
     shuffle_buffer: int = 256
     bias_init_batches: int = 2           # FFF sec. 4.4: batches for the sigmoid bias search
     amp: bool = True                     # bf16 autocast on GPU
     nproc: int = 1                       # processes for `vlcurate finetune` (torchrun)
+    progress: bool = True                # rank 0's progress bar (loss, samples/s)
 
 
 

@@ -1,8 +1,10 @@
 """``vlcurate finetune``: launch the trainer (stages/finetune/) under torchrun.
 
-The launcher resolves the config (from a YAML config, or from a run dir's run.json), then runs
-``torchrun --nproc_per_node N -m vlcurate.pipeline.finetune --resolved JSON``; each process
-initialises the process group (gloo on CPU, nccl on GPU) and calls ``train``.
+The launcher resolves the config (from a YAML config, or from a run dir's run.json), checks it
+against the shards and the out_dir, then runs ``python -m vlcurate.pipeline.finetune --nproc N``,
+which runs torchrun quietly (``torchrun``) over ``-m vlcurate.pipeline.finetune --resolved JSON``;
+each process initialises the process group (gloo on CPU, nccl on GPU) and calls ``train``. A
+user error on any rank ends as one line from the launcher and exit code 2 (``report``).
 """
 from __future__ import annotations
 
@@ -12,10 +14,21 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 from typing import Optional
 
 from . import config as C
+
+
+def _user_errors() -> tuple[type, ...]:
+    from vlcurate.stages.models import ModelNotFound
+    # ValueError covers MissingAnnotation, UnsafeCheckpoint, OutDirInUse and config values
+    return (ValueError, FileNotFoundError, ModelNotFound)
+
+
+USER_ERRORS = _user_errors()
 
 
 def resolve(cfg: C.Config) -> tuple[C.FinetuneConfig, str, str]:
@@ -43,20 +56,68 @@ def concept_heads(ft: C.FinetuneConfig, run_dir: Path) -> C.FinetuneConfig:
 
 
 def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
+    """Check on the driver, then torchrun. A failure a rank reports (``USER_ERRORS``) comes back
+    as ONE line on stderr and exit code 2, whichever rank hit it (each rank writes its line to a
+    file of a fresh folder; the launcher prints the lowest rank's)."""
     from vlcurate.stages.finetune.data import ShardSet
+    from vlcurate.stages.finetune.outdir import check_out_dir
     from vlcurate.stages.finetune.train import check_config
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
+        n = nproc or ft.nproc
         check_config(ft, ShardSet(shards))
-    except (ValueError, FileNotFoundError) as e:
+        check_out_dir(ft, Path(shards), Path(out), n, write=False)
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    n = nproc or ft.nproc
-    payload = json.dumps({"finetune": C.to_dict(ft), "shards": shards, "out": out})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "-m", "vlcurate.pipeline.finetune", "--resolved", payload]
-    print(f"finetune: {n} process(es), shards {shards} -> {out}")
-    return subprocess.call(cmd, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    with tempfile.TemporaryDirectory(prefix="vlcurate-ft-") as errors:
+        payload = json.dumps({"finetune": C.to_dict(ft), "shards": shards, "out": out,
+                              "errors": errors})
+        print(f"finetune: {n} process(es), shards {shards} -> {out}")
+        cmd = [sys.executable, "-m", "vlcurate.pipeline.finetune", "--nproc", str(n),
+               "--resolved", payload]
+        rc = subprocess.call(cmd, env={**os.environ,
+                                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        reported = sorted(Path(errors).glob("rank*.txt"), key=lambda p: int(p.stem[4:]))
+        if reported:
+            print(f"error: {reported[0].read_text().strip()}", file=sys.stderr)
+            return 2
+    return rc
+
+
+def torchrun(n: int, payload: str) -> int:
+    """torchrun in this process, quiet: its agent's logs and its ChildFailedError report would
+    repeat every failing rank's story; the exit code of the first failure is returned instead."""
+    import logging
+
+    from torch.distributed import run as tr
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = tr.get_args_parser().parse_args(
+        ["--standalone", f"--nproc_per_node={n}", "-m", "vlcurate.pipeline.finetune",
+         "--resolved", payload])
+    try:
+        tr.run(args)
+    except ChildFailedError as e:
+        return e.get_first_failure()[1].exitcode or 1
+    return 0
+
+
+def report(errors: Optional[str], out: str, rank: int, e: BaseException) -> None:
+    """One line for the launcher (``<errors>/rank<r>.txt``); the traceback, for whoever needs
+    it, in ``<out>/error-rank<r>.log``."""
+    line = " ".join(str(e).split()) or type(e).__name__
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        log = Path(out) / f"error-rank{rank}.log"
+        log.write_text("".join(traceback.format_exception(e)))
+        line += f" (traceback: {log})"
+    except OSError:
+        pass
+    if errors:
+        Path(errors, f"rank{rank}.txt").write_text(line)
+    else:
+        print(f"error: {line}", file=sys.stderr)
 
 
 def worker(payload: str) -> int:
@@ -70,9 +131,12 @@ def worker(payload: str) -> int:
     if world > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() and ft.model.device != "cpu"
                                 else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
     try:
-        rank = dist.get_rank() if world > 1 else 0
         train(ft, data["shards"], data["out"], log=(print if rank == 0 else (lambda *_: None)))
+    except USER_ERRORS as e:
+        report(data.get("errors"), data["out"], rank, e)
+        return 2
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -82,7 +146,9 @@ def worker(payload: str) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="vlcurate.pipeline.finetune")
     ap.add_argument("--resolved", required=True)
-    return worker(ap.parse_args(argv).resolved)
+    ap.add_argument("--nproc", type=int, default=None, help="run torchrun with N ranks")
+    a = ap.parse_args(argv)
+    return torchrun(a.nproc, a.resolved) if a.nproc else worker(a.resolved)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""The trainer's data: a deterministic WebDataset stream over the exported shards, random access
-to any exported sample, and the batch composition of the papers.
+"""The trainer's data: a deterministic stream over the exported shards, random access to any
+exported sample, and the image helpers of the batch composition. Both read samples by byte range
+through export's index, memory-mapped (``index.py``): a rank reads and decodes its own samples
+only, and no rank holds the index as Python objects (issue 14).
 
 HELIP (Alg. 3) needs each seed's hard pairs *in the same batch*, but shards are streamed. Choice:
 the trainer has random access. Export writes ``shards/index/*.parquet`` (each sample's byte
@@ -13,7 +15,6 @@ random choice of a step (seeds, hard pairs, composites, crops) come from RNGs se
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
+from .index import ShardIndex, id_hash
 
 
 @dataclass
@@ -35,103 +37,130 @@ class Sample:
     meta: dict = field(default_factory=dict)
 
 
-def key_int(key: str) -> int:
-    """A stable 63-bit integer for a sample id (to build cross-rank masks from ids)."""
-    return int(hashlib.blake2b(key.encode(), digest_size=8).hexdigest(), 16) >> 1
+key_int = id_hash       # a stable 63-bit integer for a sample id (cross-rank masks from ids)
 
 
 class ShardSet:
-    """The exported shards: ``manifest.json`` for the list, ``index/`` for random access."""
+    """The exported shards (``manifest.json``), or a subset of their samples (``rows`` of the
+    memory-mapped index, in file order), streamed and read through ``index.ShardIndex``."""
 
-    def __init__(self, shard_dir: str | Path, names: Optional[list[str]] = None) -> None:
+    def __init__(self, shard_dir: str | Path, rows: Optional[np.ndarray] = None,
+                 index: Optional[ShardIndex] = None) -> None:
         self.dir = Path(shard_dir)
-        man = self.dir / "manifest.json"
-        if not man.exists():
+        if not (self.dir / "manifest.json").exists():
             raise FileNotFoundError(f"{self.dir}: no manifest.json; point finetune.shards at the "
                                     "shards folder that `vlcurate run` exported")
-        files = json.loads(man.read_text())["files"]
-        self.sizes = {f["shard"]: f["samples"] for f in files}
-        self.names = names if names is not None else sorted(self.sizes)
-        self._index: Optional[dict] = None
+        self.index = index or ShardIndex(self.dir)
+        self.rows = np.arange(len(self.index)) if rows is None else rows
+        self._member: Optional[np.ndarray] = None
+        self._runs: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     def __len__(self) -> int:
-        return sum(self.sizes[n] for n in self.names)
+        return len(self.rows)
 
-    def split(self, n_eval: int) -> tuple["ShardSet", "ShardSet"]:
-        """(train, eval): the last ``n_eval`` shards are held out."""
-        if n_eval and len(self.names) <= n_eval:
-            raise ValueError(f"{len(self.names)} shards: cannot hold out {n_eval} for evaluation")
-        cut = len(self.names) - n_eval
-        return ShardSet(self.dir, self.names[:cut]), ShardSet(self.dir, self.names[cut:])
+    def split(self, fraction: float, seed: int) -> tuple["ShardSet", "ShardSet"]:
+        """(train, eval): a sample is held out when a seeded hash of its ``sample_id`` falls in
+        the first ``fraction`` of the 64-bit range. It depends on the id alone, never on the shard
+        layout, the order or the other samples (so re-exporting with other shard sizes keeps it)."""
+        if not 0 <= fraction < 1:
+            raise ValueError(f"finetune.eval_fraction must be in [0, 1), got {fraction}")
+        held = held_out(self.index.id_hash[self.rows], fraction, seed)
+        return (ShardSet(self.dir, self.rows[~held], self.index),
+                ShardSet(self.dir, self.rows[held], self.index))
 
     # --- streaming --------------------------------------------------------------------------
-    def _raw(self, names: list[str]) -> Iterator[Sample]:
-        import webdataset as wds
-        urls = [str(self.dir / n) for n in names]
-        # every rank reads every shard and keeps its own samples (see stream): no node splitter
-        for key, jpg, txt, meta in wds.WebDataset(urls, shardshuffle=False,
-                                                  nodesplitter=_all_shards) \
-                .to_tuple("__key__", "jpg", "txt", "json"):
-            yield Sample(key, jpg, txt.decode("utf-8"), json.loads(meta))
+    def _shard_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each shard's samples start and end in ``rows`` (rows are in file order)."""
+        if self._runs is None:
+            codes = self.index.code[self.rows]
+            present = np.unique(codes)
+            self._runs = (np.searchsorted(codes, present), np.searchsorted(codes, present, "right"))
+        return self._runs
+
+    def epoch_order(self, epoch: int, seed: int, start: int = 0,
+                    stop: Optional[int] = None) -> np.ndarray:
+        """Positions ``start:stop`` of this epoch's order before the shuffle buffer: the shards
+        in a seeded order, each shard's samples in file order (contiguous reads). Only the shards
+        that overlap the slice are gathered."""
+        starts, ends = self._shard_runs()
+        order = list(range(len(starts)))
+        random.Random(f"{seed}/{epoch}").shuffle(order)
+        first = np.concatenate([[0], np.cumsum((ends - starts)[order])]).astype(np.int64)
+        stop = len(self) if stop is None else stop
+        parts = [self.rows[starts[i] + max(start, first[k]) - first[k]:
+                           starts[i] + min(stop, first[k + 1]) - first[k]]
+                 for k, i in enumerate(order) if max(start, first[k]) < min(stop, first[k + 1])]
+        return np.concatenate(parts) if parts else self.rows[:0]
+
+    def rank_rows(self, epoch: int, seed: int, rank: int, world: int) -> np.ndarray:
+        """This rank's rows: slice ``rank`` of ``world`` equal contiguous slices of the epoch
+        order. Ranks read disjoint runs of shards; a shard that straddles a slice boundary is
+        split at a sample, each rank reading only its own byte ranges. The ``len % world`` samples
+        past the last slice sit out this epoch (others the next: the shard order changes)."""
+        per_rank = len(self) // world
+        return self.epoch_order(epoch, seed, rank * per_rank, (rank + 1) * per_rank)
 
     def stream(self, *, epoch: int, seed: int, rank: int, world: int, buffer: int = 256,
                skip: int = 0) -> Iterator[Sample]:
-        """This rank's samples for ``epoch``: shards in a seeded order, every ``world``-th sample
-        (equal counts on every rank), through a seeded shuffle buffer; ``skip`` drops the first
-        ones (resume) without decoding anything."""
-        names = list(self.names)
-        random.Random(f"{seed}/{epoch}").shuffle(names)
-        rng = random.Random(f"{seed}/{epoch}/{rank}")
-        per_rank = len(self) // world
-        mine = (s for i, s in enumerate(self._raw(names)) if i % world == rank and i // world < per_rank)
-        buf: list[Sample] = []
-        n = 0
-        for s in mine:
-            buf.append(s)
-            if len(buf) < buffer:
-                continue
-            j = rng.randrange(len(buf))
-            buf[j], buf[-1] = buf[-1], buf[j]
-            out = buf.pop()
-            n += 1
-            if n > skip:
-                yield out
-        rng.shuffle(buf)
-        for out in buf:
-            n += 1
-            if n > skip:
-                yield out
+        """This rank's samples for ``epoch`` (``rank_rows``) through a seeded shuffle buffer. The
+        buffer shuffles row numbers, so ``skip`` (resume) drops the first ones without reading
+        anything, and a rank reads and decodes only its own samples."""
+        rows = self.rank_rows(epoch, seed, rank, world)
+        for n, row in enumerate(buffered(rows, random.Random(f"{seed}/{epoch}/{rank}"), buffer)):
+            if n >= skip:
+                yield self.sample(row)
+
+    def sample(self, row: int) -> Sample:
+        parts = self.index.read(row)
+        return Sample(self.index.ids[row].as_py(), parts["jpg"], parts["txt"].decode("utf-8"),
+                      json.loads(parts["json"]))
 
     def first_meta(self) -> dict:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
-        for s in self._raw(self.names[:1]):
-            return s.meta
-        raise ValueError(f"{self.dir}: the shards hold no sample")
+        if not len(self.index):
+            raise ValueError(f"{self.dir}: the shards hold no sample")
+        return json.loads(self.index.read(0, ("json",))["json"])
 
     # --- random access -------------------------------------------------------------------------
-    def _load_index(self) -> dict:
-        import pyarrow.dataset as ds
-        t = ds.dataset(self.dir / "index", format="parquet").to_table()
-        cols = {c: t.column(c).to_pylist() for c in t.column_names}
-        return {sid: i for i, sid in enumerate(cols["sample_id"])}, cols
-
     def fetch(self, sample_id: str) -> Optional[Sample]:
-        if self._index is None:
-            self._index = self._load_index()
-        pos, cols = self._index
-        i = pos.get(sample_id)
-        if i is None:
-            return None      # not exported (dropped by the policy)
-        parts = {}
-        with open(self.dir / cols["shard"][i], "rb") as fh:
-            for ext in ("jpg", "txt", "json"):
-                fh.seek(cols[f"{ext}_offset"][i])
-                parts[ext] = fh.read(cols[f"{ext}_size"][i])
-        return Sample(sample_id, parts["jpg"], parts["txt"].decode("utf-8"), json.loads(parts["json"]))
+        """A sample of this set by id; None when export dropped it or it is not in this set (a
+        held-out sample never enters a training batch as a hard pair)."""
+        row = self.index.row(sample_id)
+        if row is None:
+            return None
+        if self._member is None:
+            self._member = np.zeros(len(self.index), bool)
+            self._member[self.rows] = True
+        return self.sample(row) if self._member[row] else None
 
 
-def _all_shards(src: Any) -> Any:
-    return src
+def buffered(rows: np.ndarray, rng: random.Random, buffer: int) -> Iterator[int]:
+    """A seeded shuffle buffer over row numbers (the WebDataset-style streaming shuffle)."""
+    buf: list[int] = []
+    for row in (r for i in range(0, len(rows), 1 << 16) for r in rows[i:i + (1 << 16)].tolist()):
+        buf.append(row)
+        if len(buf) < buffer:
+            continue
+        j = rng.randrange(len(buf))
+        buf[j], buf[-1] = buf[-1], buf[j]
+        yield buf.pop()
+    rng.shuffle(buf)
+    yield from buf
+
+
+def held_out(hashes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Seeded membership by hash: splitmix64(id_hash XOR splitmix64(seed)) < fraction * 2^64."""
+    if fraction <= 0:
+        return np.zeros(len(hashes), bool)
+    mixed = _splitmix64(hashes.astype(np.uint64) ^ _splitmix64(np.array([seed], np.uint64))[0])
+    return mixed < np.uint64(min(int(fraction * 2.0 ** 64), 2 ** 64 - 1))
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 # --- images ------------------------------------------------------------------------------------

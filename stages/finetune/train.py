@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from .compose import Batch, Composer, batches, prefetch, step_rng
 from .data import ShardSet
 from .fields import require
 from .model import DualEncoder
+from .outdir import OutDirInUse, check_out_dir
 
 LOSSES = ("clip", "helip", "hn_nce", "sigmoid", "mp_nce")
 
@@ -117,7 +119,7 @@ def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> fl
 @torch.no_grad()
 def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: str,
              batch_size: int = 64) -> dict:
-    """Zero-shot retrieval on held-out shards: R@1/5/10, image->text and text->image."""
+    """Zero-shot retrieval on the held-out samples: R@1/5/10, image->text and text->image."""
     imgs, txts = [], []
     chunk: list = []
     stream = shards.stream(epoch=0, seed=0, rank=0, world=1, buffer=1)
@@ -175,8 +177,9 @@ def prepare(cfg: Any, shards_dir: str, device: str = "cpu") -> Setup:
     loaded = models.load_clip(cfg.model)
     model = DualEncoder(loaded.model, cfg.n_objects, cfg.n_attributes).to(device)
     _trainable(model, cfg.loss)
-    train_set, eval_set = all_shards.split(cfg.eval_shards)
-    composer = Composer(cfg, all_shards, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
+    train_set, eval_set = all_shards.split(cfg.eval_fraction, cfg.eval_seed)
+    # hard pairs come from the training samples only: a held-out sample never enters a batch
+    composer = Composer(cfg, train_set, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
     return Setup(model, all_shards, train_set, eval_set, composer)
 
 
@@ -203,59 +206,97 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.manual_seed(cfg.seed)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(cfg, Path(shards_dir), out, world, write=rank == 0)
     setup = prepare(cfg, shards_dir, device)
-    model, train_set, eval_set, composer = setup.model, setup.train_set, setup.eval_set, setup.composer
+    model, train_set = setup.model, setup.train_set
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    step, epoch, in_epoch = 0, 0, 0
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        state = load_checkpoint(ckpt, device)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
-        log(f"resumed from step {step} (epoch {epoch}, batch {in_epoch})")
-    gen = prefetch(batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed, rank=rank,
-                           world=world, start_epoch=epoch, start_step=in_epoch,
+    step, epoch, in_epoch = resume(out / "checkpoint.pt", model, opt, device, log)
+    gen = prefetch(batches(train_set, setup.composer, batch_size=cfg.batch_size, seed=cfg.seed,
+                           rank=rank, world=world, start_epoch=epoch, start_step=in_epoch,
                            buffer=cfg.shuffle_buffer))
     if cfg.loss == "sigmoid" and step == 0:
-        init_gen = batches(train_set, composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
+        init_gen = batches(train_set, setup.composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
                            rank=rank, world=world, buffer=cfg.shuffle_buffer)
         model.sig_bias.data.fill_(init_sigmoid_bias(cfg, model, init_gen, device))
         log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
-    amp = cfg.amp and device == "cuda"
+    log(f"train {len(train_set)} samples, held out {len(setup.eval_set)} "
+        f"(finetune.eval_fraction {cfg.eval_fraction})")
     logf = open(out / "log.jsonl", "a") if rank == 0 else None
+    bar = progress_bar(cfg, step, world, enabled=rank == 0 and cfg.progress)
     t0 = time.time()
     while step < cfg.steps:
         epoch, in_epoch, b = next(gen)
-        b = _to(b, device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            img, txt, obj, attr = ddp(b.pixels, b.input_ids, b.attention_mask)
-        loss, parts = loss_fn(cfg, model, b, img, txt, obj, attr)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss, parts = train_step(cfg, model, ddp, opt, _to(b, device), device)
         step += 1
         if logf is not None:
-            rec = {"step": step, "epoch": epoch, "loss": float(loss.detach()), **parts,
-                   "images": int(b.pixels.shape[0]) * world, "hard_added": b.n_hard_added,
-                   "composites": b.n_composites, "elapsed_s": round(time.time() - t0, 3)}
-            logf.write(json.dumps(rec) + "\n")
+            logf.write(json.dumps({"step": step, "epoch": epoch, "loss": loss, **parts,
+                                   "images": int(b.pixels.shape[0]) * world,
+                                   "hard_added": b.n_hard_added, "composites": b.n_composites,
+                                   "elapsed_s": round(time.time() - t0, 3)}) + "\n")
             logf.flush()
+            bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+            bar.update(cfg.batch_size * world)
         if rank == 0 and (step % cfg.ckpt_every == 0 or step == cfg.steps):
-            tmp = out / "checkpoint.pt.tmp"
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "epoch": epoch if in_epoch + 1 < _per_epoch(train_set, cfg, world) else epoch + 1,
-                        "step_in_epoch": (in_epoch + 1) % _per_epoch(train_set, cfg, world)}, tmp)
-            os.replace(tmp, ckpt)
-    # a checksum of the parameters on every rank (DDP keeps them identical; this shows it)
-    digest = float(sum(p.detach().double().sum() for p in model.parameters()))
+            save(out / "checkpoint.pt", model, opt, step, epoch, in_epoch + 1,
+                 _per_epoch(train_set, cfg, world))
+    bar.close()
+    return finish(cfg, setup, out, rank, step, device, log, logf)
+
+
+def train_step(cfg: Any, model: DualEncoder, ddp: Any, opt: Any, b: Batch,
+               device: str) -> tuple[float, dict]:
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device == "cuda"):
+        img, txt, obj, attr = ddp(b.pixels, b.input_ids, b.attention_mask)
+    loss, parts = loss_fn(cfg, model, b, img, txt, obj, attr)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach()), parts
+
+
+def progress_bar(cfg: Any, step: int, world: int, enabled: bool, file: Any = None) -> Any:
+    """Rank 0's bar in samples (global, every rank's seeds), so its rate reads samples/s; the
+    postfix carries the last step's loss."""
+    from tqdm import tqdm
+    per_step = cfg.batch_size * world
+    return tqdm(total=cfg.steps * per_step, initial=step * per_step, unit=" samples",
+                desc="finetune", disable=not enabled, file=file or sys.stderr, dynamic_ncols=True)
+
+
+def resume(ckpt: Path, model: DualEncoder, opt: Any, device: str, log: Any) -> tuple[int, int, int]:
+    """(step, epoch, batch in epoch) of the checkpoint in ``out_dir``; (0, 0, 0) without one."""
+    if not ckpt.exists():
+        return 0, 0, 0
+    state = load_checkpoint(ckpt, device)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    step, epoch, in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+    log(f"resumed from step {step} (epoch {epoch}, batch {in_epoch})")
+    return step, epoch, in_epoch
+
+
+def save(ckpt: Path, model: DualEncoder, opt: Any, step: int, epoch: int, next_in_epoch: int,
+         per_epoch: int) -> None:
+    """Atomically: the model, the optimiser and the position of the next batch."""
+    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "epoch": epoch if next_in_epoch < per_epoch else epoch + 1,
+                "step_in_epoch": next_in_epoch % per_epoch}, tmp)
+    os.replace(tmp, ckpt)
+
+
+def finish(cfg: Any, setup: Setup, out: Path, rank: int, step: int, device: str, log: Any,
+           logf: Any) -> dict:
+    """A checksum of the parameters on every rank (DDP keeps them identical; this shows it), then
+    rank 0's retrieval on the held-out samples."""
+    digest = float(sum(p.detach().double().sum() for p in setup.model.parameters()))
     (out / f"params-rank{rank}.json").write_text(json.dumps({"step": step, "param_sum": digest}))
-    result = {"steps": step}
-    if rank == 0 and cfg.eval_shards:
-        result["eval"] = evaluate(model, eval_set, composer, device, cfg.eval_batch_size)
+    result: dict = {"steps": step}
+    if rank == 0 and len(setup.eval_set):
+        result["eval"] = evaluate(setup.model, setup.eval_set, setup.composer, device,
+                                  cfg.eval_batch_size)
         (out / "eval.json").write_text(json.dumps(result["eval"], indent=1))
         log(f"eval: {result['eval']}")
     if logf is not None:
@@ -268,4 +309,5 @@ def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
 
 
 __all__ = ["train", "prepare", "check_config", "load_checkpoint", "UnsafeCheckpoint", "evaluate",
-           "loss_fn", "mp_positives", "image_text_positives", "retrieval_metrics", "LOSSES"]
+           "loss_fn", "mp_positives", "image_text_positives", "retrieval_metrics", "LOSSES",
+           "progress_bar", "OutDirInUse"]

@@ -1,4 +1,5 @@
-"""Trainer loader throughput: samples/s of the composed batches (decode, augment, tokenise,
+"""Trainer loader throughput: what one rank reads per epoch before/after issue 14 (ranks read
+disjoint slices through the memory-mapped index), then samples/s of the composed batches (decode, augment, tokenise,
 HELIP random-access fetches, CLIP-C composites) over shards exported from real COCO photos.
 
     .venv/bin/python tests/benchmarks/bench_loader.py [--batches 20]
@@ -16,6 +17,36 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.paths import SHARED_DATA  # noqa: E402
 DATA = SHARED_DATA / "coco_mini"
+
+
+def old_stream(shards, rank: int, world: int):
+    """The stream before issue 14, verbatim in what it reads: every rank reads and JSON-decodes
+    every sample of every shard (WebDataset) and keeps every ``world``-th."""
+    import json
+    import webdataset as wds
+    urls = [str(shards.dir / n) for n in shards.index.shards]
+    per_rank = len(shards) // world
+    for i, (key, jpg, txt, meta) in enumerate(
+            wds.WebDataset(urls, shardshuffle=False, nodesplitter=lambda s: s)
+            .to_tuple("__key__", "jpg", "txt", "json")):
+        rec = (key, jpg, txt.decode("utf-8"), json.loads(meta))
+        if i % world == rank and i // world < per_rank:
+            yield rec
+
+
+def stream_table(shards) -> None:
+    """Read cost of one rank's epoch (no decode of images): samples read per rank and seconds."""
+    print(f"\nstream only, one rank's epoch of {len(shards)} samples (reads, no image decode)\n")
+    print(f"{'world':>6}{'before: read':>14}{'s':>8}{'after: read':>14}{'s':>8}")
+    for world in (1, 2, 4):
+        t0 = time.perf_counter()
+        n_old = sum(1 for _ in old_stream(shards, 0, world))
+        t_old = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        n_new = sum(1 for _ in shards.stream(epoch=0, seed=0, rank=0, world=world))
+        t_new = time.perf_counter() - t0
+        print(f"{world:>6}{len(shards):>14}{t_old:>8.2f}{n_new:>14}{t_new:>8.2f}")
+        assert n_old == n_new
 
 
 def main() -> int:
@@ -62,6 +93,7 @@ def main() -> int:
         log=lambda _: None)
     shards = ShardSet(tmp / "export" / "shards")
     clip = load_clip(C.ModelSpec(id="tiny", random_init=True, options=C.FrozenMap({"image_size": 224, "patch_size": 32})))
+    stream_table(shards)
     print(f"\n{len(shards)} COCO pairs (640 px JPEGs), batch {a.batch_size}, 224 px crops, 1 process\n")
     print(f"{'composition':<34}{'samples/s':>10}{'images/batch':>14}")
     for name, ft in (("plain (clip)", {"loss": "clip"}),

@@ -40,7 +40,7 @@ def vocab_sizes(cfg: C.Config) -> tuple[int, int]:
 
 def setup(demo: C.Config, **ft) -> tuple[T.Setup, object]:
     """``vlcurate finetune``'s path: resolve the config, prepare, stream batches."""
-    over = {"model": TINY, "eval_shards": 0, "concept_weight": 0.5, "shuffle_buffer": 8, **ft}
+    over = {"model": TINY, "eval_fraction": 0, "concept_weight": 0.5, "shuffle_buffer": 8, **ft}
     cfg = demo.replace(**{f"finetune.{k}": v for k, v in over.items()})
     fcfg, shards, _ = resolve(cfg)              # head sizes from <run>/concepts/vocab.parquet
     assert (fcfg.n_objects, fcfg.n_attributes) == vocab_sizes(demo) and fcfg.n_objects > 0

@@ -289,7 +289,7 @@ def test_ddp_multi_positive_losses_two_processes(shards, tmp_path, loss):
     cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.out_dir": str(tmp_path),
                         "finetune.model": {"id": "tiny", "random_init": True},
                         "finetune.loss": loss, "finetune.mp_views": 2, "finetune.batch_size": 4,
-                        "finetune.steps": 3, "finetune.eval_shards": 0, "finetune.lr": 1e-3,
+                        "finetune.steps": 3, "finetune.eval_fraction": 0, "finetune.lr": 1e-3,
                         "finetune.bias_init_batches": 1})
     assert launch(cfg, nproc=2) == 0
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
