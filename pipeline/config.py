@@ -70,6 +70,12 @@ class RunConfig:
     progress: bool = True
     # run only these stages of the DAG (ingest and export always run); empty = all of them
     stages: tuple[str, ...] = ()
+    # Determinism (not resources): a stage is always called on chunks of chunk_rows rows of one
+    # part, aligned to the part's first row, whatever resources.batch_size (rounded up to a
+    # multiple of it), the concurrency or the executor; and with intra_op_threads torch/BLAS/
+    # OpenMP threads. Both change numerics at ~1e-7, so a non-default value enters fingerprints.
+    chunk_rows: int = 1024
+    intra_op_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -492,7 +498,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     return obj
 
 
-_POSITIVE = {"rows_per_part", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
+_POSITIVE = {"chunk_rows", "intra_op_threads", "rows_per_part", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
              "image_batch_size", "text_batch_size", "decode_threads"}
 
 
