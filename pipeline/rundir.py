@@ -221,8 +221,24 @@ class StageDir:
 CANONICAL_CHUNK = 1024   # rows per Arrow chunk when writing: Parquet bytes depend on chunking
 
 
+def _as_read(t: pa.DataType) -> pa.DataType:
+    """The type Parquet gives back: list items are named "element" (the stored Arrow schema
+    would otherwise keep "item" for a table written from memory, "element" for one read back)."""
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_as_read(f.type)) for f in t])
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = pa.field("element", _as_read(t.value_type), t.value_field.nullable)
+        return (pa.list_(item, t.list_size) if pa.types.is_fixed_size_list(t)
+                else pa.large_list(item) if pa.types.is_large_list(t) else pa.list_(item))
+    return t
+
+
 def canonical(table: pa.Table) -> pa.Table:
-    """The same rows with a fixed chunk layout, so equal tables write equal Parquet bytes."""
+    """The same rows with a fixed chunk layout and the types Parquet reads back, so equal tables
+    write equal Parquet bytes however they were assembled (in memory or from fragments)."""
+    schema = pa.schema([f.with_type(_as_read(f.type)) for f in table.schema],
+                       metadata=table.schema.metadata)
+    table = table.cast(schema)   # unconditional: Schema equality ignores list item names
     n = table.num_rows
     if n <= CANONICAL_CHUNK:
         return table.combine_chunks()
