@@ -66,3 +66,23 @@ def test_outputs_are_identical_whatever_the_resources(variant, data, reference, 
     if executor == "ray":
         request.getfixturevalue("ray_local")
     assert differing(run_once(data, tmp_path / "run", executor, bs, conc), reference) == []
+
+
+def test_batches_round_to_whole_chunks_and_a_cut_chunk_is_refused():
+    import numpy as np
+    import pyarrow as pa
+
+    from vlcurate.pipeline.parts import AlignmentError, batch_rows, chunks
+    from vlcurate.schemas import F
+    assert [batch_rows(b, 4) for b in (0, 1, 4, 5, 10)] == [0, 4, 4, 8, 12]
+
+    def batch(part_rows: int, lo: int, hi: int, part: int = 0) -> pa.Table:
+        return pa.table({F.PART.name: np.full(hi - lo, part), F.ROW.name: np.arange(lo, hi),
+                         F.PART_ROWS.name: np.full(hi - lo, part_rows)})
+    # two parts in one batch: chunks never span them; a part's last chunk may be short
+    both = pa.concat_tables([batch(10, 4, 10), batch(6, 0, 6, part=1)])
+    assert chunks(both, 4) == [(0, 4), (4, 6), (6, 10), (10, 12)]
+    with pytest.raises(AlignmentError, match="cut a chunk"):
+        chunks(batch(10, 2, 8), 4)
+    with pytest.raises(AlignmentError, match="cut a chunk"):
+        chunks(batch(10, 0, 6), 4)
