@@ -76,6 +76,13 @@ class RunConfig:
     # ... and above this share the run stops after that stage (null: never stop)
     max_reject_fraction: Optional[float] = None
 
+    # Determinism (not resources): a stage is always called on chunks of chunk_rows rows of one
+    # part, aligned to the part's first row, whatever resources.batch_size (rounded up to a
+    # multiple of it), the concurrency or the executor; and with intra_op_threads torch/BLAS/
+    # OpenMP threads. Both change numerics at ~1e-7, so a non-default value enters fingerprints.
+    chunk_rows: int = 1024
+    intra_op_threads: int = 1
+
     def __post_init__(self) -> None:
         for name in ("warn_reject_fraction", "max_reject_fraction"):
             v = getattr(self, name)
@@ -547,7 +554,8 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     return obj
 
 
-_POSITIVE = {"rows_per_part", "max_image_bytes", "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
+_POSITIVE = {"chunk_rows", "intra_op_threads", "rows_per_part", "max_image_bytes",
+             "samples_per_shard", "max_pixels", "max_caption_chars", "min_side",
              "image_batch_size", "text_batch_size", "decode_threads"}
 
 

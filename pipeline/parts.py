@@ -5,7 +5,9 @@ Nothing here imports ray; ``runner.py`` wires these functions into ``map_batches
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -56,11 +58,54 @@ def _with_position(t: pa.Table, part: int, active: np.ndarray) -> pa.Table:
              .append_column(ACTIVE.name, pa.array(active, pa.bool_())))
 
 
-def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None) -> pa.Table:
-    """Part ``part`` of every input, zipped by row (co-partitioned tables), plus position columns
-    and ``_active``: the row is still kept (no upstream stage flagged it)."""
+def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None, lo: int = 0,
+                hi: Optional[int] = None) -> pa.Table:
+    """Rows [lo, hi) of part ``part`` of every input, zipped by row (co-partitioned tables), plus
+    position columns and ``_active``: the row is still kept (no upstream stage flagged it)."""
     t = _read(io, part, spec)
+    if lo or (hi is not None and hi < t.num_rows):
+        t = t.slice(lo, (t.num_rows if hi is None else hi) - lo)
     return io.preprocess(t) if io.preprocess is not None and t.num_rows else t
+
+
+def batch_rows(batch_size: Optional[int], chunk_rows: int) -> int:
+    """``resources.batch_size`` rounded up to a whole number of chunks (0: a whole part)."""
+    return -(-batch_size // chunk_rows) * chunk_rows if batch_size else 0
+
+
+def chunks(batch: pa.Table, size: int) -> list[tuple[int, int]]:
+    """The batch's slices [lo, hi), one per chunk of ``size`` rows of one part, aligned to the
+    part's first row. A batch must hold whole chunks: a cut chunk would change the numerics."""
+    part = batch.column(F.PART.name).to_numpy()
+    row = batch.column(F.ROW.name).to_numpy()
+    if not len(row):
+        return []
+    cut = np.flatnonzero((np.diff(part) != 0) | (np.diff(row // size) != 0) | (np.diff(row) != 1))
+    n = batch.column(F.PART_ROWS.name).to_numpy()
+    out = list(zip(np.r_[0, cut + 1].tolist(), np.r_[cut + 1, len(row)].tolist()))
+    for lo, hi in out:
+        first, last = int(row[lo]), int(row[hi - 1]) + 1
+        if first % size or (last % size and last != n[lo]):
+            raise AlignmentError(f"part {part[lo]}: rows [{first}, {last}) cut a chunk of {size} "
+                                 "rows: batches must hold whole chunks")
+    return out
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int):
+    """Run with ``n`` intra-op threads (torch, BLAS, OpenMP): reductions split across threads
+    round differently, so the thread count is fixed by config, never by the machine or Ray."""
+    from threadpoolctl import threadpool_limits
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(n)
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(before)
 
 
 def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
@@ -96,14 +141,25 @@ def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
 
 
 class StageCall:
-    """Wraps a stage for ``map_batches``: only rows still kept reach the stage; the rows it did
-    not see come back with null columns and no reasons, so every input row has an output row."""
+    """Wraps a stage for ``map_batches``: the stage is called once per chunk (``run.chunk_rows``
+    rows of one part, aligned to its first row) with ``run.intra_op_threads`` threads, so what it
+    computes never depends on the batch size, the concurrency or the executor. Only rows still
+    kept reach the stage; the rows it did not see come back with null columns and no reasons, so
+    every input row has an output row."""
 
     def __init__(self, stage_cls: type, config: Any, state: Any = None) -> None:
-        self.stage = stage_cls(config, state)
+        self.chunk_rows, self.threads = config.run.chunk_rows, config.run.intra_op_threads
+        with pinned_threads(self.threads):
+            self.stage = stage_cls(config, state)
         self.wants_position = getattr(stage_cls, "wants_position", False)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        bounds = chunks(batch, self.chunk_rows) or [(0, 0)]
+        with pinned_threads(self.threads):
+            outs = [self.call_chunk(batch.slice(lo, hi - lo)) for lo, hi in bounds]
+        return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="default")
+
+    def call_chunk(self, batch: pa.Table) -> pa.Table:
         active = batch.column(ACTIVE.name).to_numpy(zero_copy_only=False)
         drop = [c for c in INTERNAL if not (self.wants_position and c in (F.PART.name, F.ROW.name))]
         sub = batch.drop_columns(drop)

@@ -34,7 +34,7 @@ def format_summary(results: Iterable) -> str:
     for r in results:
         m = r.manifest
         rows.append((m["stage"], r.status + (f" ({m['parts_reused']} reused)" if m["parts_reused"]
-                                             and r.status == "resumed" else ""),
+                                             and r.status in ("resumed", "repaired") else ""),
                      str(m["parts"]), str(m["rows"]), str(m["rows_in"]), str(m["rows_kept"]),
                      str(m["rows_rejected"]), f"{m['wall_s']:.1f}s", _top(m["reason_counts"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

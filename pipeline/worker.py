@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from .parts import PartIO, StageCall, commit_empty, read_inputs
+from .parts import PartIO, StageCall, commit_empty, pinned_threads, read_inputs
 from .rundir import StageDir
 
 
@@ -21,7 +21,7 @@ def _read_batch(batch: pa.Table, io: PartIO, schema: pa.Schema) -> pa.Table:
     out = []
     for row in batch.to_pylist():
         spec = json.loads(row["spec"]) if row["spec"] else None
-        t = read_inputs(io, row["part"], spec)
+        t = read_inputs(io, row["part"], spec, row["lo"], None if row["hi"] < 0 else row["hi"])
         if t.num_rows == 0:
             commit_empty(io, row["part"], schema)
         else:
@@ -56,16 +56,19 @@ class _RayStageCall(StageCall):
         super().__init__(stage_cls, config, state)
 
 
-def _apply(fn: Callable, x: Any) -> Any:
-    return fn(x)
+def _apply(fn: Callable, x: Any, threads: int = 1) -> Any:
+    with pinned_threads(threads):
+        return fn(x)
 
 
 def _prepare(stage: type, config: Any, io: PartIO, n_parts: int, workdir: str) -> Any:
+    """A stage's global step, with the same fixed thread count wherever it runs."""
     def read(part: int) -> pa.Table:
         t = read_inputs(io, part)
         return t.filter(t.column("_active"))
     os.makedirs(workdir, exist_ok=True)
-    return stage.prepare(config, read, n_parts, workdir)
+    with pinned_threads(config.run.intra_op_threads):
+        return stage.prepare(config, read, n_parts, workdir)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,88 @@
+"""Resources never change a byte: the same DAG (demo-like tiny models) with three batch sizes,
+two concurrencies and both executors writes identical tables, commit records and shards."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.test_runner import cfg_for, quiet
+from vlcurate.pipeline.demo import make_demo
+from vlcurate.pipeline.runner import run
+from vlcurate.pipeline.summary import problems
+
+STAGES = ("ingest", "ids", "embed", "hpm", "positives", "export")
+# written per run, not outputs: timestamps, wall times, pids, the config with its run_dir
+VOLATILE = {"run.json", "summary.parquet", "_manifest.json", "_info.json", "_state.pkl"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_demo(tmp_path_factory.mktemp("det") / "data", n=60, seed=3)
+
+
+def resources(batch_size: int, concurrency=None) -> dict:
+    out = {}
+    for s in STAGES:
+        out[f"{s}.resources.batch_size"] = batch_size
+        out[f"{s}.resources.concurrency"] = concurrency if s == "embed" else None
+    return out
+
+
+def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurrency=None) -> dict:
+    # 24-row parts in chunks of 4 rows: batch sizes 3 and 10 round to 4 and 12 rows, i.e. 6 and
+    # 2 batches per part; 0 is a whole part per batch. Micro-batches of 4 inside each chunk.
+    cfg = cfg_for(data, run_dir, **{"run.stages": list(STAGES[1:-1]), "source.rows_per_part": 24,
+                                    "run.chunk_rows": 4, "embed.text_batch_size": 2,
+                                    "embed.image_batch_size": 2, "export.samples_per_shard": 20,
+                                    **resources(batch_size, concurrency)})
+    res = run(cfg, executor=executor, log=quiet)
+    assert not problems(res) and [r.manifest["stage"] for r in res] == list(STAGES)
+    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
+            if f.is_file() and f.name not in VOLATILE and "_prepare" not in f.parts}
+
+
+def differing(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    ref = run_once(data, tmp_path_factory.mktemp("ref") / "run", "local", 0)
+    assert sum(k.endswith(".tar") for k in ref) >= 2
+    assert {k.split("/")[0] for k in ref if k.endswith(".parquet")} >= set(STAGES)
+    return ref
+
+
+# (executor, resources.batch_size, embed's actor-pool size)
+VARIANTS = {"local-3": ("local", 3, None), "local-10": ("local", 10, None),
+            "ray-3": ("ray", 3, None), "ray-10": ("ray", 10, 1)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_outputs_are_identical_whatever_the_resources(variant, data, reference, tmp_path, request):
+    executor, bs, conc = VARIANTS[variant]
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+    assert differing(run_once(data, tmp_path / "run", executor, bs, conc), reference) == []
+
+
+def test_batches_round_to_whole_chunks_and_a_cut_chunk_is_refused():
+    import numpy as np
+    import pyarrow as pa
+
+    from vlcurate.pipeline.parts import AlignmentError, batch_rows, chunks
+    from vlcurate.schemas import F
+    assert [batch_rows(b, 4) for b in (0, 1, 4, 5, 10)] == [0, 4, 4, 8, 12]
+
+    def batch(part_rows: int, lo: int, hi: int, part: int = 0) -> pa.Table:
+        return pa.table({F.PART.name: np.full(hi - lo, part), F.ROW.name: np.arange(lo, hi),
+                         F.PART_ROWS.name: np.full(hi - lo, part_rows)})
+    # two parts in one batch: chunks never span them; a part's last chunk may be short
+    both = pa.concat_tables([batch(10, 4, 10), batch(6, 0, 6, part=1)])
+    assert chunks(both, 4) == [(0, 4), (4, 6), (6, 10), (10, 12)]
+    with pytest.raises(AlignmentError, match="cut a chunk"):
+        chunks(batch(10, 2, 8), 4)
+    with pytest.raises(AlignmentError, match="cut a chunk"):
+        chunks(batch(10, 0, 6), 4)
