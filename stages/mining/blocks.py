@@ -164,6 +164,7 @@ class UnitResult:
     score: np.ndarray         # [q, k]
     support: np.ndarray       # [q]
     certified: np.ndarray     # [q] bool
+    bound: np.ndarray         # [q] the largest score a pair left out can have
     pairs: dict = field(default_factory=dict)   # q, j (global rows), sii, stt, sit (float32)
 
 
@@ -216,13 +217,13 @@ def run_unit(lay: Layout, vec: Vectors, c: int, p: PassParams, device: str = "cp
         return empty_result(p.k)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
     return UnitResult(*(np.concatenate([getattr(x, f) for x in parts])
-                        for f in ("rows", "idx", "score", "support", "certified")), pairs)
+                        for f in ("rows", "idx", "score", "support", "certified", "bound")), pairs)
 
 
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
     return UnitResult(z, np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), z,
-                      np.zeros(0, bool), {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
+                      np.zeros(0, bool), np.zeros(0, np.float32), {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
                                           for f in ("q", "j", "sii", "stt", "sit")})
 
 
@@ -250,7 +251,7 @@ def _query_block(lay, vec: Vectors, a: int, b: int, probe, p: PassParams, device
                           sx[r, cc] if sx is not None else torch.full_like(si[r, cc], math.nan)))
         s = pair_scores(si, st, p.tau_i, p.tau_t, p.dup)
         s[own, qpos[own] - s0] = 0.0
-        support += (s > 0).sum(1)
+        support += torch.count_nonzero(s, dim=1)         # s >= 0: thresholds are >= 0
         best_s, best_j = _merge_block(best_s, best_j, s, s0, k)
     m_out = _bound_out(lay, joint_t(Iq, Tq), probe)
     bound = score_bound(m_out.clamp(max=1.0), p.tau_i, p.tau_t)
@@ -262,7 +263,7 @@ def _query_block(lay, vec: Vectors, a: int, b: int, probe, p: PassParams, device
     s = np.take_along_axis(s, j[1], 1)
     j = j[0]
     return UnitResult(order[a:b].copy(), j, s, support.cpu().numpy(), certified.cpu().numpy(),
-                      _pairs(found, order, a))
+                      bound.cpu().numpy().astype(np.float32), _pairs(found, order, a))
 
 
 def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -303,11 +304,23 @@ class PassResult:
     pair_sii: np.ndarray
     pair_stt: np.ndarray
     pair_sit: np.ndarray
+    bound: np.ndarray
     cut: int = 0
 
     @property
     def noise(self) -> np.ndarray:
         return self.support < self.idx.shape[1]
+
+    def certified_at(self, k: int) -> np.ndarray:
+        """The certificate for the top-k prefix (k <= the pass's k)."""
+        return (self.bound <= 0) | ((self.support >= k) & (self.score[:, k - 1] >= self.bound))
+
+
+def flops(lay: Layout, dims: int) -> float:
+    """Multiply-adds x 2 of every unit's GEMMs: queries x probed rows x (d_I + d_T [+ d_X])."""
+    size = np.diff(lay.bounds).astype(np.float64)
+    probed = np.array([size[p[p >= 0]].sum() for p in lay.probes])
+    return float(2.0 * dims * (size * probed).sum())
 
 
 def gather(n: int, k: int, results: Iterable[UnitResult], max_pairs: Optional[int] = None
@@ -316,10 +329,12 @@ def gather(n: int, k: int, results: Iterable[UnitResult], max_pairs: Optional[in
     score = np.zeros((n, k), np.float32)
     support = np.zeros(n, np.int64)
     cert = np.zeros(n, bool)
+    bound = np.zeros(n, np.float32)
     pairs = []
     for r in results:
         idx[r.rows], score[r.rows], support[r.rows], cert[r.rows] = (r.idx, r.score, r.support,
                                                                        r.certified)
+        bound[r.rows] = r.bound
         pairs.append(r.pairs)
     cat = {f: np.concatenate([x[f] for x in pairs]) if pairs else empty_result(1).pairs[f]
            for f in ("q", "j", "sii", "stt", "sit")}
@@ -336,7 +351,7 @@ def gather(n: int, k: int, results: Iterable[UnitResult], max_pairs: Optional[in
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(cat["q"], minlength=n), out=offsets[1:])
     return PassResult(idx, score, support, cert, offsets, cat["j"][o], cat["sii"][o],
-                      cat["stt"][o], cat["sit"][o], cut)
+                      cat["stt"][o], cat["sit"][o], bound, cut)
 
 
 def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = "cpu",

@@ -37,7 +37,7 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
     """hpm config -> pass parameters; method exact (or auto up to exact_max_n rows) probes
     every cluster: the pass is then exhaustive, i.e. exact HPM."""
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
-    c = blocks.PassParams(k=cfg.k, n_clusters=cfg.clusters).clusters(n)
+    c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=cfg.clusters).clusters(n)
     return blocks.PassParams(
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
