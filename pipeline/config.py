@@ -145,14 +145,13 @@ class HpmConfig:
     # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
     # mark: only the hpm_is_noise column, no reason
     noise_action: Literal["drop", "mark"] = "drop"
-    # blocks: one neighbour pass in dense blocks (clusters x their probed clusters, exact GEMM);
+    # blocks: one neighbour pass in dense blocks (each cluster x the rows routed to it, exact GEMM);
     # exact: the same pass probing every cluster; auto: exact up to exact_max_n rows, then
     # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
     method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = 50_000
     clusters: Optional[int] = None      # blocks: k-means clusters; null = about n / 2048
-    probe: int = 16                     # blocks: nearest centroids per query
-    max_probe: int = 48                 # blocks: clusters searched per cluster (union of probes)
+    probe: int = 16                     # blocks: clusters searched per row (nearest means)
     pass_actors: int = 0                # blocks: Ray actors for the pass; 0 = in the global step
     pass_cpus: float = 1.0              # blocks: CPUs per pass actor (its torch threads)
     # candidate pairs kept for the positives stage (its thresholds must not be below these)
@@ -179,7 +178,7 @@ class HpmConfig:
     resources: Resources = Resources()
 
     def __post_init__(self) -> None:
-        _check_mining("hpm", self, positive=("k", "exact_max_n", "clusters", "probe", "max_probe",
+        _check_mining("hpm", self, positive=("k", "exact_max_n", "clusters", "probe",
                                              "max_pairs", "pool_size", "nlist", "pq_m",
                                              "nprobe", "k_prime", "k_prime_max", "train_size",
                                              "block_size", "query_block", "build_threads"),

@@ -205,7 +205,7 @@ def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
              Node(HpmStage, after=("embed",)), Node(PositivesStage, after=("hpm",))]
     local, remote = tmp_path / "local", tmp_path / "ray"
     over = {"source.rows_per_part": N // 2, "ray.address": "local", "hpm.method": "blocks",
-            "hpm.clusters": 4, "hpm.probe": 2, "hpm.max_probe": 3}
+            "hpm.clusters": 4, "hpm.probe": 2}
     run(cfg(source, local, **over), small, executor="local", log=quiet)
     shutil.copytree(local, remote, ignore=shutil.ignore_patterns("hpm", "positives"))
     # the pass on an actor pool (pass_* are resources: the same fingerprint, the same tables)
