@@ -1,13 +1,16 @@
 """Stage ``hpm``: HELIP hard pairs and noise pairs for every row still kept.
 
-Global step (``prepare``, once): the image/text embeddings of every kept row go to files in the
-stage's workdir (store.py); above ``hpm.exact_max_n`` rows (or with ``method: fast``) it also
-samples FastHPM's pool and builds the IVF-PQ index of its joint vectors there. The state it
-returns is only paths and sizes.
+Global step (``prepare``, once): the image/text (and cross-modal, when embed wrote them)
+embeddings of every kept row go to files in the stage's workdir (store.py, the one collect of
+mining). Methods exact/blocks/auto: the neighbour pass (blocks.py, pass_io.py) mines every row
+there, on an actor pool when ``hpm.pass_actors`` > 0 and Ray runs, and keeps its results by
+global row in the workdir; ``fast``: FastHPM's pool and IVF-PQ index (legacy). Before any part
+is written it stops with an actionable error naming ``hpm.k`` when no kept row can have k
+supporting pairs (issue 12: every row would be a noise pair). The state it returns is paths.
 
-Per part (an actor pool, ``heavy_init``: each actor maps the vectors / loads the index once):
-the part's targets are mined against the whole table (exact) or the pool (FastHPM), and each row
-gets its hard ids and scores, support, noise flag and certificate.
+Per part (``heavy_init``: each actor maps the results / loads the index once): the part's rows
+get their hard ids and scores, support, noise flag, certificate and (pass only) their candidate
+pairs with exact similarities (``hpm_pair_*``), which the positives stage can read.
 
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
 under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
