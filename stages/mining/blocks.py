@@ -87,6 +87,16 @@ class Layout:
     def n_clusters(self) -> int:
         return len(self.bounds) - 1
 
+    def queries(self, c: int) -> np.ndarray:
+        return self.route_q[self.route_off[c]:self.route_off[c + 1]]
+
+    def light(self) -> "Layout":
+        """What a unit needs besides its queries: the order and the cluster bounds (an actor's
+        copy; 8 bytes per row)."""
+        z = np.zeros(0, np.float32)
+        return Layout(z.reshape(0, 0), z, self.order, self.bounds,
+                      np.zeros(len(self.bounds), np.int64), np.zeros(0, np.int64), z)
+
 
 def joint_t(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([i, t], 1) / math.sqrt(2.0)
@@ -206,10 +216,12 @@ class Vectors:
         return self.ximg is not None
 
 
-def run_unit(lay: Layout, vec: Vectors, c: int, p: PassParams, device: str = "cpu") -> UnitResult:
-    """Cluster c: every query routed to it (gathered, in query_block chunks) against its
-    members (a contiguous slice, in block_size chunks)."""
-    qs = lay.route_q[lay.route_off[c]:lay.route_off[c + 1]]
+def run_unit(lay: Layout, vec: Vectors, c: int, p: PassParams, device: str = "cpu",
+             qs: Optional[np.ndarray] = None) -> UnitResult:
+    """Cluster c: every query routed to it (``qs``, sorted positions; default from the layout;
+    gathered query_block at a time) against its members (a contiguous slice, block_size at a
+    time)."""
+    qs = lay.queries(c) if qs is None else qs
     parts = [_query_block(lay, vec, qs[a:a + p.query_block], c, p, device)
              for a in range(0, len(qs), p.query_block)]
     if not parts:
@@ -403,18 +415,19 @@ def ray_units(actors: int, num_cpus: float = 1, num_gpus: float = 0, device: str
     @ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)
     class PassActor:
         def __init__(self, lay, vec, p) -> None:
+            torch.set_num_threads(max(1, int(num_cpus)))   # its share of the node, no more
             self.lay, self.p = lay, p
             self.vec = vec if vec_dir is None else load_vectors(vec_dir, len(lay.order))
 
-        def unit(self, c: int) -> UnitResult:
+        def unit(self, c: int, qs: np.ndarray) -> UnitResult:
             with torch.no_grad():
-                return run_unit(self.lay, self.vec, c, self.p, device)
+                return run_unit(self.lay, self.vec, c, self.p, device, qs)
 
     def run(lay: Layout, vec: Vectors, p: PassParams, units: Iterable[int]):
-        lay_ref = ray.put(lay)
+        lay_ref = ray.put(lay.light())
         vec_ref = ray.put(vec if vec_dir is None else None)
         pool = ActorPool([PassActor.remote(lay_ref, vec_ref, p) for _ in range(actors)])
-        return pool.map(lambda a, c: a.unit.remote(c), list(units))   # ordered
+        return pool.map(lambda a, c: a.unit.remote(c, lay.queries(c)), list(units))  # ordered
     return run
 
 
