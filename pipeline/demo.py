@@ -130,7 +130,8 @@ DEMO_MODELS = {
     "concepts.min_object_count": 2, "concepts.min_attribute_count": 2,
     "concepts.min_sharedness": 1, "concepts.epochs": 3,
     # HELIP's noise rule needs k supporting pairs: with ~80 kept pairs, k = 100 would flag all
-    "hpm.k": 3,
+    # (hpm now stops with an error naming hpm.k then); k = 2 also fits `demo --n 30`
+    "hpm.k": 2,
     # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
     # (every row, and the summary, say so) instead of stopping
     "cat.if_missing": "skip", "textspot.if_missing": "skip",
