@@ -32,7 +32,7 @@ from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import Resources, Stage, reasons_array
 
-from . import blocks, hpm
+from . import hpm
 from .pass_io import load_result, pass_params, run_pass, small_data_error
 from .store import Store, collect, lists, with_nulls
 
