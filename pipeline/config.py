@@ -151,7 +151,8 @@ class HpmConfig:
     method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = 50_000
     clusters: Optional[int] = None      # blocks: k-means clusters; null = about n / 2048
-    probe: int = 16                     # blocks: clusters searched per row (nearest means)
+    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@10/50/100 >= 0.99
+    probe: int = 40
     pass_actors: int = 0                # blocks: Ray actors for the pass; 0 = in the global step
     pass_cpus: float = 1.0              # blocks: CPUs per pass actor (its torch threads)
     # candidate pairs kept for the positives stage (its thresholds must not be below these)

@@ -57,7 +57,7 @@ class PassParams:
     floor_t: float = 2.0
     floor_x: float = 2.0           # S_it > floor_x (needs cross-modal vectors)
     n_clusters: Optional[int] = None   # None: auto (clusters of about 2048 rows)
-    probe: int = 16                # clusters searched per query (all: exhaustive)
+    probe: int = 40                # clusters searched per query (all: exhaustive)
     iters: int = 10
     sample: int = 64               # k-means training rows per cluster
     seed: int = 0

@@ -335,7 +335,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/vlcurate_bench"))
     ap.add_argument("--fasthpm", action="store_true", help="also the FastHPM grid (slow)")
     ap.add_argument("--clusters", type=int, help="pass: k-means clusters (default auto)")
-    ap.add_argument("--probe", type=int, default=16)
+    ap.add_argument("--probe", type=int, default=40)
     ap.add_argument("--targets", type=int, help="pass: mine only this many random rows")
     ap.add_argument("--floor", type=float, default=0.9, help="pass: pair floors")
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 100])
