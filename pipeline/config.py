@@ -170,8 +170,21 @@ class HpmConfig:
     # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
     # mark: only the hpm_is_noise column, no reason
     noise_action: Literal["drop", "mark"] = "drop"
-    method: Literal["auto", "exact", "fast"] = "auto"   # auto: exact up to exact_max_n rows
+    # blocks: one neighbour pass in dense blocks (each cluster x the rows routed to it, exact GEMM);
+    # exact: the same pass probing every cluster; auto: exact up to exact_max_n rows, then
+    # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
+    method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = 50_000
+    clusters: Optional[int] = None      # blocks: k-means clusters; null = about n / 2048
+    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@10/50/100 >= 0.99
+    probe: int = 40
+    pass_actors: int = 0                # blocks: Ray actors for the pass; 0 = in the global step
+    pass_cpus: float = 1.0              # blocks: CPUs per pass actor (its torch threads)
+    # candidate pairs kept for the positives stage (its thresholds must not be below these)
+    pair_image: float = 0.9             # S_ii > pair_image
+    pair_text: float = 0.9              # S_tt > pair_text
+    pair_cross: float = 0.24            # S_it > pair_cross (cross-modal embeddings only)
+    max_pairs: int = 256                # per row, highest max(S_ii, S_tt, S_it) first
     pool_size: Optional[int] = None     # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = None         # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = None          # PQ sub-quantizers of the joint vector; null = dim / 2
@@ -191,10 +204,14 @@ class HpmConfig:
     resources: Resources = Resources()
 
     def __post_init__(self) -> None:
-        _check_mining("hpm", self, positive=("k", "exact_max_n", "pool_size", "nlist", "pq_m",
+        _check_mining("hpm", self, positive=("k", "exact_max_n", "clusters", "probe",
+                                             "max_pairs", "pool_size", "nlist", "pq_m",
                                              "nprobe", "k_prime", "k_prime_max", "train_size",
                                              "block_size", "query_block", "build_threads"),
-                      unit=("tau_image", "tau_text", "dup_threshold"))
+                      unit=("tau_image", "tau_text", "dup_threshold", "pair_image", "pair_text",
+                            "pair_cross"))
+        if self.pass_actors < 0 or self.pass_cpus <= 0:
+            raise ConfigError("hpm.pass_actors must be >= 0 and hpm.pass_cpus > 0")
         if not 1 <= self.pq_nbits <= 16:
             raise ConfigError(f"hpm.pq_nbits: must be in 1..16, got {self.pq_nbits}")
 
@@ -422,7 +439,7 @@ class ExportConfig:
 # pins what is in and what is out.
 SPEED_ONLY: dict[str, tuple[str, ...]] = {
     "embed": ("decode", "decode_threads"),         # where/how many threads decode (same pixels)
-    "hpm": ("build_threads",),                     # threads of the index build
+    "hpm": ("build_threads", "pass_actors", "pass_cpus"),   # threads / actors of the search
     "cat": ("n_process", "pipe_batch_size", "gemm"),   # spaCy processes, batches, BLAS kernels
     "textspot": ("threads",),                      # OCR threads
 }

@@ -130,7 +130,8 @@ DEMO_MODELS = {
     "concepts.min_object_count": 2, "concepts.min_attribute_count": 2,
     "concepts.min_sharedness": 1, "concepts.epochs": 3,
     # HELIP's noise rule needs k supporting pairs: with ~80 kept pairs, k = 100 would flag all
-    "hpm.k": 3,
+    # (hpm now stops with an error naming hpm.k then); k = 2 also fits `demo --n 30`
+    "hpm.k": 2,
     # the random image encoder puts most demo pictures at cosine 0.94-0.999 of each other: with
     # FFF's p2 = 0.92 and HELIP's duplicate cut 0.98, every kept pair would be a positive of every
     # other (no negatives left for the trainer), so here only near-identical pictures count

@@ -27,8 +27,24 @@ SUPPORT = pa.field("hpm_support", pa.int32(), metadata={
 IS_NOISE = pa.field("hpm_is_noise", pa.bool_(), metadata={
     "doc": "HELIP noise pair: fewer than k pairs support the target"})
 CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
-    "doc": "the hard set is provably the exact top-k (exact HPM: always; FastHPM: k-th product "
-           ">= the bound on every pair not retrieved, estimated from the IVF-PQ search)"})
+    "doc": "the hard set is provably the exact top-k (exact: always; blocks: k-th product >= "
+           "the triangle bound on every unprobed cluster, or no pair left out can score > 0; "
+           "FastHPM: the same test with a bound estimated from the IVF-PQ search)"})
+
+# what hpm's neighbour pass found besides hard pairs (issue 15): every pair with S_I, S_T (or,
+# with cross-modal vectors, S_it) above hpm's pair floors, with its exact similarities; the
+# positives stage applies FFF Eq. 1 and the duplicate rule to them, so a positives threshold
+# change reruns positives only. Aligned lists, sorted by the other row's global position.
+PAIR_IDS = pa.field("hpm_pair_ids", pa.list_(pa.string()), metadata={
+    "doc": "sample_ids j of the candidate pairs (i, j): S_ii > hpm.pair_image or S_tt > "
+           "hpm.pair_text or S_it > hpm.pair_cross; null when not mined or method fast"})
+PAIR_SII = pa.field("hpm_pair_sii", pa.list_(pa.float32()), metadata={
+    "doc": "exact image-image cosine S_ii of each candidate pair"})
+PAIR_STT = pa.field("hpm_pair_stt", pa.list_(pa.float32()), metadata={
+    "doc": "exact text-text cosine S_tt of each candidate pair"})
+PAIR_SIT = pa.field("hpm_pair_sit", pa.list_(pa.float32()), metadata={
+    "doc": "exact cross-modal S_it = <cross image i, cross text j> (directed); null without "
+           "cross-modal embeddings"})
 
 # --- positives stage --------------------------------------------------------------------------------
 POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={
@@ -62,7 +78,8 @@ def cross_text_emb(dim: int, float16: bool = False) -> pa.Field:
 
 
 # --- tables -------------------------------------------------------------------------------------------
-HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED)
+HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED, PAIR_IDS, PAIR_SII,
+                         PAIR_STT, PAIR_SIT)
 POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_RELATIONS, POSITIVE_SCORES)
 
 ALL = {"hard_pairs": HARD_PAIRS, "positives": POSITIVES}

@@ -20,7 +20,8 @@ from vlcurate.stages.base import Stage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
-from vlcurate.stages.mining import fff, hpm
+from vlcurate.stages.mining import blocks, fff, hpm
+from vlcurate.stages.mining.pass_io import small_data_error
 from vlcurate.stages.mining.positives import PositivesStage
 from vlcurate.stages.mining.stage import HpmStage
 
@@ -96,7 +97,8 @@ def cfg(source: Path, run_dir: Path, **over) -> C.Config:
     return C.load(None, {"source.path": str(source), "source.rows_per_part": 10,
                          "run.run_dir": str(run_dir), "run.progress": False,
                          "hpm.k": K, "hpm.tau_image": 0.3, "hpm.tau_text": 0.3,
-                         "positives.p2": 0.9, "positives.p3": 0.95, **over})
+                         "positives.p2": 0.9, "positives.p3": 0.95, "hpm.pair_image": 0.6,
+                         "hpm.pair_text": 0.6, **over})
 
 
 def table(run_dir: Path, stage: str) -> pa.Table:
@@ -111,6 +113,8 @@ def expected(ids: list[str]):
     """Exact HPM over the rows still kept when hpm runs (all but FLAG), in ingest order."""
     kept = [i for i in range(N) if i not in FLAG]
     r = hpm.exact_hpm(IMG[kept], TXT[kept], K, 0.3, 0.3, 0.98)
+    r.idx, perm = blocks.canonical(r.idx, r.score)        # equal scores: lower row first
+    r.score = np.take_along_axis(r.score, perm, 1)
     return kept, r, {ids[kept[q]]: q for q in range(len(kept))}
 
 
@@ -143,6 +147,14 @@ def test_stage_tables_reasons_and_flagged_rows(source, tmp_path):
                                    rtol=1e-5)
         assert row[F.REASONS.name] == ([R.HPM_NOISE] if noise else [])
         assert not flagged_ids & set(row[M.HARD_IDS.name])
+        # the pass's candidate pairs: every kept row above the floors, exact similarities
+        sii, stt = IMG[kept] @ IMG[i], TXT[kept] @ TXT[i]
+        above = [q2 for q2 in range(len(kept)) if q2 != q and (sii[q2] > 0.6 or stt[q2] > 0.6)]
+        assert row[M.PAIR_IDS.name] == [ids[kept[q2]] for q2 in above]
+        np.testing.assert_allclose(row[M.PAIR_SII.name], sii[above], atol=1e-5)
+        np.testing.assert_allclose(row[M.PAIR_STT.name], stt[above], atol=1e-5)
+        assert row[M.PAIR_SIT.name] is None                 # no cross-modal embedding
+    assert sum(len(row[M.PAIR_IDS.name] or []) for row in rows) > 20
     n_noise = int(r.noise.sum())
     assert 0 < n_noise < len(kept)
     assert res["hpm"]["reason_counts"] == {R.HPM_NOISE: n_noise}
@@ -182,6 +194,7 @@ def test_mark_keeps_noise_pairs_and_fast_method_matches(source, tmp_path):
         want = [] if r.noise[q] else [ids[kept[j]] for j in r.idx[q] if j >= 0]
         assert row[M.HARD_IDS.name] == want and row[M.CERTIFIED.name]
     assert res["positives"]["rows_in"] == len(kept)       # noise pairs stay in
+    assert all(row[M.PAIR_IDS.name] is None for row in rows)   # FastHPM finds no pairs
     assert sum(table(tmp_path, "export").column(F.KEEP.name).to_pylist()) == len(kept)
 
 
@@ -191,16 +204,22 @@ def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
     small = [Node(IngestStage), Node(FakeEmbed, after=("ingest",)),
              Node(HpmStage, after=("embed",)), Node(PositivesStage, after=("hpm",))]
     local, remote = tmp_path / "local", tmp_path / "ray"
-    over = {"source.rows_per_part": N // 2, "ray.address": "local"}
+    over = {"source.rows_per_part": N // 2, "ray.address": "local", "hpm.method": "blocks",
+            "hpm.clusters": 4, "hpm.probe": 2}
     run(cfg(source, local, **over), small, executor="local", log=quiet)
     shutil.copytree(local, remote, ignore=shutil.ignore_patterns("hpm", "positives"))
-    res = run(cfg(source, remote, **over), small, executor="ray", log=quiet)
+    # the pass on an actor pool (pass_* are resources: the same fingerprint, the same tables)
+    res = run(cfg(source, remote, **over, **{"hpm.pass_actors": 3, "hpm.pass_cpus": 0.5}),
+              small, executor="ray", log=quiet)
     assert [r.status for r in res] == ["skipped", "skipped", "ran", "ran"]
-    for stage, scores in (("hpm", M.HARD_SCORES.name), ("positives", M.POSITIVE_SCORES.name)):
+    floats = {"hpm": (M.HARD_SCORES.name, M.PAIR_SII.name, M.PAIR_STT.name),
+              "positives": (M.POSITIVE_SCORES.name,)}
+    for stage, cols in floats.items():
         a, b = table(remote, stage), table(local, stage)
-        assert a.drop_columns([scores]).equals(b.drop_columns([scores]))
-        for x, y in zip(a.column(scores).to_pylist(), b.column(scores).to_pylist()):
-            np.testing.assert_allclose(x or [], y or [], rtol=1e-5)    # thread count: rounding
+        assert a.drop_columns(list(cols)).equals(b.drop_columns(list(cols)))
+        for c in cols:
+            for x, y in zip(a.column(c).to_pylist(), b.column(c).to_pylist()):
+                np.testing.assert_allclose(x or [], y or [], rtol=1e-5)   # threads: rounding
     assert table(remote, "hpm").column(M.IS_NOISE.name).to_pylist().count(True) > 0
 
 
@@ -253,3 +272,17 @@ def test_store_skips_rows_without_embeddings_and_reads_float16(tmp_path):
     np.testing.assert_array_equal(s.locate(np.array([1, 1, 1, 0]), np.array([0, 1, 2, 2])),
                                   [3, -1, 4, 2])
     assert s.id_lists(np.array([[4, -1], [-1, -1]])).to_pylist() == [["p1r2"], []]
+
+
+@pytest.mark.parametrize("k", [100, 40])
+def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
+    """Issue 12: 41 kept rows cannot support k = 100 (fewer rows than k) nor k = 40 (no row has
+    40 supporters): the run stops in hpm's global step with an actionable error."""
+    kept = [i for i in range(N) if i not in FLAG]
+    best = 40 if k == 100 else int(hpm.exact_hpm(IMG[kept], TXT[kept], k, 0.3, 0.3).support.max())
+    with pytest.raises(ValueError) as e:
+        run(cfg(source, tmp_path, **{"hpm.k": k}), dag(), executor="local", log=quiet)
+    assert str(e.value) == small_data_error(k, len(kept), best)
+    assert str(e.value).startswith(f"hpm.k = {k} cannot be supported by the 41 rows kept")
+    assert f"Set hpm.k to at most {best}" in str(e.value)
+    assert not (tmp_path / "hpm" / "data").exists()          # no part of hpm was written
