@@ -62,6 +62,12 @@ def _targets(metas: list[dict], ids: str, probs: str, n_classes: int) -> tuple[t
     return index, value
 
 
+def hard_negatives(meta: dict) -> list[str]:
+    """A sample's mined hard pairs, less its mined positives: its twin is never its negative."""
+    positives = set(meta.get(A.positive_ids) or [])
+    return [h for h in meta.get(A.hard_ids) or [] if h not in positives]
+
+
 def positive_masks(keys: list[str], metas: list[dict], owner: torch.Tensor, skip: set[int],
                    mined: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(image-text [n, n_txt], image-image [n, n], text-text [n_txt, n_txt]) positives of the
@@ -99,7 +105,9 @@ class Composer:
 
     def helip(self, samples: list[Sample], rng: random.Random) -> tuple[list[Sample], list[list[int]]]:
         """B-bar = B + the p hard pairs of each seed in B' (HELIP Alg. 3; p sampled i.i.d. from
-        the seed's mined hard set H*_i, as the algorithm says, so a pair may repeat)."""
+        the seed's mined hard set H*_i, as the algorithm says, so a pair may repeat). A pair the
+        pipeline also listed as a positive of the seed (an FFF relation, a near-duplicate twin)
+        is never drawn as its hard negative."""
         c = self.cfg
         hard: list[list[int]] = [[] for _ in samples]
         if c.loss != "helip":
@@ -107,7 +115,7 @@ class Composer:
         n_seeds = round(len(samples) * c.helip_seed_fraction)
         out = list(samples)
         for i in sorted(rng.sample(range(len(samples)), n_seeds)):
-            pool = samples[i].meta.get(A.hard_ids) or []
+            pool = hard_negatives(samples[i].meta)
             for hid in ([rng.choice(pool) for _ in range(c.helip_p)] if pool else []):
                 got = self.shards.fetch(hid)
                 if got is not None:

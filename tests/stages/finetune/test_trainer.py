@@ -97,6 +97,21 @@ def test_helip_batches_contain_each_seeds_hard_pairs(shards, clip):
     assert composer(shards, clip, loss="clip")(samples, step_rng(0, 0, 0, 0)).n_hard_added == 0
 
 
+def test_a_positive_is_never_drawn_as_a_hard_negative(shards, clip):
+    """Issue 17: a near-duplicate twin mined as both a hard pair and a positive of the seed is a
+    positive only."""
+    import dataclasses
+    from vlcurate.stages.finetune.compose import hard_negatives
+    samples = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:8]
+    twins = [dataclasses.replace(s, meta={**s.meta, A.positive_ids: [s.meta[A.hard_ids][0]]})
+             for s in samples]
+    assert all(hard_negatives(t.meta) == t.meta[A.hard_ids][1:] for t in twins)
+    comp = composer(shards, clip, loss="helip", helip_seed_fraction=1.0, helip_p=4)
+    fetched, hard = comp.helip(twins, step_rng(0, 0, 0, 0))
+    drawn = {(i, fetched[j].key) for i, h in enumerate(hard) for j in h}
+    assert len(drawn) == 8 and all(k == twins[i].meta[A.hard_ids][1] for i, k in drawn)
+
+
 def with_positives(shards, n: int) -> list:
     """``n`` streamed samples, then the mined positive of each (so pairs are in the batch)."""
     first = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:n]
