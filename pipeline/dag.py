@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from vlcurate.stages.cat.stage import CatStage, TextSpotStage
 from vlcurate.stages.concepts import ConceptsStage
+from vlcurate.stages.dedup import DedupStage
 from vlcurate.stages.embed import EmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
@@ -40,11 +41,13 @@ def default_dag() -> list[Node]:
         Node(EmbedStage, after=("textspot",)),
         Node(HpmStage, after=("embed",)),
         Node(PositivesStage, after=("hpm",)),
+        # near-duplicate groups keep their first row (the others: dedup.near_duplicate)
+        Node(DedupStage, after=("positives",)),
         # model-heavy annotations, only for rows every filter kept
-        Node(RecaptionStage, after=("positives",)),
-        Node(ConceptsStage, after=("positives",)),
+        Node(RecaptionStage, after=("dedup",)),
+        Node(ConceptsStage, after=("dedup",)),
         Node(ExportStage, after=("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm",
-                                 "positives", "recaption", "concepts")),
+                                 "positives", "dedup", "recaption", "concepts")),
     ]
 
 

@@ -136,6 +136,9 @@ DEMO_MODELS = {
     # FFF's p2 = 0.92 and HELIP's duplicate cut 0.98, every kept pair would be a positive of every
     # other (no negatives left for the trainer), so here only near-identical pictures count
     "hpm.dup_threshold": 0.999, "positives.p2": 0.999,
+    # the demo's near-duplicates (resized copies) are flagged dedup.near_duplicate, and exported
+    # anyway, so that the trainer sees twins as positives of each other: export decides
+    "export.drop": ["ingest.*", "lang.*", "cat.*", "hpm.*"],
     # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
     # (every row, and the summary, say so) instead of stopping
     "cat.if_missing": "skip", "textspot.if_missing": "skip",

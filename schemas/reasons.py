@@ -34,4 +34,5 @@ HPM_NOISE = "hpm.noise_pair"
 CAT_LOW_COMPLEXITY = "cat.low_complexity"
 CAT_NO_ACTION = "cat.no_action"
 CAT_TEXT_SPOTTED = "cat.text_spotted"
+DEDUP_NEAR = "dedup.near_duplicate"   # all but the first row of a near-duplicate group
 LANG_OTHER = "lang.other"        # the caption is not (likely) in one of lang.keep

@@ -177,7 +177,7 @@ def test_changed_parameter_reruns_that_stage_and_downstream_only(demo_data, tmp_
 
 def test_policy_change_reexports_without_recompute(demo_data, tmp_path):
     ShortCaptionFilter.calls.clear()
-    cfg = cfg_for(demo_data, tmp_path / "run", **{"run.chunk_rows": 5})
+    cfg = cfg_for(demo_data, tmp_path / "run", **{"run.chunk_rows": 5, "export.drop": ["*"]})
     first = by_stage(run(cfg, dag=dag_with_filter(), executor="local", log=quiet))
     flagged = first["shortcap"].manifest["reason_counts"][SHORT]
     assert flagged > 0 and sum(ShortCaptionFilter.calls) == first["shortcap"].manifest["rows_in"]
