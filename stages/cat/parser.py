@@ -60,6 +60,7 @@ LINKING_FORMS = EXCLUDED_FORMS - {"have", "has", "had", "having", "'ve", "'d"}
 HAVE_FORMS = frozenset({"have", "has", "had", "having"})
 CONJ, COP, CASE, NMOD, PREP, POBJ = (frozenset({x}) for x in ("conj", "cop", "case", "nmod", "prep",
                                                               "pobj"))
+DET = frozenset({"det", "poss", "nmod:poss"})
 AGENT_UD, AGENT_CLEAR = frozenset({"obl:agent"}), frozenset({"agent"})
 REL_PRONOUNS = frozenset({"who", "whom", "which", "that", "whose"})
 HAS_ATTR, HAS_PART = "has_attr", "has_part"
@@ -164,8 +165,36 @@ def _label(strings: Any, x: int) -> str:
     return s
 
 
+NOMINAL = frozenset({"NOUN", "PROPN"})
+CLAUSAL = frozenset({"VERB", "AUX", "ADJ"})
+NP_ADVERBIAL = frozenset({"npadvmod", "nmod:npmod", "obl:npmod"})   # "today", "10 years old"
+
+
 def _is_object(d: _Doc, i: int, L: Labels) -> bool:
-    return d.pos[i] == "NOUN" and d.dep[i] not in L.noun_mod
+    """DiHT A.1.1: an object is a noun that is not an attribute of another noun.
+
+    * a noun modifying a noun (``compound``, ClearNLP ``nmod``, ``npadvmod``) is an attribute;
+    * so is a bare noun labelled ``amod`` in front of its noun ("living room", "silver car": the
+      tagger's NOUN used as an adjective); one with its own determiner, or after the noun, is a
+      mis-attached phrase ("an asian baby ... wii") and stays an object;
+    * a noun under a verb or adjective that itself modifies a noun ("wood paneled kitchen", "a 10
+      year old boy") is an attribute of that attribute;
+    * a ``compound`` / ``nmod`` noun under a verb or adjective of the clause ("a polar bear
+      playing in water" parsed as compound of *playing*) modifies no noun: a mis-parse, and the
+      noun is still an object. Adverbial nouns there ("today", "this week") are not flipped.
+    """
+    if d.pos[i] != "NOUN":
+        return False
+    dep, h = d.dep[i], d.head[i]
+    if h == i:
+        return True
+    if dep == "amod":
+        return not (d.pos[h] in NOMINAL and i < h and not d.children(i, DET))
+    if dep not in L.noun_mod:
+        return True
+    if d.pos[h] in CLAUSAL and dep not in NP_ADVERBIAL:
+        return d.dep[h] not in L.obj_attr and d.dep[h] not in L.attr_mod
+    return False
 
 
 def _word(d: _Doc, i: int) -> str:
@@ -207,10 +236,12 @@ def _arguments(d: _Doc, v: int, L: Labels, memo: dict) -> tuple[list[int], list[
     if dep in L.relcl:                                   # "a man who rides": who -> man
         subj = [h if _rel_pronoun(d, s) else s for s in subj]
         obj = [h if _rel_pronoun(d, o) else o for o in obj]
-    if not subj and not passive and h != v:
-        if dep == "acl" and d.passive_participle(v):     # "a cake decorated with candles"
-            obj.append(h)
-        elif dep in ("acl", "relcl", "acl:relcl"):       # "two dogs playing in the snow"
+    if h != v and not d.children(v, L.pass_subj) and (
+            (dep == "acl" and (passive or d.passive_participle(v)))
+            or (dep in L.relcl and passive)):
+        obj.append(h)       # "a cake decorated with candles", "food being heated (by a cook)"
+    elif not subj and not passive and h != v:
+        if dep in ("acl", "relcl", "acl:relcl"):         # "two dogs playing in the snow"
             subj.append(h)
         elif dep in ("conj", "xcomp", "advcl") and d.pos[h] in ("VERB", "AUX"):
             subj = list(_arguments(d, h, L, memo)[0])    # "running and jumping", "trying to catch"
