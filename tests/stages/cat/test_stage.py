@@ -238,8 +238,8 @@ def test_auto_runs_the_installed_pipeline_and_records_which(tmp_path):
     assert ident != "missing" and ident == P.pipeline_identity(P.resolve_model("auto"))
     info = res["cat"].info
     assert info["spacy_model"] == ident and info["skipped"] == []
-    assert info["notes"] == [f"cat: cat.spacy_model=auto parses with {ident} (the first installed "
-                             "English spaCy pipeline; set cat.spacy_model to choose one)"]
+    assert info["notes"] == [(f"cat: cat.spacy_model=auto parses with {ident} (the first "
+                              "installed English spaCy pipeline; set cat.spacy_model to choose one)")]
     assert json.loads((tmp_path / "run" / "cat" / "_info.json").read_text())["spacy_model"] == ident
     rows = by_key(tmp_path / "run", "cat")
     assert rows["chase"][S.CAT_MODEL.name].startswith(ident + " (")
