@@ -218,6 +218,9 @@ class CatConfig:
     min_complexity: int = 1               # keep complexity >= this (-1: no object; C0, C1, ...)
     require_action: bool = True           # keep only captions with an action
     participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
+    # lower: parse a Title Case caption ("Bravo Apple Juice") in lower case, since the tagger reads
+    # capitalised words as proper nouns, never objects; keep: as written (DiHT)
+    title_case: Literal["keep", "lower"] = "keep"
     resources: Resources = Resources()
 
     def __post_init__(self) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -445,13 +446,33 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     return Pipeline(nlp, scheme, label)
 
 
+SMALL_WORDS = frozenset({"a", "an", "the", "of", "and", "or", "with", "in", "on", "for", "to",
+                         "by", "at", "from"})
+WORD = re.compile(r"[^\W\d_][\w'’-]*")
+
+
+def is_title_case(text: str) -> bool:
+    """Every word (but a few small ones) capitalised, at least two of them: "Bravo Apple Juice",
+    "Arla Natural Mild Low Fat Yoghurt", or all capitals."""
+    words = [w for w in WORD.findall(text) if w.lower() not in SMALL_WORDS]
+    return len(words) >= 2 and all(w[0].isupper() for w in words)
+
+
+def recase(text: str, title_case: str = "keep") -> str:
+    """``cat.title_case: lower`` parses a Title Case caption in lower case: the taggers read its
+    capitalised words as proper nouns, which are never objects (issue 17: product names)."""
+    return text.lower() if title_case == "lower" and is_title_case(text) else text
+
+
 def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int = 1,
-                batch_size: int = 512, participle_actions: bool = True) -> list[Graph]:
+                batch_size: int = 512, participle_actions: bool = True,
+                title_case: str = "keep") -> list[Graph]:
     """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
-    uniq = list(dict.fromkeys(t or "" for t in texts))
+    texts = [recase(t or "", title_case) for t in texts]
+    uniq = list(dict.fromkeys(texts))
     docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
     graphs = {t: parse(doc, pipe.scheme, participle_actions) for t, doc in zip(uniq, docs)}
-    return [graphs[t or ""] for t in texts]
+    return [graphs[t] for t in texts]
 
 
 def pipeline_identity(model: str) -> str:

@@ -104,7 +104,8 @@ class CatStage(Stage):
             return _skipped(ids, S.CAT_SKIPPED, self.skipped, S.CAT)
         c = self.config.cat
         graphs = P.parse_texts(self.pipe, batch.column(F.CAPTION.name).to_pylist(), c.n_process,
-                               c.pipe_batch_size, c.participle_actions)
+                               c.pipe_batch_size, c.participle_actions,
+                               c.title_case)
         reasons, details = [], []
         for g in graphs:
             rs, why = [], []

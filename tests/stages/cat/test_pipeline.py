@@ -191,3 +191,41 @@ def test_a_pipeline_without_parser_or_not_english_is_refused(tmp_path):
     spacy.blank("de").to_disk(tmp_path / "blank_de")
     with pytest.raises(P.PipelineMissing, match="'de' pipeline, not English"):
         P.load_pipeline(str(tmp_path / "blank_de"))
+
+
+# --- issue 17: Title Case product names ----------------------------------------------------------
+def test_title_case_detection_and_recasing():
+    assert P.is_title_case("Bravo Apple Juice") and P.is_title_case("A YOUNG GIRL EATING PIZZA")
+    assert P.is_title_case("Image of Mount Fuji")                # small words may stay lower case
+    assert not P.is_title_case("Tavern Brawl by velinov") and not P.is_title_case("Juice")
+    assert not P.is_title_case("A dog chasing a ball")
+    assert P.recase("Bravo Apple Juice", "lower") == "bravo apple juice"
+    assert P.recase("Bravo Apple Juice") == "Bravo Apple Juice"               # keep: DiHT
+    assert P.recase("A dog in Paris", "lower") == "A dog in Paris"
+
+
+@pytest.mark.parametrize("model", [CLEAR_MODEL, pytest.param(UD_MODEL, marks=needs_ud)])
+def test_title_case_lower_finds_the_product_object(model, request):
+    pipe = request.getfixturevalue("clear" if model == CLEAR_MODEL else "ud")
+    caps = ["Arla Medium Fat Milk", "Oatly Oat Milk", "a dog chasing a ball"]
+    keep = P.parse_texts(pipe, caps)
+    lower = P.parse_texts(pipe, caps, title_case="lower")
+    assert [g.objects for g in keep[:2]] == [[], []]        # capitalised: proper nouns only
+    assert all("milk" in g.objects and g.complexity >= 1 for g in lower[:2])
+    assert lower[2].relations == keep[2].relations           # not Title Case: untouched
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("model", [CLEAR_MODEL, pytest.param(UD_MODEL, marks=needs_ud)])
+def test_title_case_lower_on_the_grocery_names(model, request):
+    # oracle: the product noun (the name's head) must be an object
+    pipe = request.getfixturevalue("clear" if model == CLEAR_MODEL else "ud")
+    with open(shared_data("grocery_packages") / "classes.csv", encoding="utf-8") as fh:
+        caps = [r["caption"] for r in csv.DictReader(fh)]
+    heads = [{"Tropicana Juice Smooth": "juice", "Tropicana Mandarin Morning": "mandarin"}
+             .get(c, c.split()[-1].lower()) for c in caps]
+
+    def hits(mode):
+        return sum(h in g.objects for h, g in zip(heads, P.parse_texts(pipe, caps,
+                                                                        title_case=mode)))
+    assert hits("keep") <= 4 and hits("lower") >= 20, (hits("keep"), hits("lower"))
