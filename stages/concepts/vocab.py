@@ -144,3 +144,32 @@ def build(objects: list, attributes: list, wn: WordNet,
 def to_ids(labels: list[list[str]], concepts: Concepts) -> list[list[int]]:
     ids = concepts.ids()
     return [[ids[n] for n in row if n in ids] for row in labels]
+
+
+def emptiness(obj: Concepts, att: Concepts, n_images: int, cfg, step: str = "counts") -> \
+        Optional[str]:
+    """Why a vocabulary built from ``n_images`` kept images is empty, naming the config key to
+    turn (issue 12: a default that rejects everything must say so), or None. ``step``: "counts"
+    after ``build``, "visualness" after the visualness filter."""
+    if not n_images:
+        return None                                   # nothing reached the stage: nothing to say
+    if not obj.names:
+        top = max(obj.count.values(), default=0)
+        return (f"concepts: empty object vocabulary: no noun synset is in concepts."
+                f"min_object_count={cfg.min_object_count} of the {n_images} kept images (the most "
+                f"frequent is in {top}); lower concepts.min_object_count (DiHT's 250 is for "
+                f"LAION scale)")
+    if att.names:
+        return None
+    if step == "visualness":
+        return (f"concepts: empty attribute vocabulary: no attribute head reaches concepts."
+                f"min_visualness={cfg.min_visualness} ({len(att.sharedness)} candidates); "
+                f"lower concepts.min_visualness, or set it to null")
+    shared = [a for a, c in att.count.items() if att.sharedness.get(a, 0) >= cfg.min_sharedness]
+    frequent = [a for a, c in att.count.items() if c >= cfg.min_attribute_count]
+    return (f"concepts: empty attribute vocabulary over {n_images} kept images: "
+            f"{len(frequent)} adjective synsets reach concepts.min_attribute_count="
+            f"{cfg.min_attribute_count} (the most frequent is in "
+            f"{max(att.count.values(), default=0)} images) and {len(shared)} reach concepts."
+            f"min_sharedness={cfg.min_sharedness}, none both; lower concepts.min_attribute_count "
+            f"(DiHT's 250 is for LAION scale) or concepts.min_sharedness")

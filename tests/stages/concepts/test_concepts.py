@@ -193,3 +193,27 @@ def test_teacher_missing_weights_error_and_local_file(tmp_path, monkeypatch):
         {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 2}))
     assert Teacher(tiny).encode([jpeg((0, 0, 0))], 4).shape == (1, 48)
     assert Path(tmp_path / "mnv3.pth").exists()
+
+
+def test_an_empty_vocabulary_names_the_key_to_lower(wn):
+    objects = [["dog", "ball"]] * 3 + [["car", "dog"]]
+    attributes = [["red"], ["red"], ["big"], ["red"]]
+    n = len(objects)
+    obj, att, _, _ = V.build(objects, attributes, wn, vcfg(min_object_count=5))
+    assert V.emptiness(obj, att, n, vcfg(min_object_count=5)) == (
+        "concepts: empty object vocabulary: no noun synset is in concepts.min_object_count=5 of "
+        "the 4 kept images (the most frequent is in 4); lower concepts.min_object_count (DiHT's "
+        "250 is for LAION scale)")
+    c = vcfg(min_attribute_count=250)
+    obj, att, _, _ = V.build(objects, attributes, wn, c)
+    assert obj.names and not att.names
+    assert V.emptiness(obj, att, n, c) == (
+        "concepts: empty attribute vocabulary over 4 kept images: 0 adjective synsets reach "
+        "concepts.min_attribute_count=250 (the most frequent is in 3 images) and 2 reach "
+        "concepts.min_sharedness=2, none both; lower concepts.min_attribute_count (DiHT's 250 "
+        "is for LAION scale) or concepts.min_sharedness")
+    ok = vcfg(min_sharedness=1)
+    obj, att, _, _ = V.build(objects, attributes, wn, ok)
+    assert att.names == ["red.s.01"] and V.emptiness(obj, att, n, ok) is None
+    assert "concepts.min_visualness=0.6" in V.emptiness(obj, att.keep([]), n, ok, "visualness")
+    assert V.emptiness(obj.keep([]), att.keep([]), 0, ok) is None     # no rows: nothing to say

@@ -141,3 +141,59 @@ def test_exported_with_the_annotations(result):
         meta = json.load(tf.extractfile(first))
     assert len(meta[R.RECAPTIONS.name]) == 5
     assert np.isclose(sum(meta[S.CONCEPT_OBJECT_PROBS.name]), 1, atol=5e-3)
+
+
+# --- issue 12: an empty vocabulary stops the run with the key to lower, or says so -------------
+def real_cat_dag():
+    from vlcurate.stages.cat.stage import CatStage
+    return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(CatStage, after=("ids",)),
+            Node(ConceptsStage, after=("cat",)),
+            Node(ExportStage, after=("ingest", "ids", "cat", "concepts"))]
+
+
+@pytest.fixture(scope="module")
+def demo20(tmp_path_factory):
+    return make_demo(tmp_path_factory.mktemp("demo") / "data", n=20, seed=3)
+
+
+def small_cfg(data, run_dir, **over) -> C.Config:
+    # the real CAT parse (cat.spacy_model=auto) writes the words concepts reads
+    return C.load(None, {**demo_overrides(data, run_dir), "run.progress": False,
+                         "concepts.teacher": TEACHER, "concepts.epochs": 1,
+                         "concepts.min_visualness": None, **over})
+
+
+def test_an_empty_attribute_vocabulary_stops_the_run_naming_the_key(demo20, tmp_path):
+    from vlcurate.stages.concepts.stage import EmptyVocabulary
+    with pytest.raises(EmptyVocabulary) as e:      # DiHT's LAION-scale default on ~10 images
+        run(small_cfg(demo20, tmp_path / "a", **{"concepts.min_attribute_count": 250}),
+            dag=real_cat_dag(), executor="local", log=lambda _: None)
+    msg = str(e.value)
+    assert msg.startswith("concepts: empty attribute vocabulary over ") and \
+        "concepts.min_attribute_count=250" in msg and "concepts.if_empty: warn" in msg
+    assert isinstance(e.value, C.ConfigError)       # the CLI prints it as one line, exit 2
+    with pytest.raises(EmptyVocabulary, match=r"concepts\.min_object_count=250"):
+        run(small_cfg(demo20, tmp_path / "b", **{"concepts.min_object_count": 250}),
+            dag=real_cat_dag(), executor="local", log=lambda _: None)
+
+
+def test_if_empty_warn_runs_on_and_the_summary_says_so(demo20, tmp_path):
+    from vlcurate.pipeline.summary import format_summary
+    results = run(small_cfg(demo20, tmp_path / "run", **{"concepts.min_attribute_count": 250,
+                                                          "concepts.if_empty": "warn"}),
+                  dag=real_cat_dag(), executor="local", log=lambda _: None)
+    res = {r.manifest["stage"]: r for r in results}
+    note = next(n for n in res["concepts"].info["notes"] if "empty attribute" in n)
+    assert "concepts.min_attribute_count=250" in note and "if_empty: warn" in note
+    assert note in format_summary(results)
+    t = table(tmp_path / "run" / "concepts" / "data").to_pylist()
+    done = [r for r in t if r[S.CONCEPT_OBJECT_IDS.name] is not None]
+    assert done and all(r[S.CONCEPT_OBJECT_IDS.name] for r in done)   # objects still learnt
+    assert all(r[S.CONCEPT_ATTRIBUTE_IDS.name] == [] for r in done)
+    # the same run with the demo's thresholds has both vocabularies, and no such note
+    results = run(small_cfg(demo20, tmp_path / "ok"), dag=real_cat_dag(), executor="local",
+                  log=lambda _: None)
+    res = {r.manifest["stage"]: r for r in results}
+    assert not any("empty" in n for n in res["concepts"].info.get("notes", []))
+    kinds = pq.read_table(tmp_path / "ok" / "concepts" / "vocab.parquet").column("kind")
+    assert set(kinds.to_pylist()) == {"object", "attribute"}
