@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.stages.base import Resources, Stage, once_per_image
 
 from . import parser as P
 from . import textspot as T
@@ -206,7 +206,11 @@ class TextSpotStage(Stage):
         if self.ocr is None:
             return _skipped(ids, S.TEXTSPOT_SKIPPED, self.skipped, S.TEXTSPOT)
         c = self.config.textspot
-        spots, errors = T.spot_all(self.ocr, batch.column(F.IMAGE.name).to_pylist(), c.max_side)
+        # each distinct image is read once (COCO, Flickr: five captions per image); the match is
+        # per caption
+        pairs = once_per_image(batch.column(F.IMAGE.name).to_pylist(),
+                               lambda ims: list(zip(*T.spot_all(self.ocr, ims, c.max_side))))
+        spots, errors = [p[0] for p in pairs], [p[1] for p in pairs]
         spots = [None if s is None else sorted(s, key=lambda x: -x.conf)[:c.max_texts]
                  for s in spots]
         ms = [T.best_match(s or [], cap or "", c.min_conf)

@@ -24,7 +24,7 @@ from vlcurate.pipeline.config import ConfigError
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.stages.base import Resources, Stage, once_per_image
 
 from . import heads as H
 from . import vocab as V
@@ -90,7 +90,9 @@ class ConceptsStage(Stage):
         feats, objects, attributes = [], [], []
         for part in range(n_parts):
             t = read(part)
-            x = teacher.encode(t.column(F.IMAGE.name).to_pylist(), c.teacher_batch_size)
+            x = np.stack(once_per_image(t.column(F.IMAGE.name).to_pylist(), lambda ims: list(
+                teacher.encode(ims, c.teacher_batch_size)))) if t.num_rows else \
+                teacher.encode([], c.teacher_batch_size)
             np.savez(os.path.join(workdir, "features", f"part-{part:05d}.npz"),
                      rows=t.column(F.ROW.name).to_numpy(), x=x.astype(np.float16))
             feats.append(x.astype(np.float16))

@@ -105,6 +105,21 @@ def test_textspot_stage_flags_text_that_repeats_the_caption():
     assert rows[2][S.OCR_MATCH_CHARS.name] < 5 and rows[2][S.TEXTSPOT_SKIPPED.name] is None
 
 
+def test_textspot_reads_each_distinct_image_once_and_matches_each_caption():
+    """Five captions of one image: one OCR pass, five matches (issue 17)."""
+    stage = TextSpotStage(cfg())
+    seen: list[int] = []
+    ocr = stage.ocr
+    stage.ocr = lambda ims: (seen.append(len(ims)), ocr(ims))[1]
+    sign, other = jpeg("COFFEE"), jpeg("HELLO")
+    caps = ["a sign that says coffee", "a cup", "coffee to go", "a dog", "a sign that says hello"]
+    out = stage(batch(caps, [sign, sign, sign, other, other])).to_pylist()
+    assert sum(seen) == 2
+    assert [r[F.REASONS.name] for r in out] == [[R.CAT_TEXT_SPOTTED], [], [R.CAT_TEXT_SPOTTED],
+                                                [], [R.CAT_TEXT_SPOTTED]]
+    assert out[0][S.OCR_TEXTS.name] == out[1][S.OCR_TEXTS.name] == ["COFFEE"]
+
+
 def test_textspot_backend_missing_errors_or_skips():
     if mmocr_importable():
         pytest.skip("mmocr is importable here")
