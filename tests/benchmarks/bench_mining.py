@@ -332,6 +332,10 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
           f"{2 * per * dims * n / 1e12:.1f} TFLOP for all N", flush=True)
     print(f"on {len(qs)} targets with exact HPM (recall: pairs with a positive score; cert prec: "
           f"certified targets whose top-k equals exact HPM's, nan when none is certified)")
+    print(f"certificate: cluster radius (joint space) median {np.median(lay.radius):.3f}, "
+          f"min {lay.radius.min():.3f}; targets' bound on a left-out pair's score: median "
+          f"{np.median(r.bound[qs]):.3f} (0 at {np.mean(r.bound[qs] <= 0):.1%}); k-th score "
+          + ", ".join(f"@{k} {np.median(r.score[qs, k - 1]):.3f}" for k in a.ks), flush=True)
     row("k", "recall", "min row rec", "certified", "cert prec", "noise agr", "noise frac")
     for k in a.ks:
         got = hpm.TopK(r.idx[qs, :k], r.score[qs, :k], r.support[qs], r.certified_at(k)[qs])
