@@ -12,6 +12,9 @@ Per part (``heavy_init``: each actor maps the results / loads the index once): t
 get their hard ids and scores, support, noise flag, certificate and (pass only) their candidate
 pairs with exact similarities (``hpm_pair_*``), which the positives stage can read.
 
+``finalize`` hands the run summary the pass's figures (``_info.json``): the candidate pairs that
+``hpm.max_pairs`` cut (a NOTE when any: issue 12, no silent cap), clusters, probe, certified.
+
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
 under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
 ``hpm_is_noise``, so the row stays in. Either way no row is removed here. A noise pair's hard set
