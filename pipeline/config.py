@@ -176,7 +176,8 @@ class HpmConfig:
     method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = 50_000
     clusters: Optional[int] = None      # blocks: k-means clusters; null = about n / 2048
-    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@10/50/100 >= 0.99
+    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@k >= 0.99 for
+    # k = 5..100 (5..500 at 200k; tests/benchmarks/bench_mining.py); 56 adds < 0.002
     probe: int = 40
     pass_actors: int = 0                # blocks: Ray actors for the pass; 0 = in the global step
     pass_cpus: float = 1.0              # blocks: CPUs per pass actor (its torch threads)

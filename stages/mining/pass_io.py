@@ -11,6 +11,7 @@ without cross-modal vectors). The stage copies each part's share into its commit
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +79,31 @@ def run_pass(store: Store, p: blocks.PassParams, workdir: str, cfg: Any) -> dict
     os.makedirs(out, exist_ok=True)
     for f in FIELDS:
         np.save(os.path.join(out, f"{f}.npy"), getattr(r, f))
-    return {"dir": out, "cross": cross, "pairs_cut": r.cut, "clusters": lay.n_clusters,
-            "certified": float(r.certified.mean())}
+    info = {"pairs_cut": r.cut, "max_pairs": cfg.max_pairs, "clusters": lay.n_clusters,
+            "probe": min(p.probe, lay.n_clusters), "certified": float(r.certified.mean())}
+    with open(os.path.join(out, INFO), "w") as fh:
+        json.dump(info, fh)
+    return {"dir": out, "cross": cross, **info}
+
+
+INFO = "info.json"
+
+
+def pass_info(workdir: str) -> dict:
+    """What the pass reported (``run_pass``) for the run summary: the pairs hpm.max_pairs cut
+    (a note when any), clusters, probe, the certified fraction; {} when no pass ran."""
+    path = os.path.join(workdir, "pass", INFO)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        info = json.load(fh)
+    if info["pairs_cut"]:
+        info["notes"] = [
+            f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above hpm.pair_*) were cut "
+            f"by hpm.max_pairs = {info['max_pairs']} per row (each row keeps its highest "
+            f"max(S_ii, S_tt, S_it)); the positives stage never sees them: raise hpm.max_pairs "
+            f"to keep them"]
+    return info
 
 
 @dataclass

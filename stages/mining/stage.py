@@ -12,6 +12,9 @@ Per part (``heavy_init``: each actor maps the results / loads the index once): t
 get their hard ids and scores, support, noise flag, certificate and (pass only) their candidate
 pairs with exact similarities (``hpm_pair_*``), which the positives stage can read.
 
+``finalize`` hands the run summary the pass's figures (``_info.json``): the candidate pairs that
+``hpm.max_pairs`` cut (a NOTE when any: issue 12, no silent cap), clusters, probe, certified.
+
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
 under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
 ``hpm_is_noise``, so the row stays in. Either way no row is removed here. A noise pair's hard set
@@ -33,12 +36,13 @@ from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import Resources, Stage, reasons_array
 
 from . import hpm
-from .pass_io import load_result, pass_params, run_pass, small_data_error
+from .pass_io import load_result, pass_info, pass_params, run_pass, small_data_error
 from .store import Store, collect, lists, with_nulls
 
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
 CROSS = (M.CROSS_IMAGE_EMB_NAME, M.CROSS_TEXT_EMB_NAME)
+PREPARE = "_prepare"      # the runner's workdir for prepare (pipeline/runner.py), under the root
 
 
 def set_threads(n: Optional[int]) -> None:
@@ -93,6 +97,12 @@ class HpmStage(Stage):
         elif meta.n:
             state["pass"] = run_pass(Store(meta), pass_params(cfg, meta.n), workdir, cfg)
         return state
+
+    @staticmethod
+    def finalize(config: Any, ctx: Any) -> dict:
+        """The pass's figures for the run summary (``_info.json``): pairs cut by hpm.max_pairs
+        (with a note when any), clusters, probe, certified fraction."""
+        return pass_info(os.path.join(str(ctx.root), PREPARE))
 
     def __init__(self, config: Any, state: Any = None) -> None:
         super().__init__(config, state)

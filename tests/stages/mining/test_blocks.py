@@ -87,16 +87,26 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
     assert {(3, 7), (7, 3), (4, 9), (9, 4)} <= dups
 
 
-def test_partial_probing_certificate_is_a_proof():
-    img, txt = pairs(600, 16, seed=8, spread=0.5, n_clusters=12)
-    k = 5
-    _, r = B.neighbour_pass(img, txt, params(k, 12, probe=3))
-    ex = hpm.exact_hpm(img, txt, k, TAU, TAU, 0.98)
+@pytest.mark.parametrize("k, probe, tau", [(5, 3, TAU), (500, 9, 0.5)])
+def test_partial_probing_certificate_is_a_proof(k, probe, tau):
+    """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
+    k = 5 and k = 500 (there: every row is a noise pair, certified only when no pair left out
+    can score > 0), and at the prefixes k' <= k (certified_at) of the same pass."""
+    img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)
+    p = B.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
+                     query_block=37, block_size=29)
+    _, r = B.neighbour_pass(img, txt, p)
+    ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98)
     exact_idx = B.canonical(ex.idx, ex.score)[0]
-    same = (r.idx == exact_idx).all(1)
-    assert 0 < r.certified.sum()
-    assert same[r.certified].all()                      # every certified target is exact
     assert (r.support <= ex.support).all()              # support among candidates: a lower bound
+    for kk in sorted({5, 50, k} & set(range(1, k + 1))):
+        cert = r.certified_at(kk)
+        same = (r.idx[:, :kk] == exact_idx[:, :kk]).all(1)
+        assert 0 < cert.sum() and (~cert).any()         # a real test: both kinds of targets
+        assert same[cert].all()                         # every certified target is exact
+    cert = r.certified                                  # k: the noise decision is exact too
+    assert (r.noise[cert] == ex.noise[cert]).all()
+    np.testing.assert_array_equal(r.certified, r.certified_at(k))
 
 
 def test_gather_caps_pairs_per_row_by_similarity():

@@ -286,3 +286,24 @@ def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
     assert str(e.value).startswith(f"hpm.k = {k} cannot be supported by the 41 rows kept")
     assert f"Set hpm.k to at most {best}" in str(e.value)
     assert not (tmp_path / "hpm" / "data").exists()          # no part of hpm was written
+
+
+def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
+    """hpm.max_pairs: the count of candidate pairs it cut is the stage's info and a NOTE of the
+    run summary (issue 12: no silent cap), and each row's pair list is capped."""
+    from vlcurate.pipeline.summary import format_summary
+    results = run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}), dag(), executor="local",
+                  log=quiet)
+    info = {r.manifest["stage"]: r.info for r in results}["hpm"]
+    kept = [i for i in range(N) if i not in FLAG]
+    sii, stt = IMG[kept] @ IMG[kept].T, TXT[kept] @ TXT[kept].T
+    above = ((sii > 0.6) | (stt > 0.6)) & ~np.eye(len(kept), dtype=bool)
+    want = int(np.maximum(above.sum(1) - 2, 0).sum())
+    assert info["pairs_cut"] == want > 0 and info["max_pairs"] == 2
+    assert any("hpm.max_pairs = 2" in n and str(want) in n for n in info["notes"])
+    assert all(len(x or []) <= 2 for x in table(tmp_path, "hpm").column(M.PAIR_IDS.name).to_pylist())
+    assert f"{want} candidate pairs" in format_summary(results)
+    # an up-to-date rerun reads the same info back from _info.json
+    again = {r.manifest["stage"]: r for r in run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}),
+                                                 dag(), executor="local", log=quiet)}["hpm"]
+    assert again.status == "skipped" and again.info["pairs_cut"] == want
