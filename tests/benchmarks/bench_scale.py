@@ -17,7 +17,7 @@ own, so a global step, model loads and the commit are all inside it):
 Process kinds: this runs the in-process executor (``executor="local"``): tasks, actor-pool
 stages and global steps all run in the driver process, so "peak RSS per process kind" is per
 stage in one process (what a Ray task worker or actor of that stage would hold, plus the driver's
-bookkeeping). Ray was impractical here: 2 cores shared by several sessions, and Ray's own
+bookkeeping). Each N runs in a fresh process. Ray was impractical here: 2 cores shared by several sessions, and Ray's own
 workers (~150-250 MB each idle) would blur the per-stage figures. The RSS peak is a sampled
 current RSS (not ru_maxrss, which never goes down) so each stage gets its own peak.
 
@@ -232,22 +232,38 @@ def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
         print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}{flag}")
 
 
+def one(n: int, root: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+    """Render and run N rows in a fresh process, so that each N's peak RSS is its own."""
+    import json
+    import subprocess
+    args = [sys.executable, __file__, "--one", str(n), "--rows-per-part", str(rows_per_part),
+            "--keep", str(root)] + (["--ocr"] if ocr else [])
+    subprocess.run(args, check=True)
+    return json.loads((root / f"result{n}.json").read_text())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="2000,10000")
     ap.add_argument("--rows-per-part", type=int, default=1000)
     ap.add_argument("--ocr", action="store_true")
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="vlc-scale-"))
+    if a.one is not None:
+        import json
+        t0 = time.perf_counter()
+        data = make_data(root / f"data{a.one}", a.one)
+        print(f"rendered {a.one:,} rows in {time.perf_counter() - t0:.1f}s "
+              f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
+        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr)
+        (root / f"result{a.one}.json").write_text(json.dumps(spans))
+        return 0
     results: dict[int, list[dict]] = {}
     try:
         for n in (int(x) for x in a.sizes.split(",")):
-            t0 = time.perf_counter()
-            data = make_data(root / f"data{n}", n)
-            print(f"rendered {n:,} rows in {time.perf_counter() - t0:.1f}s "
-                  f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
-            results[n] = run_once(data, root / f"run{n}", a.rows_per_part, a.ocr)
+            results[n] = one(n, root, a.rows_per_part, a.ocr)
             print_table(n, results[n])
             sys.stdout.flush()
         growth(results)
