@@ -55,7 +55,7 @@ def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 
     import pyarrow.parquet as pq
     from PIL import Image, ImageDraw
 
-    from vlcurate.pipeline.demo import ACTIONS, COLOURS, SHAPES, _a
+    from vlcurate.pipeline.demo import COLOURS, SHAPES, caption_for
 
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -78,13 +78,7 @@ def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 
             (d.ellipse if s == "circle" else d.rectangle)(box, fill=COLOURS[c])
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=85)
-        k = rng.random()
-        if k < 0.5:
-            cap = f"{_a(c1)} {c1} {s1} {rng.choice(ACTIONS)} a small {c2} {s2}"
-        elif k < 0.8:
-            cap = f"{_a(c1)} {c1} {s1} next to {_a(c2)} {c2} {s2} on {_a(bg)} {bg} background"
-        else:
-            cap = f"{c1} {s1}"
+        cap = caption_for(rng, (c1, s1), (c2, s2), bg)
         rows["id"].append(f"s{i:08d}")
         rows["image"].append(buf.getvalue())
         rows["caption"].append(cap)
