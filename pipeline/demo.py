@@ -58,7 +58,8 @@ def caption_for(rng: random.Random, first: tuple, second: tuple, bg_name: str) -
     if kind < 0.45:
         return f"{_a(c1)} {c1} {s1} {rng.choice(ACTIONS)} a small {c2} {s2}"
     if kind < 0.75:
-        return f"{_a(c1)} {c1} {s1} next to {_a(c2)} {c2} {s2} on {_a(bg_name)} {bg_name} background"
+        return (f"{_a(c1)} {c1} {s1} next to {_a(c2)} {c2} {s2} on {_a(bg_name)} {bg_name} "
+                "background")
     return f"{c1} {s1}"
 
 

@@ -36,7 +36,7 @@ _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IM
 
 
 def is_annotation(field: pa.Field) -> bool:
-    """False for embeddings (fixed-size lists) and raw bytes: export neither reads nor writes them."""
+    """False for embeddings (fixed-size lists) and raw bytes: export never reads or writes them."""
     return not (pa.types.is_fixed_size_list(field.type) or pa.types.is_binary(field.type)
                 or pa.types.is_large_binary(field.type))
 

@@ -64,7 +64,8 @@ def main() -> int:
         for u in ups:
             path = run_dir / u / "data"
             if path.exists():
-                read[label] += column_bytes(path, cls.input_columns(u, ds.dataset(path).schema, cfg))
+                cols = cls.input_columns(u, ds.dataset(path).schema, cfg)
+                read[label] += column_bytes(path, cols)
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -76,15 +77,19 @@ def main() -> int:
             d = [Node(cls, n.after) if n.stage is ExportStage else n for n in dag]
             shutil.rmtree(run_dir / "export", ignore_errors=True)   # recomputed from scratch
             t0, c0 = time.perf_counter(), cpu()
-            res = {r.manifest["stage"]: r for r in run(cfg, dag=d, executor="local", log=lambda _: None)}
+            out = run(cfg, dag=d, executor="local", log=lambda _: None)
+            res = {r.manifest["stage"]: r for r in out}
             assert res["export"].status == "ran", res["export"].status
-            size = sum(p.stat().st_size for p in (run_dir / "export" / "data").rglob("*") if p.is_file())
+            files = (run_dir / "export" / "data").rglob("*")
+            size = sum(p.stat().st_size for p in files if p.is_file())
             rows.append((label, time.perf_counter() - t0, cpu() - c0, size, os.getloadavg()[0]))
     n = res["export"].manifest["rows_in"]
     print(f"export of {run_dir} ({n:,} rows in, {res['export'].manifest['rows_kept']:,} kept)")
-    print(f"{'variant':<22} {'upstream MB read':>16} {'wall s':>7} {'CPU-s':>6} {'table MB':>8} {'load1':>6}")
+    print(f"{'variant':<22} {'upstream MB read':>16} {'wall s':>7} {'CPU-s':>6} {'table MB':>8} "
+          f"{'load1':>6}")
     for label, wall, c, size, load in rows:
-        print(f"{label:<22} {read[label] / 2**20:>16.1f} {wall:>7.2f} {c:>6.2f} {size / 2**20:>8.1f} {load:>6.2f}")
+        print(f"{label:<22} {read[label] / 2**20:>16.1f} {wall:>7.2f} {c:>6.2f} "
+              f"{size / 2**20:>8.1f} {load:>6.2f}")
     return 0
 
 

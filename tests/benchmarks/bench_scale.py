@@ -17,9 +17,10 @@ own, so a global step, model loads and the commit are all inside it):
 Process kinds: this runs the in-process executor (``executor="local"``): tasks, actor-pool
 stages and global steps all run in the driver process, so "peak RSS per process kind" is per
 stage in one process (what a Ray task worker or actor of that stage would hold, plus the driver's
-bookkeeping). Each N runs in a fresh process. Ray was impractical here: 2 cores shared by several sessions, and Ray's own
-workers (~150-250 MB each idle) would blur the per-stage figures. The RSS peak is a sampled
-current RSS (not ru_maxrss, which never goes down) so each stage gets its own peak.
+bookkeeping and the models earlier stages loaded). Each N runs in a fresh process. Ray was
+impractical here (2 cores shared by several sessions; its idle workers would blur the
+per-stage figures). The RSS peak is a sampled current RSS (not ru_maxrss, which never goes
+down), so each stage gets its own peak.
 
 OCR: textspot costs 170-430 ms per image on CPU (README); at 10k rows it would take the whole
 session on 2 shared cores. By default it is left out of the DAG (``run.stages`` without it; the
@@ -191,7 +192,8 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
         m = man[s["stage"]]
         s.update(rows_in=m["rows_in"], rows_kept=m["rows_kept"], disk=du(run_dir / s["stage"]))
     spans.append({"stage": "TOTAL", "wall": total, "cpu": sum(s["cpu"] for s in spans),
-                  "rss": max(s["rss"] for s in spans), "rss_children": max(s["rss_children"] for s in spans),
+                  "rss": max(s["rss"] for s in spans),
+                  "rss_children": max(s["rss_children"] for s in spans),
                   "load": os.getloadavg()[0], "rows_in": man["ingest"]["rows_in"],
                   "rows_kept": man["export"]["rows_kept"], "disk": du(run_dir)})
     return spans

@@ -66,7 +66,8 @@ def test_projected_export_writes_the_same_shards_and_annotations(demo_run):
     dag = [Node(UnprojectedExport, n.after) if n.stage is ExportStage else n
            for n in select(default_dag(), cfg.run.stages)]
     old_cfg = cfg.replace(**{"run.run_dir": str(old_dir)})
-    res = {r.manifest["stage"]: r for r in run(old_cfg, dag=dag, executor="local", log=lambda _: None)}
+    out = run(old_cfg, dag=dag, executor="local", log=lambda _: None)
+    res = {r.manifest["stage"]: r for r in out}
     assert res["export"].status == "ran"   # the upstream stages were reused, export rewritten
     new, old = root / "run" / "export", old_dir / "export"
     tars = sorted(p.name for p in (new / "shards").glob("*.tar"))
@@ -77,6 +78,7 @@ def test_projected_export_writes_the_same_shards_and_annotations(demo_run):
     # the annotated table: every column the unprojected export wrote, less the embeddings
     a, b = table(new / "data"), table(old / "data")
     assert {E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME} <= set(b.column_names)
-    assert a.column_names == [c for c in b.column_names if c not in (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)]
+    vectors = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
+    assert a.column_names == [c for c in b.column_names if c not in vectors]
     for c in a.column_names:
         assert a.column(c).equals(b.column(c)), c
