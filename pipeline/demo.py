@@ -48,14 +48,19 @@ def render(rng: random.Random, size: int = 160) -> tuple[Image.Image, str]:
     (c1, c2), (s1, s2) = rng.sample(names, 2), (rng.choice(SHAPES), rng.choice(SHAPES))
     _shape(d, s1, (10, 40, 70, 100), COLOURS[c1])
     _shape(d, s2, (90, 60, 150, 120), COLOURS[c2])
+    return im, caption_for(rng, (c1, s1), (c2, s2), bg_name)
+
+
+def caption_for(rng: random.Random, first: tuple, second: tuple, bg_name: str) -> str:
+    """A templated English caption of two (colour, shape) objects on a background."""
+    (c1, s1), (c2, s2) = first, second
     kind = rng.random()
     if kind < 0.45:
-        caption = f"{_a(c1)} {c1} {s1} {rng.choice(ACTIONS)} a small {c2} {s2}"
-    elif kind < 0.75:
-        caption = f"{_a(c1)} {c1} {s1} next to {_a(c2)} {c2} {s2} on {_a(bg_name)} {bg_name} background"
-    else:
-        caption = f"{c1} {s1}"
-    return im, caption
+        return f"{_a(c1)} {c1} {s1} {rng.choice(ACTIONS)} a small {c2} {s2}"
+    if kind < 0.75:
+        return (f"{_a(c1)} {c1} {s1} next to {_a(c2)} {c2} {s2} on {_a(bg_name)} {bg_name} "
+                "background")
+    return f"{c1} {s1}"
 
 
 def make_demo(out: str | Path, n: int = 200, seed: int = 0) -> Path:
@@ -152,4 +157,4 @@ def demo_overrides(data_dir: Path, run_dir: Path) -> dict:
             "export.samples_per_shard": 100, **DEMO_MODELS}
 
 
-__all__ = ["make_demo", "demo_overrides", "render", "DEMO_MODELS"]
+__all__ = ["make_demo", "demo_overrides", "render", "caption_for", "DEMO_MODELS"]

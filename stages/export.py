@@ -7,6 +7,10 @@ Shards follow open_clip's conventions: ``{key}.jpg`` (RGB JPEG), ``{key}.txt`` (
 ``{key}.json`` (the annotations), keyed by ``sample_id`` (no dots, stable); plus ``sizes.json``
 (open_clip reads it for the sample count) and ``manifest.json`` (one entry per shard). Shards are
 written deterministically (sorted members, zero mtimes), so the same run gives the same bytes.
+
+Export reads only what it writes (issue 14): embeddings (fixed-size vectors) and bytes are no
+annotations, so they are never read back; they stay in their own stage's table (``embed/data``),
+row-aligned and keyed by ``sample_id`` like every other table.
 """
 from __future__ import annotations
 
@@ -31,6 +35,12 @@ from vlcurate.stages.base import Resources, Stage
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
 
 
+def is_annotation(field: pa.Field) -> bool:
+    """False for embeddings (fixed-size lists) and raw bytes: export never reads or writes them."""
+    return not (pa.types.is_fixed_size_list(field.type) or pa.types.is_binary(field.type)
+                or pa.types.is_large_binary(field.type))
+
+
 def drop_reasons(all_reasons: Iterable[str], patterns: Iterable[str]) -> list[str]:
     """The reasons that drop a row: every ``ingest.*`` reason, and those matching a pattern."""
     pats = tuple(patterns)
@@ -44,7 +54,7 @@ def drop_reasons(all_reasons: Iterable[str], patterns: Iterable[str]) -> list[st
 
 class ExportStage(Stage):
     name = "export"
-    version = "1"
+    version = "2"   # 2: embeddings are no longer copied into the annotated table
     config_sections = ("export",)
     all_rows = True
     all_reasons = True
@@ -53,7 +63,7 @@ class ExportStage(Stage):
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
         skip = _NEVER_ANNOTATED | set(config.export.exclude_columns)
-        return [f.name for f in (schema or []) if f.name not in skip]
+        return [f.name for f in (schema or []) if f.name not in skip and is_annotation(f)]
 
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
@@ -113,9 +123,7 @@ def annotation(row: dict, schema: pa.Schema) -> dict:
     """The ``{key}.json`` of a sample: every JSON-friendly annotation (no embeddings, no bytes)."""
     out = {}
     for f in schema:
-        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name):
-            continue
-        if pa.types.is_fixed_size_list(f.type) or pa.types.is_binary(f.type):
+        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name) or not is_annotation(f):
             continue
         out[f.name] = row.get(f.name)
     if isinstance(out.get(F.EXTRA.name), str):

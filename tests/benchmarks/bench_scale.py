@@ -1,0 +1,273 @@
+"""Scale benchmark (issue 14): the whole DAG on N synthetic tiny images with English captions,
+with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
+
+    .venv/bin/python tests/benchmarks/bench_scale.py --sizes 2000,10000 [--rows-per-part 1000]
+        [--ocr]          # also run textspot (OCR): skipped by default, see below
+        [--keep DIR]     # keep the data and runs there (else a temp folder, removed)
+
+What it measures, per stage (a stage's span runs from the previous stage's "done" log line to its
+own, so a global step, model loads and the commit are all inside it):
+  rows/s    rows that entered the stage (``rows_in``) / wall seconds
+  CPU-s     user + system CPU of the process and its children (getrusage) over the span
+  peak RSS  the largest RSS seen by a sampler (/proc, every 50 ms; children every 1 s) during
+            the span, of the driver process and, separately, the sum over its child processes
+  disk      bytes of the stage's folder after the run
+  load      the 1-minute load average when the stage finished (the machine is shared)
+
+Process kinds: this runs the in-process executor (``executor="local"``): tasks, actor-pool
+stages and global steps all run in the driver process, so "peak RSS per process kind" is per
+stage in one process (what a Ray task worker or actor of that stage would hold, plus the driver's
+bookkeeping and the models earlier stages loaded). Each N runs in a fresh process. Ray was
+impractical here (2 cores shared by several sessions; its idle workers would blur the
+per-stage figures). The RSS peak is a sampled current RSS (not ru_maxrss, which never goes
+down), so each stage gets its own peak.
+
+OCR: textspot costs 170-430 ms per image on CPU (README); at 10k rows it would take the whole
+session on 2 shared cores. By default it is left out of the DAG (``run.stages`` without it; the
+DAG then runs embed straight after cat); ``--ocr`` puts it back. Per-row cost growth: for each
+stage, CPU-s per row at the largest N over the smallest; a ratio > 1.3 is printed as a finding.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+ALL = ("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm", "positives", "recaption",
+       "concepts", "export")
+
+
+def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 10_000) -> Path:
+    """``n`` rows of (id, image JPEG bytes, caption) in Parquet files: two shapes on a background,
+    captioned in English like the demo (pipeline/demo.py), positions jittered so that every image
+    is distinct. Tiny (48 px, ~1 kB) so that rendering 100k rows takes about a minute."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image, ImageDraw
+
+    from vlcurate.pipeline.demo import COLOURS, SHAPES, caption_for
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    names = list(COLOURS)
+    rows: dict[str, list] = {"id": [], "image": [], "caption": []}
+
+    def flush(i: int) -> None:
+        pq.write_table(pa.table(rows), out / f"data-{i:05d}.parquet")
+        for v in rows.values():
+            v.clear()
+
+    for i in range(n):
+        bg, c1, c2 = rng.sample(names, 3)
+        s1, s2 = rng.choice(SHAPES), rng.choice(SHAPES)
+        im = Image.new("RGB", (size, size), COLOURS[bg])
+        d = ImageDraw.Draw(im)
+        for s, c, x in ((s1, c1, rng.randint(1, 8)), (s2, c2, rng.randint(24, 30))):
+            y = rng.randint(4, 26)
+            box = (x, y, x + 16, y + 16)
+            (d.ellipse if s == "circle" else d.rectangle)(box, fill=COLOURS[c])
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=85)
+        cap = caption_for(rng, (c1, s1), (c2, s2), bg)
+        rows["id"].append(f"s{i:08d}")
+        rows["image"].append(buf.getvalue())
+        rows["caption"].append(cap)
+        if len(rows["id"]) == per_file:
+            flush(i // per_file)
+    if rows["id"]:
+        flush(n // per_file)
+    return out
+
+
+def rss(pid: int | str = "self") -> int:
+    """Current resident set size of a process, from /proc (Linux; psutil is not a dependency)."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc/*/stat parent ids)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+class Sampler:
+    """Peak RSS of this process and of its children since the last ``reset``, sampled."""
+
+    def __init__(self, every: float = 0.05) -> None:
+        self.pid, self.every = os.getpid(), every
+        self.peak_self = self.peak_children = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            self.sample(kids=i % 20 == 0)   # children every second: listing /proc costs more
+            i += 1
+            time.sleep(self.every)
+
+    def sample(self, kids: bool = True) -> None:
+        self.peak_self = max(self.peak_self, rss())
+        if kids:
+            self.peak_children = max(self.peak_children, sum(rss(c) for c in children(self.pid)))
+
+    def reset(self) -> tuple[int, int]:
+        self.sample()
+        out = (self.peak_self, self.peak_children)
+        self.peak_self, self.peak_children = rss(), 0
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def cpu_s() -> float:
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+    from vlcurate.pipeline import config as C
+    from vlcurate.pipeline.demo import DEMO_MODELS
+    from vlcurate.pipeline.runner import run
+
+    stages = [s for s in ALL if ocr or s != "textspot"]
+    cfg = C.load(None, {"source.kind": "parquet", "source.path": str(data),
+                        "source.key_column": "id", "source.rows_per_part": rows_per_part,
+                        "run.run_dir": str(run_dir), "run.progress": False,
+                        "run.stages": stages, "export.samples_per_shard": 10_000, **DEMO_MODELS})
+    sampler, spans = Sampler(), []
+    state = {"t": time.perf_counter(), "cpu": cpu_s()}
+    sampler.reset()
+
+    def log(line: str) -> None:
+        if not line.startswith("[") or not (" done: " in line or "skipped" in line):
+            return
+        name = line[1:line.index("]")]
+        now, cpu = time.perf_counter(), cpu_s()
+        peak, kids = sampler.reset()
+        spans.append({"stage": name, "wall": now - state["t"], "cpu": cpu - state["cpu"],
+                      "rss": peak, "rss_children": kids, "load": os.getloadavg()[0]})
+        state.update(t=now, cpu=cpu)
+
+    t0 = time.perf_counter()
+    res = run(cfg, executor="local", log=log)
+    total = time.perf_counter() - t0
+    sampler.stop()
+    man = {r.manifest["stage"]: r.manifest for r in res}
+    for s in spans:
+        m = man[s["stage"]]
+        s.update(rows_in=m["rows_in"], rows_kept=m["rows_kept"], disk=du(run_dir / s["stage"]))
+    spans.append({"stage": "TOTAL", "wall": total, "cpu": sum(s["cpu"] for s in spans),
+                  "rss": max(s["rss"] for s in spans),
+                  "rss_children": max(s["rss_children"] for s in spans),
+                  "load": os.getloadavg()[0], "rows_in": man["ingest"]["rows_in"],
+                  "rows_kept": man["export"]["rows_kept"], "disk": du(run_dir)})
+    return spans
+
+
+def print_table(n: int, spans: list[dict]) -> None:
+    print(f"\n== N = {n:,} rows (in-process executor; RSS = driver process, children = its forks)")
+    print(f"{'stage':<10} {'rows in':>8} {'kept':>8} {'wall s':>8} {'rows/s':>9} {'CPU-s':>8} "
+          f"{'CPU-ms/row':>10} {'peak RSS MB':>11} {'child MB':>8} {'disk MB':>8} {'load1':>6}")
+    for s in spans:
+        rate = s["rows_in"] / s["wall"] if s["wall"] else 0.0
+        per = 1000 * s["cpu"] / s["rows_in"] if s["rows_in"] else 0.0
+        print(f"{s['stage']:<10} {s['rows_in']:>8,} {s['rows_kept']:>8,} {s['wall']:>8.1f} "
+              f"{rate:>9,.0f} {s['cpu']:>8.1f} {per:>10.2f} {s['rss'] / 2**20:>11.0f} "
+              f"{s['rss_children'] / 2**20:>8.0f} {s['disk'] / 2**20:>8.1f} {s['load']:>6.2f}")
+
+
+def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
+    ns = sorted(results)
+    if len(ns) < 2:
+        return
+    lo, hi = ({s["stage"]: s for s in results[n]} for n in (ns[0], ns[-1]))
+    print(f"\n== per-row CPU and peak RSS, N = {ns[-1]:,} over N = {ns[0]:,} "
+          f"(> {limit} is a finding; fixed costs such as model loads make small N look dearer)")
+    for name, a in lo.items():
+        b = hi.get(name)
+        if b is None or not a["rows_in"] or not b["rows_in"]:
+            continue
+        cpu = (b["cpu"] / b["rows_in"]) / max(a["cpu"] / a["rows_in"], 1e-9)
+        rss = b["rss"] / max(a["rss"], 1)
+        flag = "  <-- per-row cost grows" if cpu > limit else ""
+        print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}{flag}")
+
+
+def one(n: int, root: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+    """Render and run N rows in a fresh process, so that each N's peak RSS is its own."""
+    import json
+    import subprocess
+    args = [sys.executable, __file__, "--one", str(n), "--rows-per-part", str(rows_per_part),
+            "--keep", str(root)] + (["--ocr"] if ocr else [])
+    subprocess.run(args, check=True)
+    return json.loads((root / f"result{n}.json").read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="2000,10000")
+    ap.add_argument("--rows-per-part", type=int, default=1000)
+    ap.add_argument("--ocr", action="store_true")
+    ap.add_argument("--keep", default=None)
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="vlc-scale-"))
+    if a.one is not None:
+        import json
+        t0 = time.perf_counter()
+        data = make_data(root / f"data{a.one}", a.one)
+        print(f"rendered {a.one:,} rows in {time.perf_counter() - t0:.1f}s "
+              f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
+        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr)
+        (root / f"result{a.one}.json").write_text(json.dumps(spans))
+        return 0
+    results: dict[int, list[dict]] = {}
+    try:
+        for n in (int(x) for x in a.sizes.split(",")):
+            results[n] = one(n, root, a.rows_per_part, a.ocr)
+            print_table(n, results[n])
+            sys.stdout.flush()
+        growth(results)
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
