@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from vlcurate.stages.cat.stage import CatStage, TextSpotStage
 from vlcurate.stages.concepts import ConceptsStage
-from vlcurate.stages.embed import EmbedStage
+from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
@@ -33,15 +33,19 @@ def default_dag() -> list[Node]:
         # DiHT's CAT filter: the cheap parse first, OCR only on the captions it kept
         Node(CatStage, after=("ids",)),
         Node(TextSpotStage, after=("cat",)),
-        # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged), then FFF positives
+        # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged)
         Node(EmbedStage, after=("textspot",)),
         Node(HpmStage, after=("embed",)),
-        Node(PositivesStage, after=("hpm",)),
-        # model-heavy annotations, only for rows every filter kept
-        Node(RecaptionStage, after=("positives",)),
-        Node(ConceptsStage, after=("positives",)),
-        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "hpm", "positives",
-                                 "recaption", "concepts")),
+        # model-heavy annotations, only for rows every filter kept. FFF sec. 4.3 assigns the
+        # positives over images x k captions, so the recaptions (and their cross-modal
+        # embeddings) come before the positives; positives flags no row, so every stage still
+        # sees the same rows as when recaption ran after it
+        Node(RecaptionStage, after=("hpm",)),
+        Node(RecaptionEmbedStage, after=("recaption",)),
+        Node(PositivesStage, after=("recaption_embed",)),
+        Node(ConceptsStage, after=("hpm",)),
+        Node(ExportStage, after=("ingest", "ids", "cat", "textspot", "embed", "hpm", "recaption",
+                                 "recaption_embed", "positives", "concepts")),
     ]
 
 
