@@ -119,7 +119,9 @@ class CrossEncoder:
     """FFF sec. 4.1's image-text model (a transformers CLIPModel, ``models.load_clip``): the
     projected image and text features, L2-normalised. Images get the trainer's eval transform
     (``finetune.data``: short side resized, centre crop, the model's mean/std), captions its
-    tokenizer padded to ``model_max_length`` (fixed shapes: the batch does not change a row)."""
+    tokenizer padded to ``model_max_length``. The model always sees exactly ``batch_size`` rows
+    (the last chunk padded with copies of its last row): how Ray cuts the rows into batches never
+    changes a row's bytes."""
 
     def __init__(self, spec: Any) -> None:
         import torch
@@ -145,13 +147,23 @@ class CrossEncoder:
         out = out.pooler_output if hasattr(out, "pooler_output") else out
         return torch.nn.functional.normalize(out.float(), dim=-1).cpu().numpy()
 
+    @staticmethod
+    def _full(x: Any, size: int) -> Any:
+        """``x`` padded to ``size`` rows with copies of its last row (fixed compute shapes)."""
+        if len(x) == size:
+            return x
+        idx = list(range(len(x))) + [len(x) - 1] * (size - len(x))
+        return [x[i] for i in idx] if isinstance(x, list) else x[idx]
+
     def encode_pixels(self, pixels: np.ndarray, batch_size: int) -> np.ndarray:
         out = np.zeros((len(pixels), self.dim), np.float32)
         for lo in range(0, len(pixels), batch_size):
-            x = self._torch.from_numpy(np.ascontiguousarray(pixels[lo:lo + batch_size]))
+            n = min(batch_size, len(pixels) - lo)
+            x = self._torch.from_numpy(np.ascontiguousarray(
+                self._full(pixels[lo:lo + batch_size], batch_size)))
             with self._torch.inference_mode(), _autocast(self.device, self.dtype):
-                out[lo:lo + len(x)] = self._features(self.model.get_image_features(
-                    pixel_values=x.to(self.device)))
+                out[lo:lo + n] = self._features(self.model.get_image_features(
+                    pixel_values=x.to(self.device)))[:n]
         return out
 
     def encode_images(self, images: Sequence[bytes], batch_size: int) -> np.ndarray:
@@ -164,12 +176,13 @@ class CrossEncoder:
         length = min(tok.model_max_length, self.model.config.text_config.max_position_embeddings)
         out = np.zeros((len(texts), self.dim), np.float32)
         for lo in range(0, len(texts), batch_size):
-            t = tok(list(texts[lo:lo + batch_size]), padding="max_length", truncation=True,
-                    max_length=length, return_tensors="pt")
+            n = min(batch_size, len(texts) - lo)
+            t = tok(self._full(list(texts[lo:lo + batch_size]), batch_size),
+                    padding="max_length", truncation=True, max_length=length, return_tensors="pt")
             with self._torch.inference_mode(), _autocast(self.device, self.dtype):
-                out[lo:lo + len(t["input_ids"])] = self._features(self.model.get_text_features(
+                out[lo:lo + n] = self._features(self.model.get_text_features(
                     input_ids=t["input_ids"].to(self.device),
-                    attention_mask=t["attention_mask"].to(self.device)))
+                    attention_mask=t["attention_mask"].to(self.device)))[:n]
         return out
 
 

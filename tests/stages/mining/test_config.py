@@ -8,7 +8,7 @@ def test_defaults_follow_the_papers():
     assert (cfg.hpm.tau_image, cfg.hpm.tau_text, cfg.hpm.dup_threshold) == (0.5, 0.5, 0.98)
     assert cfg.hpm.noise_action == "drop" and cfg.hpm.method == "auto"
     p = cfg.positives
-    assert (p.p1, p.p1_text, p.p2, p.p3, p.cross_modal) == (0.27, 0.24, 0.92, 0.99, False)
+    assert (p.p1, p.p1_text, p.p2, p.p3, p.recaptions) == (0.27, 0.24, 0.92, 0.99, 5)
 
 
 @pytest.mark.parametrize("data,match", [
