@@ -204,7 +204,11 @@ class PositivesConfig:
         if isinstance(self.recaptions, int) and self.recaptions < 0:
             raise ConfigError(f"positives.recaptions: must be >= 0, got {self.recaptions}")
         _check_mining("positives", self, positive=("max_positives", "k_prime", "nprobe"),
-                      unit=("p1", "p1_text", "p2", "p3"))
+                      unit=())
+        for name in ("p1", "p1_text", "p2", "p3"):   # cosine thresholds
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and -1 <= v <= 1):
+                raise ConfigError(f"positives.{name}: must be in [-1, 1], got {v!r}")
 
 
 def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:

@@ -54,10 +54,15 @@ def rule(config: Any) -> fff.Rule:
                     cross=cross(config), duplicates=p.duplicates)
 
 
+# recaptions left out of sec. 4.3's k captions: no text, or the same text as a better beam
+# (truncated or repetitive ones still describe the image, and the trainer uses them)
+SKIP_FLAGS = (RC.FLAG_EMPTY, RC.FLAG_DUPLICATE)
+
+
 def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Store,
                       limit: int, workdir: str) -> Optional[dict]:
-    """FFF sec. 4.3's texts: per stored row, its caption then up to ``limit`` unflagged
-    recaptions, flattened row by row into ``workdir`` files. None when no row has recaptions."""
+    """FFF sec. 4.3's texts: per stored row, its caption then its first ``limit`` recaptions
+    (less SKIP_FLAGS), flattened row by row into ``workdir`` files. None when no row has any."""
     base = store.vec[E.CROSS_TEXT_EMB_NAME]
     extra: dict[int, tuple[list[int], np.ndarray]] = {}
     for part in range(n_parts):
@@ -69,7 +74,7 @@ def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Stor
         flags = (t.column(RC.RECAPTION_FLAGS.name).to_pylist()
                  if RC.RECAPTION_FLAGS.name in t.column_names else [None] * t.num_rows)
         for gi, emb, fl in zip(g, embs, flags):
-            keep = [r for r in range(len(emb or [])) if not (fl and fl[r])][:limit]
+            keep = [r for r in range(len(emb or [])) if not (fl and fl[r] in SKIP_FLAGS)][:limit]
             if gi >= 0 and keep:
                 extra[int(gi)] = ([r + 1 for r in keep], hpm.normalize(np.asarray(
                     [emb[r] for r in keep], np.float32)))

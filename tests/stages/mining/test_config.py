@@ -18,7 +18,7 @@ def test_defaults_follow_the_papers():
     ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in 1\.\.16"),
     ({"hpm": {"widen": "some"}}, r"hpm\.widen: expected one of"),
     ({"hpm": {"noise_action": "delete"}}, r"hpm\.noise_action: expected one of"),
-    ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[0, 1\]"),
+    ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[-1, 1\]"),
     ({"positives": {"max_positive": 3}}, r"did you mean 'max_positives'"),
 ])
 def test_errors_name_the_key(data, match):
