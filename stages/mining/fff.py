@@ -211,8 +211,11 @@ def search(f: Features, rule: Rule, max_positives: int = 64, queries=None,
                 t1 = min(f.m, t0 + block_size)
                 own = None if owner is None else owner[t0:t1]
                 code, score = _block(f, rule, q, t0, t1, own)
-                img_of = torch.arange(t0, t1, device=device) if own is None else own
-                code.masked_fill_(img_of[None, :] == q[:, None], -1)   # its own captions
+                if own is None:                                # not its own positive
+                    mine = ((q >= t0) & (q < t1)).nonzero().flatten()
+                    code[mine, q[mine] - t0] = -1
+                else:                                          # nor are its own captions
+                    code.masked_fill_(own[None, :] == q[:, None], -1)
                 t = torch.arange(t0, t1, device=device).expand(len(q), -1)
                 best.add(rank_key(code, score), t, code, score)
             parts.append(best.result(f))
