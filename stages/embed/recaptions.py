@@ -62,6 +62,6 @@ class RecaptionEmbedStage(Stage):
         item = self.schema.field(E.RECAPTION_CROSS_EMB_NAME).type.value_type
         values = as_fixed_list(vec, item) if len(flat) else pa.array([], item)
         sizes = np.array([len(r) if r is not None else 0 for r in rows], np.int32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32),
-                           mask=np.array([False] + [r is None for r in rows]))
-        return pa.ListArray.from_arrays(offsets, values)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, values,
+                                        mask=pa.array([r is None for r in rows], pa.bool_()))

@@ -123,10 +123,10 @@ def features(img, txt, rule: Rule, ximg=None, xtxt=None, owner=None, number=None
     if own is None:
         group = xtxt
     else:                                    # sec. 4.3: the mean vector of each caption group
-        x = np.asarray(xtxt, np.float32)
-        group = np.zeros((len(ximg), x.shape[1]), np.float32)
-        np.add.at(group, own, x)
-        group /= np.maximum(np.bincount(own, minlength=len(ximg)), 1)[:, None]
+        size = np.bincount(own, minlength=len(ximg))          # every image has its caption
+        start = np.concatenate([[0], np.cumsum(size)[:-1]])
+        group = (np.add.reduceat(np.asarray(xtxt, np.float32), start, axis=0)
+                 / size[:, None]).astype(np.float32)
     dup, xi = rule.dups, put(ximg)
     return Features(xi, put(group), put(img) if dup else None, put(txt) if dup else None,
                     xi, put(xtxt), own,

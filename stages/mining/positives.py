@@ -34,7 +34,7 @@ from vlcurate.stages.embed.recaptions import RecaptionEmbedStage
 
 from . import fff, hpm
 from .stage import EMBED, set_threads, use_fast
-from .store import Store, collect, lists, with_nulls
+from .store import Store, collect, lists, vectors, with_nulls
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
@@ -59,40 +59,61 @@ def rule(config: Any) -> fff.Rule:
 SKIP_FLAGS = (RC.FLAG_EMPTY, RC.FLAG_DUPLICATE)
 
 
+def part_recaptions(t: pa.Table, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row in the part, caption number, vector) of the recaptions sec. 4.3 uses, row by row:
+    each row's first ``limit`` recaptions, less SKIP_FLAGS (vectorised: no Python per value)."""
+    col = t.column(E.RECAPTION_CROSS_EMB_NAME).combine_chunks()
+    sizes = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = col.flatten()
+    d = col.type.value_type.list_size
+    vec = vectors(flat) if len(flat) else np.zeros((0, d), np.float32)
+    row = np.repeat(np.arange(len(sizes)), sizes)
+    pos = np.arange(len(row)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    keep = np.ones(len(row), bool)
+    if RC.RECAPTION_FLAGS.name in t.column_names:
+        fl = t.column(RC.RECAPTION_FLAGS.name).combine_chunks().flatten()
+        if len(fl) == len(row):
+            keep = ~np.isin(fl.fill_null("").to_numpy(zero_copy_only=False), SKIP_FLAGS)
+    kept = np.cumsum(keep)                                     # rank among the row's kept ones
+    rank = kept - np.repeat(np.concatenate([[0], kept])[np.cumsum(sizes) - sizes], sizes)
+    keep &= rank <= limit
+    return row[keep], (pos[keep] + 1).astype(np.int8), hpm.normalize(vec[keep])
+
+
 def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Store,
                       limit: int, workdir: str) -> Optional[dict]:
     """FFF sec. 4.3's texts: per stored row, its caption then its first ``limit`` recaptions
-    (less SKIP_FLAGS), flattened row by row into ``workdir`` files. None when no row has any."""
+    (less SKIP_FLAGS), written part by part, row by row, to ``workdir`` files (bounded memory).
+    None when no row has any."""
     base = store.vec[E.CROSS_TEXT_EMB_NAME]
-    extra: dict[int, tuple[list[int], np.ndarray]] = {}
-    for part in range(n_parts):
-        t = read(part)
-        if E.RECAPTION_CROSS_EMB_NAME not in t.column_names:
-            return None
-        g = store.locate(np.full(t.num_rows, part), t.column(F.ROW.name).to_numpy())
-        embs = t.column(E.RECAPTION_CROSS_EMB_NAME).to_pylist()
-        flags = (t.column(RC.RECAPTION_FLAGS.name).to_pylist()
-                 if RC.RECAPTION_FLAGS.name in t.column_names else [None] * t.num_rows)
-        for gi, emb, fl in zip(g, embs, flags):
-            keep = [r for r in range(len(emb or [])) if not (fl and fl[r] in SKIP_FLAGS)][:limit]
-            if gi >= 0 and keep:
-                extra[int(gi)] = ([r + 1 for r in keep], hpm.normalize(np.asarray(
-                    [emb[r] for r in keep], np.float32)))
+    owners, numbers, m, extra = [], [], 0, 0
+    path = os.path.join(workdir, "captions.f32")
+    with open(path, "wb") as fh:
+        for part in range(n_parts):
+            t = read(part)
+            if E.RECAPTION_CROSS_EMB_NAME not in t.column_names:
+                return None
+            g = store.locate(np.full(t.num_rows, part), t.column(F.ROW.name).to_numpy())
+            row, num, vec = part_recaptions(t, limit)
+            ok = g[row] >= 0
+            s, c = store.meta.starts[part], store.meta.counts[part]
+            local = g[row[ok]] - s                              # stored rows are in row order
+            size = 1 + np.bincount(local, minlength=c)
+            first = np.concatenate([[0], np.cumsum(size)])
+            block = np.empty((first[-1], base.shape[1]), np.float32)
+            number = np.zeros(first[-1], np.int8)
+            block[first[:-1]] = base[s:s + c]
+            at = first[local] + 1 + (np.arange(len(local)) - np.searchsorted(local, local))
+            block[at], number[at] = vec[ok], num[ok]
+            fh.write(block.tobytes())
+            owners.append(np.repeat(np.arange(s, s + c), size))
+            numbers.append(number)
+            m, extra = m + first[-1], extra + len(local)
     if not extra:
         return None
-    size = np.ones(store.n, np.int64)
-    for g, (nums, _) in extra.items():
-        size[g] += len(nums)
-    first = np.concatenate([[0], np.cumsum(size)])
-    emb = np.empty((first[-1], base.shape[1]), np.float32)
-    number = np.zeros(first[-1], np.int8)
-    emb[first[:-1]] = base
-    for g, (nums, vec) in extra.items():
-        emb[first[g] + 1:first[g + 1]] = vec
-        number[first[g] + 1:first[g + 1]] = nums
-    owner = np.repeat(np.arange(store.n), size)
-    paths = {k: os.path.join(workdir, f"captions.{k}.npy") for k in ("emb", "owner", "number")}
-    for k, v in (("emb", emb), ("owner", owner), ("number", number)):
+    paths = {"emb": path, "m": int(m), "dim": int(base.shape[1])}
+    for k, v in (("owner", np.concatenate(owners)), ("number", np.concatenate(numbers))):
+        paths[k] = os.path.join(workdir, f"captions.{k}.npy")
         np.save(paths[k], v)
     return paths
 
@@ -103,7 +124,8 @@ def _features(config: Any, store: Store, captions: Optional[dict], device: Optio
     x = [v[c] for c in CROSS] if cross(config) else [None, None]
     own = num = None
     if captions:
-        x[1], own, num = (np.load(captions[k], mmap_mode="r") for k in ("emb", "owner", "number"))
+        x[1] = np.memmap(captions["emb"], np.float32, "r", shape=(captions["m"], captions["dim"]))
+        own, num = (np.load(captions[k], mmap_mode="r") for k in ("owner", "number"))
     return fff.features(v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME], rule(config), *x, own, num,
                         device)
 
