@@ -148,6 +148,10 @@ class EmbedConfig:
     """HELIP's unimodal encoders: DINO ViT-S/8 (CLS token) and a SentenceTransformer."""
     image_model: ModelSpec = ModelSpec(id="vit_small_patch8_224.dino")
     text_model: ModelSpec = ModelSpec(id="sentence-transformers/all-mpnet-base-v2")
+    # FFF sec. 4.1: one image-text (CLIP-style, transformers CLIPModel) model for S_it, S_ii and
+    # S_tt; null = none (positives then run without Eq. 1's main clause, and the summary says so)
+    cross_model: Optional[ModelSpec] = None
+    cross_batch_size: int = 64          # images / captions per cross-model forward pass
     image_batch_size: int = 64
     text_batch_size: int = 256
     float16_storage: bool = False
@@ -156,6 +160,10 @@ class EmbedConfig:
     decode: Literal["threads", "tasks"] = "threads"
     decode_threads: int = 4
     resources: Resources = Resources()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cross_batch_size, int) and self.cross_batch_size <= 0:
+            raise ConfigError(f"embed.cross_batch_size: must be > 0, got {self.cross_batch_size}")
 
 
 # <<mining section>>
@@ -224,16 +232,26 @@ class PositivesConfig:
     p1_text: float = 0.24       # p1': a text-text positive also needs S_it > p1'
     p2: float = 0.92            # S_ii > p2
     p3: float = 0.99            # S_tt > p3
-    cross_modal: bool = False   # read cross_image_emb / cross_text_emb (schemas/mining.py)
     duplicates: bool = True     # list HELIP duplicates (hpm.dup_threshold) as positives
-    max_positives: int = 64     # per row: best relation first, then highest similarity
+    # per row: best relation first, then highest similarity; the rest are cut and counted
+    # (positive_count, the stage's info and the run summary)
+    max_positives: int = 64
+    # FFF sec. 4.3: recaptions per image that join its caption as the k captions (needs
+    # embed.cross_model; 0 = sec. 4.1 on the original captions only)
+    recaptions: int = 5
     k_prime: int = 64           # fast method: candidates per modality
     nprobe: Optional[int] = None  # fast method; null = auto
     resources: Resources = Resources()
 
     def __post_init__(self) -> None:
+        if isinstance(self.recaptions, int) and self.recaptions < 0:
+            raise ConfigError(f"positives.recaptions: must be >= 0, got {self.recaptions}")
         _check_mining("positives", self, positive=("max_positives", "k_prime", "nprobe"),
-                      unit=("p1", "p1_text", "p2", "p3"))
+                      unit=())
+        for name in ("p1", "p1_text", "p2", "p3"):   # cosine thresholds
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and -1 <= v <= 1):
+                raise ConfigError(f"positives.{name}: must be in [-1, 1], got {v!r}")
 
 
 def _check_mining(section: str, obj: Any, positive: tuple, unit: tuple) -> None:

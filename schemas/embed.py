@@ -18,6 +18,32 @@ def text_emb(dim: int, float16: bool = False) -> pa.Field:
     return embedding(TEXT_EMB_NAME, dim, float16=float16)
 
 
+# FFF's cross-modal (CLIP-style) embeddings, written only when embed.cross_model is set: the
+# projected, L2-normalised image and caption features of one image-text model (S_it, S_ii, S_tt)
+CROSS_IMAGE_EMB_NAME = "cross_image_emb"
+CROSS_TEXT_EMB_NAME = "cross_text_emb"
+
+
+def cross_image_emb(dim: int, float16: bool = False) -> pa.Field:
+    return embedding(CROSS_IMAGE_EMB_NAME, dim, float16=float16)
+
+
+def cross_text_emb(dim: int, float16: bool = False) -> pa.Field:
+    return embedding(CROSS_TEXT_EMB_NAME, dim, float16=float16)
+
+
+CROSS_MODEL = pa.field("cross_model", pa.string(), metadata={"doc": "cross-modal encoder id"})
+
+# stage ``recaption_embed``: FFF sec. 4.3's extra captions in the same cross-modal text space
+RECAPTION_CROSS_EMB_NAME = "recaption_cross_emb"
+
+
+def recaption_cross_emb(dim: int, float16: bool = False) -> pa.Field:
+    return pa.field(RECAPTION_CROSS_EMB_NAME, pa.list_(embedding("item", dim, float16=float16).type),
+                    metadata={"doc": "cross-modal text embedding of each recaption (same order as "
+                                     "recaptions); null when the row was not recaptioned"})
+
+
 IMAGE_MODEL = pa.field("image_model", pa.string(), metadata={"doc": "image encoder id"})
 TEXT_MODEL = pa.field("text_model", pa.string(), metadata={"doc": "caption encoder id"})
 RANDOM_WEIGHTS = pa.field("random_weights", pa.bool_(),

@@ -52,34 +52,29 @@ POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={
            "HELIP near-duplicate); best relation first, then highest score"})
 POSITIVE_RELATIONS = pa.field("positive_relations", pa.list_(pa.string()), metadata={
     "doc": "why each positive is one: duplicate | image | cross | text (see REL_*)"})
+POSITIVE_CAPTIONS = pa.field("positive_captions", pa.list_(pa.int8()), metadata={
+    "doc": "FFF sec. 4.3: which caption of each positive sample j is a positive text of this "
+           "row's image: 0 = its caption, r = its r-th recaption (aligned with positive_ids; a "
+           "sample appears once per positive caption)"})
+POSITIVE_COUNT = pa.field("positive_count", pa.int32(), metadata={
+    "doc": "positives found before positives.max_positives cut the lists (exact method: all of "
+           "them; fast method: those among the retrieved candidates, a lower bound)"})
 POSITIVE_SCORES = pa.field("positive_scores", pa.list_(pa.float32()), metadata={
-    "doc": "the similarity that fired the relation (duplicate: max(S_ii, S_tt); image: S_ii; "
-           "cross: S_it; text: S_tt)"})
+    "doc": "the similarity that fired the relation (duplicate: max(S_ii, S_tt) of the unimodal "
+           "encoders; image: S_ii; cross: S_it; text: S_tt)"})
 
 # relation codes, in priority order (a pair that matches several rules gets the first)
 REL_DUPLICATE = "duplicate"   # S_ii > dup or S_tt > dup (HELIP: not a hard pair, a positive)
 REL_IMAGE = "image"           # S_ii > p2
 REL_CROSS = "cross"           # S_it > p1 (only with a cross-modal embedding)
 REL_TEXT = "text"             # S_tt > p3 (and S_it > p1' with a cross-modal embedding)
+# a text duplicate (S_tt > dup) also needs S_it > p1' with a cross-modal embedding
 RELATIONS = (REL_DUPLICATE, REL_IMAGE, REL_CROSS, REL_TEXT)
-
-# Optional cross-modal (CLIP-like) embeddings for FFF's S_it: names of the columns the positives
-# stage reads from whichever upstream stage provides them when ``positives.cross_modal`` is on.
-CROSS_IMAGE_EMB_NAME = "cross_image_emb"
-CROSS_TEXT_EMB_NAME = "cross_text_emb"
-
-
-def cross_image_emb(dim: int, float16: bool = False) -> pa.Field:
-    return F.embedding(CROSS_IMAGE_EMB_NAME, dim, float16=float16)
-
-
-def cross_text_emb(dim: int, float16: bool = False) -> pa.Field:
-    return F.embedding(CROSS_TEXT_EMB_NAME, dim, float16=float16)
-
 
 # --- tables -------------------------------------------------------------------------------------------
 HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED, PAIR_IDS, PAIR_SII,
                          PAIR_STT, PAIR_SIT)
-POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_RELATIONS, POSITIVE_SCORES)
+POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_CAPTIONS, POSITIVE_RELATIONS, POSITIVE_SCORES,
+                        POSITIVE_COUNT)
 
 ALL = {"hard_pairs": HARD_PAIRS, "positives": POSITIVES}

@@ -1,5 +1,8 @@
-"""Embed: HELIP's unimodal image (timm DINO ViT) and caption (SentenceTransformer) embeddings."""
-from .encoders import ImageEncoder, ImagePreprocessor, TextEncoder
+"""Embed: HELIP's unimodal image (timm DINO ViT) and caption (SentenceTransformer) embeddings,
+and FFF's cross-modal (CLIP-style) ones, of captions and (stage ``recaption_embed``) recaptions."""
+from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder
+from .recaptions import RecaptionEmbedStage
 from .stage import EmbedStage
 
-__all__ = ["EmbedStage", "ImageEncoder", "ImagePreprocessor", "TextEncoder"]
+__all__ = ["EmbedStage", "RecaptionEmbedStage", "CrossEncoder", "ImageEncoder",
+           "ImagePreprocessor", "TextEncoder"]

@@ -1,6 +1,7 @@
 """The two unimodal encoders HELIP mines hard pairs with, behind small wrappers that own their
 preprocessing and batching: a timm ViT (CLS token of ``forward_features``) and a
-SentenceTransformer. Both return L2-normalised float32 numpy arrays."""
+SentenceTransformer; and FFF's cross-modal (CLIP-style) encoder, whose image and caption
+features share one space. All return L2-normalised float32 numpy arrays."""
 from __future__ import annotations
 
 import contextlib
@@ -112,6 +113,77 @@ class TextEncoder:
             emb = self.model.encode(list(captions), batch_size=batch_size, convert_to_numpy=True,
                                     normalize_embeddings=True, show_progress_bar=False)
         return emb.astype(np.float32, copy=False)
+
+
+class CrossEncoder:
+    """FFF sec. 4.1's image-text model (a transformers CLIPModel, ``models.load_clip``): the
+    projected image and text features, L2-normalised. Images get the trainer's eval transform
+    (``finetune.data``: short side resized, centre crop, the model's mean/std), captions its
+    tokenizer padded to ``model_max_length``. The model always sees exactly ``batch_size`` rows
+    (the last chunk padded with copies of its last row): how Ray cuts the rows into batches never
+    changes a row's bytes."""
+
+    def __init__(self, spec: Any) -> None:
+        import torch
+        self.loaded = models.load_clip(spec, "cross-modal encoder")
+        self.device = models.device_for(spec)
+        self.dtype = models.dtype_for(spec, self.device)
+        self.model = self.loaded.model.eval().to(self.device)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.dim = int(self.model.config.projection_dim)
+        self.random = self.loaded.random
+        self._torch = torch
+
+    def pixels(self, data: bytes) -> np.ndarray:
+        """Image bytes -> normalised float32 CHW at the model's input size."""
+        from vlcurate.stages.finetune.data import load_rgb, to_tensor
+        size = self.loaded.image_size
+        return to_tensor(load_rgb(data, size), size, self.loaded.mean, self.loaded.std,
+                         None).numpy()
+
+    def _features(self, out: Any) -> np.ndarray:
+        torch = self._torch
+        out = out.pooler_output if hasattr(out, "pooler_output") else out
+        return torch.nn.functional.normalize(out.float(), dim=-1).cpu().numpy()
+
+    @staticmethod
+    def _full(x: Any, size: int) -> Any:
+        """``x`` padded to ``size`` rows with copies of its last row (fixed compute shapes)."""
+        if len(x) == size:
+            return x
+        idx = list(range(len(x))) + [len(x) - 1] * (size - len(x))
+        return [x[i] for i in idx] if isinstance(x, list) else x[idx]
+
+    def encode_pixels(self, pixels: np.ndarray, batch_size: int) -> np.ndarray:
+        out = np.zeros((len(pixels), self.dim), np.float32)
+        for lo in range(0, len(pixels), batch_size):
+            n = min(batch_size, len(pixels) - lo)
+            x = self._torch.from_numpy(np.ascontiguousarray(
+                self._full(pixels[lo:lo + batch_size], batch_size)))
+            with self._torch.inference_mode(), _autocast(self.device, self.dtype):
+                out[lo:lo + n] = self._features(self.model.get_image_features(
+                    pixel_values=x.to(self.device)))[:n]
+        return out
+
+    def encode_images(self, images: Sequence[bytes], batch_size: int) -> np.ndarray:
+        if not images:
+            return np.zeros((0, self.dim), np.float32)
+        return self.encode_pixels(np.stack([self.pixels(b) for b in images]), batch_size)
+
+    def encode_texts(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        tok = self.loaded.tokenizer
+        length = min(tok.model_max_length, self.model.config.text_config.max_position_embeddings)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for lo in range(0, len(texts), batch_size):
+            n = min(batch_size, len(texts) - lo)
+            t = tok(self._full(list(texts[lo:lo + batch_size]), batch_size),
+                    padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+            with self._torch.inference_mode(), _autocast(self.device, self.dtype):
+                out[lo:lo + n] = self._features(self.model.get_text_features(
+                    input_ids=t["input_ids"].to(self.device),
+                    attention_mask=t["attention_mask"].to(self.device)))[:n]
+        return out
 
 
 def as_fixed_list(arr: np.ndarray, field_type: Any) -> Any:

@@ -1,5 +1,7 @@
 """The embed stage: HELIP's unimodal embeddings of every still-kept pair (paper sec. 4.1: DINO
-ViT-S/8 for images, a SentenceTransformer for captions), L2-normalised, for hard-pair mining."""
+ViT-S/8 for images, a SentenceTransformer for captions), L2-normalised, for hard-pair mining;
+and, when ``embed.cross_model`` is set, FFF's cross-modal (CLIP-style) image and caption
+embeddings, for the positives' S_it, S_ii and S_tt (FFF sec. 4.1)."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +14,7 @@ from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
 from vlcurate.stages.base import Resources, Stage
 
-from .encoders import ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
+from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
 
 
 @functools.lru_cache(maxsize=4)
@@ -23,6 +25,18 @@ def _preprocessor(spec: Any) -> ImagePreprocessor:
 @functools.lru_cache(maxsize=4)
 def _text_dim(spec: Any) -> int:
     return TextEncoder(spec).dim
+
+
+@functools.lru_cache(maxsize=4)
+def cross_dim(spec: Any) -> int:
+    """The cross-modal model's width; loading it here, on the driver, raises ModelNotFound before
+    any actor starts."""
+    return CrossEncoder(spec).dim
+
+
+def random_note(stage: str, key: str, spec: Any, what: str) -> str:
+    return (f"{stage}: the {key.split('.')[-1].replace('_', ' ')} {spec.id!r} has RANDOM weights "
+            f"({key}.random_init): {what} are for testing only")
 
 
 class EmbedStage(Stage):
@@ -38,17 +52,24 @@ class EmbedStage(Stage):
         """Widths come from the architectures; the caption encoder is loaded once here, on the
         driver, which also fails fast (before any actor starts) when its weights are missing."""
         c = config.embed
+        cross = [] if c.cross_model is None else [
+            E.cross_image_emb(cross_dim(c.cross_model), c.float16_storage),
+            E.cross_text_emb(cross_dim(c.cross_model), c.float16_storage), E.CROSS_MODEL]
         return tables.stage_table(E.image_emb(_preprocessor(c.image_model).dim, c.float16_storage),
                                   E.text_emb(_text_dim(c.text_model), c.float16_storage),
-                                  E.IMAGE_MODEL, E.TEXT_MODEL, E.RANDOM_WEIGHTS)
+                                  E.IMAGE_MODEL, E.TEXT_MODEL, *cross, E.RANDOM_WEIGHTS)
 
     @classmethod
     def notes(cls, config: Any) -> list[str]:
         c = config.embed
-        return [f"embed: the {kind} encoder {spec.id!r} has RANDOM weights (embed.{kind}_model."
-                "random_init): its embeddings, and the hard pairs mined from them, are for "
-                "testing only" for kind, spec in (("image", c.image_model), ("text", c.text_model))
-                if spec.random_init]
+        out = [f"embed: the {kind} encoder {spec.id!r} has RANDOM weights (embed.{kind}_model."
+               "random_init): its embeddings, and the hard pairs mined from them, are for "
+               "testing only" for kind, spec in (("image", c.image_model), ("text", c.text_model))
+               if spec.random_init]
+        if c.cross_model is not None and c.cross_model.random_init:
+            out.append(random_note("embed", "embed.cross_model", c.cross_model,
+                                   "its embeddings, and the FFF positives found with them,"))
+        return out
 
     @staticmethod
     def preprocess(config: Any, batch: pa.Table) -> pa.Table:
@@ -60,6 +81,8 @@ class EmbedStage(Stage):
         active = batch.column("_active").to_pylist() if "_active" in batch.column_names else None
         pixels = [pre.pixels(b).tobytes() if b is not None and (active is None or active[i])
                   else None for i, b in enumerate(batch.column(F.IMAGE.name).to_pylist())]
+        if config.embed.cross_model is not None:    # the cross-modal encoder decodes its own
+            return batch.append_column(E.PIXELS, pa.array(pixels, pa.binary()))
         i = batch.schema.get_field_index(F.IMAGE.name)
         return batch.set_column(i, E.PIXELS, pa.array(pixels, pa.binary()))
 
@@ -68,8 +91,10 @@ class EmbedStage(Stage):
         c = self.cfg = config.embed
         self.images = ImageEncoder(c.image_model)
         self.texts = TextEncoder(c.text_model)
+        self.cross = None if c.cross_model is None else CrossEncoder(c.cross_model)
         self.schema: pa.Schema = (state or {}).get("schema") or self.output_schema({}, config)
-        self.random = self.images.loaded.random or self.texts.loaded.random
+        self.random = self.images.loaded.random or self.texts.loaded.random or \
+            (self.cross is not None and self.cross.random)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         c = self.cfg
@@ -84,12 +109,27 @@ class EmbedStage(Stage):
             image = self.images.encode(batch.column(F.IMAGE.name).to_pylist(), c.image_batch_size,
                                        threads=c.decode_threads)
         n = batch.num_rows
-        return conform(pa.table({
-            F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-            E.IMAGE_EMB_NAME: as_fixed_list(image, self.schema.field(E.IMAGE_EMB_NAME).type),
-            E.TEXT_EMB_NAME: as_fixed_list(text, self.schema.field(E.TEXT_EMB_NAME).type),
-            E.IMAGE_MODEL.name: pa.array([c.image_model.id] * n, pa.string()),
-            E.TEXT_MODEL.name: pa.array([c.text_model.id] * n, pa.string()),
-            E.RANDOM_WEIGHTS.name: pa.array([self.random] * n, pa.bool_()),
-            F.REASONS.name: pa.array([[]] * n, F.REASONS.type)}), self.schema)
+        cols = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+                E.IMAGE_EMB_NAME: as_fixed_list(image, self.schema.field(E.IMAGE_EMB_NAME).type),
+                E.TEXT_EMB_NAME: as_fixed_list(text, self.schema.field(E.TEXT_EMB_NAME).type),
+                E.IMAGE_MODEL.name: pa.array([c.image_model.id] * n, pa.string()),
+                E.TEXT_MODEL.name: pa.array([c.text_model.id] * n, pa.string()),
+                E.RANDOM_WEIGHTS.name: pa.array([self.random] * n, pa.bool_()),
+                F.REASONS.name: pa.array([[]] * n, F.REASONS.type)}
+        if self.cross is not None:
+            cols.update(self.cross_columns(batch))
+        return conform(pa.table(cols), self.schema)
+
+    def cross_columns(self, batch: pa.Table) -> dict:
+        """FFF's cross-modal image and caption embeddings of the batch."""
+        c, n = self.cfg, batch.num_rows
+        image = self.cross.encode_images(batch.column(F.IMAGE.name).to_pylist(),
+                                         c.cross_batch_size)
+        text = self.cross.encode_texts(batch.column(F.CAPTION.name).to_pylist(),
+                                       c.cross_batch_size)
+        return {E.CROSS_IMAGE_EMB_NAME: as_fixed_list(
+                    image, self.schema.field(E.CROSS_IMAGE_EMB_NAME).type),
+                E.CROSS_TEXT_EMB_NAME: as_fixed_list(
+                    text, self.schema.field(E.CROSS_TEXT_EMB_NAME).type),
+                E.CROSS_MODEL.name: pa.array([c.cross_model.id] * n, pa.string())}
 

@@ -5,13 +5,18 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
 * it runs after noise removal, so (with ``hpm.noise_action: drop``) noise pairs are neither
   given positives nor named as anyone's positive: the trainer's multi-positive labels only
   point at rows that survived;
-* its search is different: positives need one high unimodal (or cross-modal) similarity, so
-  they are near neighbours *per modality*, which the joint HPM index does not find;
-* its table is exactly the positives table (sample_id, ids, relations, scores), which the
-  trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
+* its search is different: positives need one high similarity in one space, so they are near
+  neighbours *per space*, which the joint HPM index does not find;
+* its table is exactly the positives table (sample_id, ids, captions, relations, scores, count),
+  which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
 
-The method (exact blockwise or per-modality IVF-PQ), device, seed and the duplicate threshold
-come from the ``hpm`` section, so the two stages agree on what a duplicate is.
+The rule (fff.py): with ``embed.cross_model`` set, FFF's full Eq. 1 on the cross-modal
+embeddings, and with recaptions (stage ``recaption_embed``, ``positives.recaptions`` > 0) over
+images x k captions (sec. 4.3); without one, only S_ii > p2 or S_tt > p3 on HELIP's unimodal
+encoders, which the run summary says plainly. The method (exact blockwise or per-space IVF-PQ),
+device, seed and the duplicate threshold come from the ``hpm`` section, so the two stages agree on
+what a duplicate is. Positives cut by ``positives.max_positives`` are counted per row
+(``positive_count``) and in total (the stage's info and a summary note).
 """
 from __future__ import annotations
 
@@ -23,28 +28,111 @@ import pyarrow as pa
 from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
+from vlcurate.schemas import recaption as RC
 from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.stages.embed.recaptions import RecaptionEmbedStage
 
 from . import fff, hpm
 from .stage import EMBED, set_threads, use_fast
-from .store import Store, collect, lists, with_nulls
+from .store import Store, collect, lists, vectors, with_nulls
 
-CROSS = (M.CROSS_IMAGE_EMB_NAME, M.CROSS_TEXT_EMB_NAME)
+CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
+RECAPTIONS = RecaptionEmbedStage.name
+
+
+def cross(config: Any) -> bool:
+    return config.embed.cross_model is not None
 
 
 def columns(config: Any) -> tuple[str, ...]:
-    return (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME) + (CROSS if config.positives.cross_modal else ())
+    return (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME) + (CROSS if cross(config) else ())
 
 
 def rule(config: Any) -> fff.Rule:
     p = config.positives
     return fff.Rule(p1=p.p1, p1_text=p.p1_text, p2=p.p2, p3=p.p3, dup=config.hpm.dup_threshold,
-                    cross=p.cross_modal, duplicates=p.duplicates)
+                    cross=cross(config), duplicates=p.duplicates)
+
+
+# recaptions left out of sec. 4.3's k captions: no text, or the same text as a better beam
+# (truncated or repetitive ones still describe the image, and the trainer uses them)
+SKIP_FLAGS = (RC.FLAG_EMPTY, RC.FLAG_DUPLICATE)
+
+
+def part_recaptions(t: pa.Table, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row in the part, caption number, vector) of the recaptions sec. 4.3 uses, row by row:
+    each row's first ``limit`` recaptions, less SKIP_FLAGS (vectorised: no Python per value)."""
+    col = t.column(E.RECAPTION_CROSS_EMB_NAME).combine_chunks()
+    sizes = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = col.flatten()
+    d = col.type.value_type.list_size
+    vec = vectors(flat) if len(flat) else np.zeros((0, d), np.float32)
+    row = np.repeat(np.arange(len(sizes)), sizes)
+    pos = np.arange(len(row)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    keep = np.ones(len(row), bool)
+    if RC.RECAPTION_FLAGS.name in t.column_names:
+        fl = t.column(RC.RECAPTION_FLAGS.name).combine_chunks().flatten()
+        if len(fl) == len(row):
+            keep = ~np.isin(fl.fill_null("").to_numpy(zero_copy_only=False), SKIP_FLAGS)
+    kept = np.cumsum(keep)                                     # rank among the row's kept ones
+    rank = kept - np.repeat(np.concatenate([[0], kept])[np.cumsum(sizes) - sizes], sizes)
+    keep &= rank <= limit
+    return row[keep], (pos[keep] + 1).astype(np.int8), hpm.normalize(vec[keep])
+
+
+def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Store,
+                      limit: int, workdir: str) -> Optional[dict]:
+    """FFF sec. 4.3's texts: per stored row, its caption then its first ``limit`` recaptions
+    (less SKIP_FLAGS), written part by part, row by row, to ``workdir`` files (bounded memory).
+    None when no row has any."""
+    base = store.vec[E.CROSS_TEXT_EMB_NAME]
+    owners, numbers, m, extra = [], [], 0, 0
+    path = os.path.join(workdir, "captions.f32")
+    with open(path, "wb") as fh:
+        for part in range(n_parts):
+            t = read(part)
+            if E.RECAPTION_CROSS_EMB_NAME not in t.column_names:
+                return None
+            g = store.locate(np.full(t.num_rows, part), t.column(F.ROW.name).to_numpy())
+            row, num, vec = part_recaptions(t, limit)
+            ok = g[row] >= 0
+            s, c = store.meta.starts[part], store.meta.counts[part]
+            local = g[row[ok]] - s                              # stored rows are in row order
+            size = 1 + np.bincount(local, minlength=c)
+            first = np.concatenate([[0], np.cumsum(size)])
+            block = np.empty((first[-1], base.shape[1]), np.float32)
+            number = np.zeros(first[-1], np.int8)
+            block[first[:-1]] = base[s:s + c]
+            at = first[local] + 1 + (np.arange(len(local)) - np.searchsorted(local, local))
+            block[at], number[at] = vec[ok], num[ok]
+            fh.write(block.tobytes())
+            owners.append(np.repeat(np.arange(s, s + c), size))
+            numbers.append(number)
+            m, extra = m + first[-1], extra + len(local)
+    if not extra:
+        return None
+    paths = {"emb": path, "m": int(m), "dim": int(base.shape[1])}
+    for k, v in (("owner", np.concatenate(owners)), ("number", np.concatenate(numbers))):
+        paths[k] = os.path.join(workdir, f"captions.{k}.npy")
+        np.save(paths[k], v)
+    return paths
+
+
+def _features(config: Any, store: Store, captions: Optional[dict], device: Optional[str]
+              ) -> fff.Features:
+    v = store.vec
+    x = [v[c] for c in CROSS] if cross(config) else [None, None]
+    own = num = None
+    if captions:
+        x[1] = np.memmap(captions["emb"], np.float32, "r", shape=(captions["m"], captions["dim"]))
+        own, num = (np.load(captions[k], mmap_mode="r") for k in ("owner", "number"))
+    return fff.features(v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME], rule(config), *x, own, num,
+                        device)
 
 
 class PositivesStage(Stage):
     name = "positives"
-    version = "1"
+    version = "2"
     config_sections = ("positives", "hpm")
     inputs = {EMBED: ()}
     output = M.POSITIVES
@@ -54,52 +142,84 @@ class PositivesStage(Stage):
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
-        out = [E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME] if upstream == EMBED else []
-        if config.positives.cross_modal and schema is not None:   # from whichever stage has them
-            out += [c for c in CROSS if c in schema.names]
-        return out
+        if upstream == EMBED:
+            return list(columns(config))
+        names = schema.names if schema is not None else []
+        if upstream == RECAPTIONS and cross(config) and config.positives.recaptions:
+            return [E.RECAPTION_CROSS_EMB_NAME] if E.RECAPTION_CROSS_EMB_NAME in names else []
+        if upstream == "recaption" and cross(config) and config.positives.recaptions:
+            return [RC.RECAPTION_FLAGS.name] if RC.RECAPTION_FLAGS.name in names else []
+        return []
+
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        if cross(config):
+            return []
+        return ["positives: no cross-modal model (embed.cross_model is null), so FFF Eq. 1's "
+                "main clause S_it > p1 is OFF and S_tt > p3 is not gated by S_it > p1': positives "
+                "come only from S_ii > p2 or S_tt > p3 on HELIP's unimodal encoders (and HELIP "
+                "duplicates). Set embed.cross_model (a CLIP) for the full rule."]
 
     @staticmethod
     def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
-        h = config.hpm
+        h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         meta = collect(read, n_parts, workdir, columns(config))
-        state: dict = {"store": meta, "fast": use_fast(h, meta.n) and meta.n > 1, "indexes": {}}
+        state: dict = {"store": meta, "fast": use_fast(h, meta.n) and meta.n > 1, "indexes": {},
+                       "captions": None}
+        if cross(config) and p.recaptions:
+            state["captions"] = gather_recaptions(read, n_parts, Store(meta), p.recaptions,
+                                                  workdir)
         if state["fast"]:
-            vec = Store(meta).vec
-            names = {"image": E.IMAGE_EMB_NAME, "text": E.TEXT_EMB_NAME}
-            if config.positives.cross_modal:
-                names["cross"] = M.CROSS_TEXT_EMB_NAME
-            for key, col in names.items():
-                p = hpm.auto_params(meta.n, vec[col].shape[1], nbits=h.pq_nbits,
-                                    nprobe=config.positives.nprobe)
+            f = _features(config, Store(meta), state["captions"], None)
+            for key, (base, _, _) in fff.index_sources(f).items():
+                prm = hpm.auto_params(len(base), base.shape[1], nbits=h.pq_nbits, nprobe=p.nprobe)
                 path = os.path.join(workdir, f"{key}.ivfpq")
-                hpm.save_index(hpm.build_ivfpq(vec[col], p, h.seed), path)
-                state["indexes"][key] = (path, p.nprobe)
+                hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, h.seed), path)
+                state["indexes"][key] = (path, prm.nprobe)
         return state
+
+    @staticmethod
+    def finalize(config: Any, ctx: Any) -> dict:
+        """How many positives max_positives cut, in the stage's info and the run summary."""
+        found = kept = rows_cut = 0
+        for part in range(len(ctx.counts)):
+            t = ctx.read(PositivesStage.name, part, [M.POSITIVE_IDS.name, M.POSITIVE_COUNT.name])
+            n = np.asarray(t.column(M.POSITIVE_COUNT.name).fill_null(0).to_numpy(), np.int64)
+            k = np.asarray([len(x or []) for x in t.column(M.POSITIVE_IDS.name).to_pylist()],
+                           np.int64)
+            found, kept, rows_cut = found + int(n.sum()), kept + int(k.sum()), \
+                rows_cut + int((n > k).sum())
+        info: dict = {"positives_found": found, "positives_kept": kept,
+                      "positives_cut": found - kept, "rows_cut": rows_cut,
+                      "max_positives": config.positives.max_positives, "cross_modal": cross(config)}
+        if found > kept:
+            info["skipped"] = [f"positives: positives.max_positives = "
+                               f"{config.positives.max_positives} cut {found - kept} of {found} "
+                               f"positives, on {rows_cut} rows (positive_count has each row's "
+                               "total); raise it to keep them"]
+        return info
 
     def __init__(self, config: Any, state: Any = None) -> None:
         super().__init__(config, state)
         self.device = hpm.resolve_device(config.hpm.device)
         self.rule = rule(config)
         self.store = Store(state["store"])
-        v = self.store.vec
-        cross = [v[c] for c in CROSS] if self.rule.cross else [None, None]
-        self.vectors = (v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME], *cross)
         self.fast = None
         if not state["fast"]:        # the base on the device once (on the CPU: the memmaps)
-            self.base = [None if v is None else hpm.as_tensor(v, self.device) for v in self.vectors]
+            self.features = _features(config, self.store, state["captions"], self.device)
         else:
+            f = _features(config, self.store, state["captions"], None)
             indexes = {k: hpm.load_index(path, nprobe, self.device)
                        for k, (path, nprobe) in state["indexes"].items()}
-            self.fast = fff.FastPositives(indexes, *self.vectors, device=self.device)
+            self.fast = fff.FastPositives(indexes, f, device=self.device)
 
     def find(self, gidx: np.ndarray) -> fff.Positives:
         p, h = self.config.positives, self.config.hpm
         if self.fast is not None:
             return self.fast.query(gidx, self.rule, p.max_positives, p.k_prime)
-        return fff.exact_positives(*self.base[:2], self.rule, p.max_positives, gidx,
-                                   *self.base[2:], h.block_size, h.query_block, self.device)
+        return fff.search(self.features, self.rule, p.max_positives, gidx, h.block_size,
+                          h.query_block, self.device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         gidx = self.store.locate(batch.column(F.PART.name).to_numpy(),
@@ -111,8 +231,10 @@ class PositivesStage(Stage):
         return pa.table({
             F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
             M.POSITIVE_IDS.name: with_nulls(self.store.id_lists(r.idx), present),
+            M.POSITIVE_CAPTIONS.name: with_nulls(lists(r.caption, ok, pa.int8()), present),
             M.POSITIVE_RELATIONS.name: with_nulls(lists(rel, ok, pa.string()), present),
             M.POSITIVE_SCORES.name: with_nulls(lists(r.score, ok, pa.float32()), present),
+            M.POSITIVE_COUNT.name: with_nulls(pa.array(r.count, pa.int32()), present),
             F.REASONS.name: reasons_array([[] for _ in range(batch.num_rows)]),
             F.REASON_DETAIL.name: pa.array([None] * batch.num_rows, pa.string()),
         }, schema=self.output)

@@ -238,10 +238,11 @@ def bench_positives(img: np.ndarray, txt: np.ndarray, a) -> None:
     ex = fff.exact_positives(img, txt, rule, 64, queries=qs)
     t_exact = time.time() - t
     t = time.time()
-    idx = fff.FastPositives.build(img, txt, {m: hpm.auto_params(n, img.shape[1]) for m in
-                                             ("image", "text")})
+    f = fff.features(img, txt, rule, device=None)
+    idx = fff.FastPositives.build(f, {m: hpm.auto_params(n, img.shape[1]) for m in
+                                      fff.index_sources(f)})
     t_build = time.time() - t
-    fp = fff.FastPositives(idx, img, txt)
+    fp = fff.FastPositives(idx, f)
     t = time.time()
     got = fp.query(qs, rule, 64, 64)
     t_fast = time.time() - t

@@ -188,3 +188,85 @@ def test_cuda_requested_without_gpu_is_a_clear_error():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         ImageEncoder(tiny_spec(device="cuda"))
+
+
+# --- FFF's cross-modal encoder (a tiny random CLIP, as the trainer's tests build it) -------------
+TINY_CLIP = C.ModelSpec(id="tiny-clip", random_init=True)
+
+
+def cross_cfg(**embed) -> C.Config:
+    return cfg(cross_model=C.to_dict(TINY_CLIP), **embed)
+
+
+@pytest.fixture(scope="module")
+def cross_stage():
+    return EmbedStage(cross_cfg())
+
+
+def test_cross_embeddings_are_the_clip_features_the_trainer_computes(cross_stage):
+    """The cross-modal columns are the dual encoder's own normalised image and text features
+    (finetune.model.DualEncoder on the same random CLIP, the trainer's eval transform)."""
+    import torch
+    from vlcurate.stages.finetune.data import load_rgb, to_tensor
+    from vlcurate.stages.finetune.model import DualEncoder
+    out = cross_stage(batch())
+    assert out.schema == cross_stage.schema
+    assert out.schema.field(E.CROSS_IMAGE_EMB_NAME).type == pa.list_(pa.float32(), 32)
+    xi = np.stack(out.column(E.CROSS_IMAGE_EMB_NAME).to_numpy(zero_copy_only=False))
+    xt = np.stack(out.column(E.CROSS_TEXT_EMB_NAME).to_numpy(zero_copy_only=False))
+    assert np.allclose(np.linalg.norm(xi, axis=1), 1, atol=1e-5)
+    assert out.column(E.CROSS_MODEL.name).to_pylist() == ["tiny-clip"] * 5
+    assert out.column(E.RANDOM_WEIGHTS.name).to_pylist() == [True] * 5
+    clip = models.load_clip(TINY_CLIP)                # a second load: the same seeded weights
+    enc = DualEncoder(clip.model).eval()
+    px = torch.stack([to_tensor(load_rgb(b, clip.image_size), clip.image_size, clip.mean,
+                                clip.std, None) for b in batch().column(F.IMAGE.name).to_pylist()])
+    tok = clip.tokenizer(batch().column(F.CAPTION.name).to_pylist(), padding="max_length",
+                         truncation=True, max_length=clip.tokenizer.model_max_length,
+                         return_tensors="pt")
+    with torch.no_grad():
+        assert np.allclose(xi, enc.encode_image(px).numpy(), atol=1e-5)
+        assert np.allclose(xt, enc.encode_text(tok["input_ids"], tok["attention_mask"]).numpy(),
+                           atol=1e-5)
+    assert not np.allclose(xt[0], xt[1])
+
+
+def test_cross_model_is_announced_and_missing_weights_fail_before_any_actor(tmp_path,
+                                                                            monkeypatch):
+    notes = EmbedStage.notes(cross_cfg())
+    assert any("tiny-clip" in n and "RANDOM" in n and "embed.cross_model" in n for n in notes)
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    real = cfg(cross_model={"id": "openai/clip-vit-base-patch32"})
+    with pytest.raises(models.ModelNotFound, match="openai/clip-vit-base-patch32"):
+        EmbedStage.output_schema({}, real)           # on the driver: no actor has started
+    with pytest.raises(models.ModelNotFound, match="does not exist"):
+        EmbedStage.output_schema({}, cfg(cross_model={"id": "x", "path": str(tmp_path / "no")}))
+
+
+def test_cross_decode_in_tasks_equals_threads_and_ray_batches_change_no_byte(cross_stage):
+    c = cross_cfg(decode="tasks")
+    pre = EmbedStage.preprocess(c, batch().append_column("_active", pa.array([True] * 5)))
+    assert cross_stage(pre.drop_columns(["_active"])).equals(cross_stage(batch()))
+    small = EmbedStage(cross_cfg(cross_batch_size=2))     # fixed model shapes: 2 rows a pass
+    whole = small(batch()).select([E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME])
+    for cut in (1, 2, 3):                                  # however the rows come in batches
+        parts = [small(batch().slice(0, cut)), small(batch().slice(cut))]
+        joined = pa.concat_tables(parts).select(whole.column_names)
+        assert joined.equals(whole)
+
+
+def test_recaption_embed_stage_embeds_every_recaption_in_the_caption_space(cross_stage):
+    from vlcurate.schemas import recaption as RC
+    from vlcurate.stages.embed import RecaptionEmbedStage
+    st = RecaptionEmbedStage(cross_cfg())
+    recaps = [["a dog", "a dog on sand"], None, [], ["a plate of pasta"]]
+    t = pa.table({F.SAMPLE_ID.name: ["a", "b", "c", "d"],
+                  RC.RECAPTIONS.name: pa.array(recaps, RC.RECAPTIONS.type)})
+    out = st(t).column(E.RECAPTION_CROSS_EMB_NAME).to_pylist()
+    assert out[1] is None and out[2] == [] and len(out[0]) == 2 and len(out[3]) == 1
+    ref = cross_stage.cross.encode_texts(["a dog", "a dog on sand", "a plate of pasta"], 8)
+    assert np.allclose(np.array(out[0] + out[3]), ref, atol=1e-6)
+    assert RecaptionEmbedStage.output_schema({}, cfg()).names == [F.SAMPLE_ID.name,
+                                                                  F.REASONS.name,
+                                                                  F.REASON_DETAIL.name]

@@ -60,6 +60,37 @@ def naive_fff(img, txt, p1=0.27, p1_text=0.24, p2=0.92, p3=0.99, dup=None, ximg=
     return out
 
 
+def naive_fff_captions(ximg, captions, p1=0.27, p1_text=0.24, p2=0.92, p3=0.99, dup=None,
+                       img=None, txt=None):
+    """FFF Eq. 1 with one image-text model (sec. 4.1) over images x k captions (sec. 4.3), one
+    (image i, caption c of image j) pair at a time, j != i. ``captions[j]``: image j's caption
+    vectors (its caption first). S_it = cos(x_i, t_jc); S_ii = cos(x_i, x_j); S_tt = the mean of
+    cos(a, b) over every caption a of i and b of j. HELIP duplicates on (img, txt): S_ii > dup,
+    or S_tt > dup and S_it > p1'. Returns {i: {(j, c): (relation, score)}}."""
+    n = len(ximg)
+    out = {}
+    for i in range(n):
+        out[i] = {}
+        for j in range(n):
+            if j == i:
+                continue
+            sii = cos(ximg[i], ximg[j])
+            stt = float(np.mean([cos(a, b) for a in captions[i] for b in captions[j]]))
+            for c, t in enumerate(captions[j]):
+                sit = cos(ximg[i], t)
+                dii = cos(img[i], img[j]) if dup is not None else None
+                dtt = cos(txt[i], txt[j]) if dup is not None else None
+                if dup is not None and (dii > dup or (dtt > dup and sit > p1_text)):
+                    out[i][(j, c)] = ("duplicate", max(dii, dtt))
+                elif sii > p2:
+                    out[i][(j, c)] = ("image", sii)
+                elif sit > p1:
+                    out[i][(j, c)] = ("cross", sit)
+                elif stt > p3 and sit > p1_text:
+                    out[i][(j, c)] = ("text", stt)
+    return out
+
+
 def clustered(n, d, n_clusters, spread, seed):
     """Unit vectors in clusters: a shared centre per cluster plus noise of norm ~spread."""
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ def test_defaults_follow_the_papers():
     assert (cfg.hpm.tau_image, cfg.hpm.tau_text, cfg.hpm.dup_threshold) == (0.5, 0.5, 0.98)
     assert cfg.hpm.noise_action == "drop" and cfg.hpm.method == "auto"
     p = cfg.positives
-    assert (p.p1, p.p1_text, p.p2, p.p3, p.cross_modal) == (0.27, 0.24, 0.92, 0.99, False)
+    assert (p.p1, p.p1_text, p.p2, p.p3, p.recaptions) == (0.27, 0.24, 0.92, 0.99, 5)
 
 
 @pytest.mark.parametrize("data,match", [
@@ -18,7 +18,7 @@ def test_defaults_follow_the_papers():
     ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in 1\.\.16"),
     ({"hpm": {"widen": "some"}}, r"hpm\.widen: expected one of"),
     ({"hpm": {"noise_action": "delete"}}, r"hpm\.noise_action: expected one of"),
-    ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[0, 1\]"),
+    ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[-1, 1\]"),
     ({"positives": {"max_positive": 3}}, r"did you mean 'max_positives'"),
 ])
 def test_errors_name_the_key(data, match):

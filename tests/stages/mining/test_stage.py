@@ -225,14 +225,14 @@ def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
 
 class CrossEmbed(FakeEmbed):
     """The embed contract plus cross-modal (CLIP-like) columns, for FFF's full Eq. 1."""
-    output = tables.stage_table(E.image_emb(D), E.text_emb(D), M.cross_image_emb(4),
-                                M.cross_text_emb(4))
+    output = tables.stage_table(E.image_emb(D), E.text_emb(D), E.cross_image_emb(4),
+                                E.cross_text_emb(4))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         t = super().__call__(batch)
         i = [int(c.split()[-1]) for c in batch.column(F.CAPTION.name).to_pylist()]
-        return t.append_column(M.CROSS_IMAGE_EMB_NAME, fixed(XIMG[i])).append_column(
-            M.CROSS_TEXT_EMB_NAME, fixed(XTXT[i])).select(self.output.names)
+        return t.append_column(E.CROSS_IMAGE_EMB_NAME, fixed(XIMG[i])).append_column(
+            E.CROSS_TEXT_EMB_NAME, fixed(XTXT[i])).select(self.output.names)
 
 
 XIMG = hpm.normalize(IMG[:, :4] + 0.2 * np.random.default_rng(5).standard_normal((N, 4)))
@@ -242,7 +242,9 @@ XTXT = hpm.normalize(IMG[:, :4] + 0.2 * np.random.default_rng(6).standard_normal
 def test_positives_with_a_cross_modal_embedding(source, tmp_path):
     d = [Node(IngestStage), Node(CrossEmbed, after=("ingest",)),
          Node(PositivesStage, after=("embed",))]
-    over = {"positives.cross_modal": True, "positives.p1": 0.9, "positives.p1_text": 0.8}
+    # a cross-modal model configured: the positives run the full rule (CrossEmbed stands in for it)
+    over = {"embed.cross_model": {"id": "tiny-clip", "random_init": True}, "positives.p1": 0.9,
+            "positives.p1_text": 0.8}
     run(cfg(source, tmp_path, **over), d, executor="local", log=quiet)
     ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
     rule = fff.Rule(p1=0.9, p1_text=0.8, p2=0.9, p3=0.95, cross=True)
