@@ -62,13 +62,13 @@ def runner(cfg: Any, device: str, vec_dir: str):
 def run_pass(store: Store, p: blocks.PassParams, workdir: str, cfg: Any) -> dict:
     device = hpm.resolve_device(cfg.device)
     v = store.vec
-    cross = M.CROSS_IMAGE_EMB_NAME in v
+    cross = E.CROSS_IMAGE_EMB_NAME in v
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = blocks.build_layout(img, txt, p, device)
     vec_dir = os.path.join(workdir, "sorted")
     blocks.save_vectors(vec_dir, lay, {"img": img, "txt": txt,
-                                       "ximg": v.get(M.CROSS_IMAGE_EMB_NAME),
-                                       "xtxt": v.get(M.CROSS_TEXT_EMB_NAME)})
+                                       "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
+                                       "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)})
     vec = blocks.load_vectors(vec_dir, store.n)
     run = runner(cfg, device, vec_dir) or (lambda *a: blocks.run_units(*a, device=device))
     r = blocks.gather(lay, p.k, (p.tau_i, p.tau_t), run(lay, vec, p, range(lay.n_clusters)),

@@ -41,7 +41,7 @@ from .store import Store, collect, lists, with_nulls
 
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
-CROSS = (M.CROSS_IMAGE_EMB_NAME, M.CROSS_TEXT_EMB_NAME)
+CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 PREPARE = "_prepare"      # the runner's workdir for prepare (pipeline/runner.py), under the root
 
 
