@@ -310,11 +310,9 @@ def run_units(lay: Layout, vec: Vectors, p: PassParams, units: Iterable[int],
 
 
 @dataclass
-class PassResult:
-    """Everything the pass found, by global row: top-k, support, certificate, and the pairs in
-    CSR form (row g's pairs are pair_*[offsets[g]:offsets[g+1]], sorted by j); ``bound``: the
-    largest score a pair outside the searched clusters can have; ``cut``: pairs left out by
-    the per-row cap."""
+class Found:
+    """What the pass found, by global row: top-k, support, certificate, and the pairs in CSR form
+    (row g's pairs are pair_*[offsets[g]:offsets[g+1]], sorted by j). What it persists."""
     idx: np.ndarray
     score: np.ndarray
     support: np.ndarray
@@ -324,6 +322,12 @@ class PassResult:
     pair_sii: np.ndarray
     pair_stt: np.ndarray
     pair_sit: np.ndarray
+
+
+@dataclass
+class PassResult(Found):
+    """The pass's result in memory, plus ``bound``: the largest score a pair outside the searched
+    clusters can have, and ``cut``: pairs left out by the per-row cap."""
     bound: np.ndarray
     cut: int = 0
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 from vlcurate.schemas import embed as E
-from vlcurate.schemas import mining as M
 
 from . import blocks, hpm
 from .store import Store
@@ -107,17 +106,8 @@ def pass_info(workdir: str) -> dict:
 
 
 @dataclass
-class Found:
-    """The pass's results, memory-mapped."""
-    idx: np.ndarray
-    score: np.ndarray
-    support: np.ndarray
-    certified: np.ndarray
-    offsets: np.ndarray
-    pair_j: np.ndarray
-    pair_sii: np.ndarray
-    pair_stt: np.ndarray
-    pair_sit: np.ndarray
+class Stored(blocks.Found):
+    """The pass's results as the stage stored them, memory-mapped."""
     cross: bool
 
     def rows_pairs(self, gidx: np.ndarray) -> dict:
@@ -131,6 +121,6 @@ class Found:
                 "stt": self.pair_stt[take], "sit": self.pair_sit[take], "cross": self.cross}
 
 
-def load_result(state: dict) -> Found:
+def load_result(state: dict) -> Stored:
     arrays = {f: np.load(os.path.join(state["dir"], f"{f}.npy"), mmap_mode="r") for f in FIELDS}
-    return Found(**arrays, cross=state["cross"])
+    return Stored(**arrays, cross=state["cross"])
