@@ -1,0 +1,174 @@
+"""Where run directories, sources, shards and checkpoints live: a local path or any URI that
+pyarrow.fs opens (``s3://``, ``gs://``, ``hdfs://``, ``file://``), else one fsspec opens (wrapped
+in pyarrow's ``FSSpecHandler``). One code path for all of them: every read and write goes
+through a ``pyarrow.fs.FileSystem``, local paths through ``LocalFileSystem``.
+
+Credentials come only from the standard chains (for S3: ``AWS_ACCESS_KEY_ID``/``_SECRET_...``,
+``AWS_PROFILE`` and ``~/.aws``, instance roles; ``AWS_ENDPOINT_URL`` and ``AWS_DEFAULT_REGION``
+for an S3-compatible endpoint; for GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` or the metadata
+server). A URI that carries a secret (``s3://KEY:SECRET@bucket``, ``?secret_key=``) is never
+written anywhere as given: :func:`redact` it first.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import uuid
+from typing import Any, Optional
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pyarrow.fs as pafs
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_SECRET_KEYS = {"secret_key", "access_key", "session_token", "token", "password", "credentials",
+                "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token"}
+
+
+def scheme(uri: str) -> str:
+    """``s3``, ``gs``, ... ; ``""`` for a local path (``file://`` counts as local)."""
+    m = _SCHEME.match(str(uri))
+    s = m.group(1).lower() if m else ""
+    return "" if s == "file" else s
+
+
+def is_local(uri: str) -> bool:
+    return scheme(uri) == ""
+
+
+def local_path(uri: str) -> str:
+    """The filesystem path of a local URI (``file:///x`` -> ``/x``; a plain path is itself)."""
+    s = str(uri)
+    return s[len("file://"):] if s.startswith("file://") else s
+
+
+def join(base: str, *parts: str) -> str:
+    out = str(base).rstrip("/") if str(base) not in ("/", "") else str(base)
+    for p in parts:
+        p = str(p).strip("/")
+        if p:
+            out = f"{out}/{p}" if out and not out.endswith("/") else f"{out}{p}"
+    return out
+
+
+def redact(uri: Any) -> Any:
+    """The URI with any user info and secret query values replaced by ``***`` (non-strings and
+    local paths are returned unchanged)."""
+    if not isinstance(uri, str) or is_local(uri):
+        return uri
+    u = urlsplit(uri)
+    netloc = u.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = urlencode([(k, "***" if k.lower() in _SECRET_KEYS else v)
+                       for k, v in parse_qsl(u.query, keep_blank_values=True)])
+    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+
+
+@functools.lru_cache(maxsize=64)
+def _filesystem(key: str) -> pafs.FileSystem:
+    if key == "":
+        return pafs.LocalFileSystem()
+    try:
+        fs, _ = pafs.FileSystem.from_uri(key + "/")
+        return fs
+    except (ValueError, OSError) as e:    # pyarrow.ArrowInvalid is a ValueError
+        arrow_error = e
+    try:
+        import fsspec
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+        return PyFileSystem(FSSpecHandler(fsspec.filesystem(scheme(key))))
+    except (ImportError, ValueError) as e:
+        raise ValueError(f"{redact(key)}: no filesystem opens this URI ({arrow_error}; "
+                         f"fsspec: {e})") from None
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a path or URI. Filesystems are cached per scheme and
+    authority (bucket), so resolving many paths of one bucket makes one client."""
+    uri = str(uri)
+    if is_local(uri):
+        return _filesystem(""), os.path.abspath(local_path(uri))
+    u = urlsplit(uri)
+    key = urlunsplit((u.scheme, u.netloc, "", u.query, ""))
+    return _filesystem(key), (u.netloc + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
+        else u.path.rstrip("/")
+
+
+# --- small whole-object operations ----------------------------------------------------------------
+def exists(uri: str) -> bool:
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def size(uri: str) -> Optional[int]:
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = resolve(uri)
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole object atomically: an object store's PUT is; locally a temporary file is
+    renamed over the target, so a reader never sees half an object."""
+    fs, path = resolve(uri)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with fs.open_output_stream(tmp) as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def read_json(uri: str) -> Optional[dict]:
+    """The JSON object at ``uri``; None when it is missing or not (yet) valid JSON."""
+    try:
+        return json.loads(read_bytes(uri))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    except OSError as e:   # object stores raise OSError for a missing key
+        if "not found" in str(e).lower() or "no such" in str(e).lower() or "404" in str(e):
+            return None
+        raise
+
+
+def write_json(uri: str, obj: Any) -> None:
+    write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+
+def listdir(uri: str) -> list[pafs.FileInfo]:
+    """The entries directly under ``uri`` (one LIST on an object store); [] when it is absent."""
+    fs, path = resolve(uri)
+    return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
+
+
+def makedirs(uri: str) -> None:
+    fs, path = resolve(uri)
+    fs.create_dir(path, recursive=True)
+
+
+def delete(uri: str) -> None:
+    """Remove a file or a whole directory (prefix); nothing if it is absent."""
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+def forget_clients() -> None:
+    """Drop the cached filesystem clients (after the endpoint or credentials in the environment
+    changed, as in tests)."""
+    _filesystem.cache_clear()
