@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlcurate.stages.base import Kind
 from vlcurate.stages.cat.stage import CatStage, TextSpotStage
 from vlcurate.stages.concepts import ConceptsStage
 from vlcurate.stages.dedup import DedupStage
@@ -87,7 +88,7 @@ def topo_order(dag: list[Node]) -> list[Node]:
         if missing:
             raise ValueError(f"stage {n.name!r} runs after {missing}, which are not declared before it")
         seen.add(n.name)
-    sources = [n.name for n in dag if getattr(n.stage, "source", False)]
+    sources = [n.name for n in dag if n.stage.kind == Kind.SOURCE]
     if len(sources) != 1 or dag[0].name != sources[0]:
         raise ValueError(f"the DAG must start with exactly one source stage, got {sources}")
     return list(dag)

@@ -1,7 +1,7 @@
 """Per-part mechanics shared by both executors (Ray Data and in-process): read a part's inputs,
-call a stage on the rows still kept, write fragments, and commit whole parts.
+call a stage on the rows still kept, write fragments, and commit whole parts (on the driver).
 
-Nothing here imports ray; ``runner.py`` wires these functions into ``map_batches``.
+Nothing here imports ray; ``executors/`` wires these functions into ``map_batches``.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from vlcurate.schemas import reasons as R
 
 from .rundir import StageDir
 
-ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
+ACTIVE = F.ACTIVE
 INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name)
 
 
@@ -147,11 +147,14 @@ class StageCall:
     kept reach the stage; the rows it did not see come back with null columns and no reasons, so
     every input row has an output row."""
 
-    def __init__(self, stage_cls: type, config: Any, state: Any = None) -> None:
-        self.chunk_rows, self.threads = config.run.chunk_rows, config.run.intra_op_threads
+    def __init__(self, stage_cls: type, cfg: Any, state: Any = None,
+                 schema: Optional[pa.Schema] = None) -> None:
+        self.chunk_rows, self.threads = cfg.run.chunk_rows, cfg.run.intra_op_threads
+        self.schema = schema if schema is not None else stage_cls.output
         with pinned_threads(self.threads):
-            self.stage = stage_cls(config, state)
-        self.wants_position = getattr(stage_cls, "wants_position", False)
+            self.stage = stage_cls(cfg, state, self.schema)
+            self.stage.setup()
+        self.wants_position = stage_cls.wants_position
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         bounds = chunks(batch, self.chunk_rows) or [(0, 0)]
@@ -165,9 +168,7 @@ class StageCall:
         sub = batch.drop_columns(drop)
         if not active.all():
             sub = sub.filter(pa.array(active))
-        out = self.stage(sub) if sub.num_rows or not hasattr(self.stage, "output") else None
-        if out is None:
-            out = self.stage.output.empty_table()
+        out = self.stage(sub) if sub.num_rows else self.schema.empty_table()
         if out.num_rows != sub.num_rows:
             raise RuntimeError(f"{type(self.stage).__name__} returned {out.num_rows} rows for "
                                f"{sub.num_rows}: a stage must return one row per input row")
@@ -256,7 +257,8 @@ def add_counts(a: dict, b: dict) -> dict:
 
 
 class Committer:
-    """Driver side: collects fragment records and commits each part once all its rows are in."""
+    """Driver side: collects fragment records and commits each part once all its rows are in;
+    ``finish`` commits, empty, the parts that yielded no rows."""
 
     def __init__(self, sd: StageDir, on_commit=None) -> None:
         self.sd = sd
@@ -278,11 +280,22 @@ class Committer:
             raise RuntimeError(f"{self.sd.name}: part {p} received {acc['rows']} rows for "
                                f"{rec['part_rows']}")
 
-
-def commit_empty(io: PartIO, part: int, schema: pa.Schema) -> None:
-    sd = io.dir()
-    sd.write_fragment(part, 0, 0, schema.empty_table(), None)
-    sd.commit(part, empty_counts())
+    def finish(self, parts: list[int], schema: pa.Schema) -> None:
+        """After the executor: a part with no record had no rows (an empty source part, or one
+        whose rows all come from an empty upstream part); one with some records but not all its
+        rows is an error."""
+        if self.acc:
+            p = min(self.acc)
+            raise RuntimeError(f"{self.sd.name}: part {p} received {self.acc[p]['rows']} rows, "
+                               "not all of them")
+        done = set(self.committed)
+        for p in parts:
+            if p not in done:
+                self.sd.write_fragment(p, 0, 0, schema.empty_table(), None)
+                self.sd.commit(p, empty_counts())
+                self.committed.append(p)
+                if self.on_commit:
+                    self.on_commit(p, empty_counts())
 
 
 def write_null_part(io: PartIO, part: int, schema: pa.Schema, committer: Committer) -> None:
@@ -291,9 +304,7 @@ def write_null_part(io: PartIO, part: int, schema: pa.Schema, committer: Committ
     rows it skips, without building the stage (no model load, no actor)."""
     t = _read(io, part, None)
     if t.num_rows == 0:
-        commit_empty(io, part, schema)
-        committer.committed.append(part)
-        return
+        return                       # committed empty by committer.finish
     active = t.column(ACTIVE.name).to_numpy(zero_copy_only=False)
     out = scatter(schema.empty_table(), np.zeros(t.num_rows, bool), t.column(F.SAMPLE_ID.name))
     for c in INTERNAL:

@@ -3,15 +3,15 @@
 A stage is skipped when its manifest's fingerprint matches (its config, its code version and
 every upstream fingerprint); a changed parameter therefore reruns that stage and everything
 downstream. Within a stage, parts committed by an interrupted attempt are kept and only the rest
-run. Two executors share the per-part code in ``parts.py``: ``ray`` (Ray Data ``map_batches``,
-the stage as a callable class on an actor pool) and ``local`` (the same objects, in-process).
+run. The runner dispatches on each stage's ``kind`` (``stages/base.py``); where parts run is an
+executor's business (``executors/``: ``ray`` or ``local``), with the per-part code they share
+in ``parts.py``; every commit happens here, on the driver.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
-import logging
 import os
 import pickle
 import time
@@ -19,20 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from vlcurate.stages.base import Resources as StageResources
-from vlcurate.stages.base import Stage
+from vlcurate.stages.base import Kind, Stage, StageConfig
 
 from . import config as C
-from . import guards
+from . import executors, guards, storage
 from .dag import Node, ancestors, default_dag, select, topo_order
-from .parts import (Committer, PartIO, StageCall, add_counts, batch_rows, commit_empty,
-                    empty_counts, pinned_threads, read_inputs, write_fragments, write_null_part)
+from .executors import Work, work_items
+from .executors.tasks import TableReader, prepare_step
+from .params import DEFAULT_RESOURCES, Resources
+from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
+    write_null_part
 from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json
-from .worker import TableReader, _apply, _prepare, _RayStageCall, _read_batch, _stage_task
 from .versions import versions
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -55,156 +55,48 @@ _NUMERICS = {f.name: f.default for f in dataclasses.fields(C.RunConfig)
              if f.name in ("chunk_rows", "intra_op_threads")}
 
 
-def resources(stage: type[Stage], config: C.Config) -> StageResources:
-    base = stage.resources
-    sec = getattr(config, stage.name, None)
-    over = getattr(sec, "resources", None) if sec is not None else None
-    if over is None:
-        return base
-    return StageResources(*(getattr(over, k) if getattr(over, k) is not None else getattr(base, k)
-                            for k in ("num_cpus", "num_gpus", "batch_size", "concurrency")))
+def resources(stage: type[Stage], config: Any) -> Resources:
+    """The stage's resources: its section's ``resources`` over the stage's defaults over
+    DEFAULT_RESOURCES, field by field."""
+    sec = section_of(stage, config, stage.name) if stage.name in stage.sections() else None
+    over = sec.resources if sec is not None else Resources()
+    return over.over(stage.resources).over(DEFAULT_RESOURCES)
 
 
-def stage_config(stage: type[Stage], config: C.Config) -> dict:
+def stage_sections(stage: type[Stage]) -> tuple[str, ...]:
+    """The config sections a stage sees: those it owns, then those it reads."""
+    return (*stage.sections(), *stage.reads)
+
+
+def section_of(stage: type[Stage], config: Any, name: str) -> Any:
+    """Section ``name`` of ``config``; a section the stage owns that a config composed without
+    it lacks is its defaults (such a config could not have set it: that is an unknown key)."""
+    if name in {f.name for f in dataclasses.fields(config)}:
+        return config.section(name)
+    if name in stage.sections():
+        return stage.sections()[name]()
+    raise RunError(f"stage {stage.name!r} reads config section {name!r}, which no stage of this "
+                   "DAG owns")
+
+
+def stage_view(stage: type[Stage], config: Any) -> StageConfig:
+    """What an instance of ``stage`` sees of ``config``: ``run`` and its sections."""
+    return StageConfig(config.run, tuple((s, section_of(stage, config, s))
+                                         for s in stage_sections(stage)))
+
+
+def stage_config(stage: type[Stage], config: Any, speed: Optional[dict] = None) -> dict:
+    """The sections that shape the stage's output, as they enter its fingerprint: without
+    ``resources``, ``out_dir`` and the speed-only fields; a section left empty is omitted."""
+    speed = C.speed_only() if speed is None else speed
     out = {}
-    for sec in stage.config_sections:
-        d = C.to_dict(config.section(sec))
-        for key in ("resources", "out_dir", *C.SPEED_ONLY.get(sec, ())):
+    for sec in stage_sections(stage):
+        d = C.to_dict(section_of(stage, config, sec))
+        for key in ("resources", "out_dir", *speed.get(sec, ())):
             d.pop(key, None)       # speed, never output: no rerun when they change
-        out[sec] = d
+        if d:
+            out[sec] = d
     return out
-
-
-# --- executors --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Work:
-    """What one stage's parts need from an executor. ``items``: (part, lo, hi) row ranges, whole
-    chunks (``batch_rows``, a multiple of ``run.chunk_rows``) of one part each; hi None = the
-    part's end (a source part, whose size is known only once read)."""
-    io: PartIO
-    stage: type
-    config: C.Config
-    state: Any
-    res: StageResources
-    items: list[tuple[int, int, Optional[int]]]
-    specs: Optional[list[dict]]
-    schema: pa.Schema
-
-
-def work_items(pending: list[int], sizes: Optional[dict[int, int]], rows: int
-               ) -> list[tuple[int, int, Optional[int]]]:
-    """Each pending part as row ranges of ``rows`` rows (0: one range per part)."""
-    if sizes is None or not rows:
-        return [(p, 0, None) for p in pending]
-    return [(p, lo, min(lo + rows, sizes[p])) for p in pending
-            for lo in range(0, max(sizes[p], 1), rows)]
-
-
-class LocalExecutor:
-    """The same stage objects and part functions, called in this process (no Ray)."""
-    name = "local"
-
-    def __init__(self, threads: int = 1) -> None:
-        self.threads = threads
-
-    def parts(self, w: Work, committer: Committer) -> None:
-        call = StageCall(w.stage, w.config, w.state)
-        rows = batch_rows(w.res.batch_size, w.config.run.chunk_rows)
-        for p in dict.fromkeys(p for p, _, _ in w.items):
-            t = read_inputs(w.io, p, w.specs[p] if w.specs else None)
-            if t.num_rows == 0:
-                commit_empty(w.io, p, w.schema)
-                committer.committed.append(p)
-                continue
-            step = rows or t.num_rows
-            out = pa.concat_tables([call(t.slice(lo, step)) for lo in range(0, t.num_rows, step)],
-                                   promote_options="default")
-            for rec in write_fragments(out, w.io).column("record").to_pylist():
-                committer.add(rec)
-
-    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
-        return fn(*args)
-
-    def map(self, fn: Callable, items: list) -> list:
-        return [_apply(fn, x, self.threads) for x in items]
-
-
-class RayExecutor:
-    """Ray Data: read (tasks) -> stage (callable class on an actor pool) -> write (tasks). Every
-    Ray batch is one work item (a whole number of chunks of one part): batch_size=None, and Ray
-    never slices a block (target_max_block_size=None), so no batch spans parts or cuts a chunk."""
-    name = "ray"
-
-    def __init__(self, rc: C.RayConfig, threads: int = 1) -> None:
-        from .ray_env import init_ray
-        self.ray, self.threads = init_ray(rc), threads
-        import ray.data
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = rc.ray_progress_bars
-        ctx.print_on_execution_start = False
-        ctx.verbose_stats_logs = False
-        ctx.target_max_block_size = None
-        if not rc.ray_progress_bars:
-            logging.getLogger("ray.data").setLevel(logging.ERROR)
-
-    def parts(self, w: Work, committer: Committer) -> None:
-        items = [{"part": p, "lo": lo, "hi": -1 if hi is None else hi,
-                  "spec": json.dumps(w.specs[p]) if w.specs else ""} for p, lo, hi in w.items]
-        ds = self.ray.data.from_items(items, override_num_blocks=len(items))
-        ds = self._stage(ds, w, self._state_path(w))
-        for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            for rec in b.column("record").to_pylist():
-                committer.add(rec)
-
-    @staticmethod
-    def _state_path(w: Work) -> Optional[str]:
-        if w.state is None:
-            return None
-        # beside the stage's tables, not in _tmp: an actor still starting when the stage
-        # finishes must find it (it is replaced by the next attempt of this stage)
-        path = str(w.io.dir().root / "_state.pkl")
-        with open(path, "wb") as fh:
-            pickle.dump(w.state, fh)
-        return path
-
-    def _stage(self, ds: Any, w: Work, state_path: Optional[str]) -> Any:
-        res, read = w.res, {"io": w.io, "schema": w.schema}
-        kw = {"stage_cls": w.stage, "config": w.config, "state_path": state_path}
-        if not getattr(w.stage, "heavy_init", False):
-            # read -> stage -> write with equal resources: Ray Data fuses them into one task
-            cpus = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus or None}
-            ds = ds.map_batches(_read_batch, fn_kwargs=read, batch_size=1, batch_format="pyarrow",
-                                **cpus)
-            ds = ds.map_batches(_stage_task, fn_kwargs=kw, batch_size=None,
-                                batch_format="pyarrow", **cpus)
-            return ds.map_batches(write_fragments, fn_kwargs={"io": w.io}, batch_size=None,
-                                  batch_format="pyarrow", **cpus)
-        ds = ds.map_batches(_read_batch, fn_kwargs=read, batch_size=1, batch_format="pyarrow",
-                            num_cpus=0.1)
-        ds = ds.map_batches(_RayStageCall, fn_constructor_kwargs=kw, batch_size=None,
-                            batch_format="pyarrow", compute=self._pool(res, len(w.items)),
-                            num_cpus=res.num_cpus, num_gpus=res.num_gpus or None)
-        return ds.map_batches(write_fragments, fn_kwargs={"io": w.io}, batch_size=None,
-                              batch_format="pyarrow", num_cpus=0.1)
-
-    def _pool(self, res: StageResources, n_items: int) -> Any:
-        from ray.data import ActorPoolStrategy
-        total = self.ray.cluster_resources()
-        if res.num_gpus:
-            most = max(1, int(total.get("GPU", 0) // res.num_gpus))
-        else:
-            most = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 0.01)))
-        return (ActorPoolStrategy(size=res.concurrency) if res.concurrency
-                else ActorPoolStrategy(min_size=1, max_size=min(most, n_items)))
-
-    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
-        """A global step as one Ray task, with the stage's GPUs (a teacher model, an index)."""
-        task = self.ray.remote(num_cpus=1, num_gpus=min(1.0, num_gpus) if num_gpus else 0)(fn)
-        return self.ray.get(task.remote(*args))
-
-    def map(self, fn: Callable, items: list) -> list:
-        task = self.ray.remote(num_cpus=1)(_apply)
-        return self.ray.get([task.remote(fn, x, self.threads) for x in items])
 
 
 @dataclass
@@ -254,14 +146,17 @@ class Runner:
         self.log = log
         self.run_dir = Path(config.run.run_dir)
         self.roots = {"export": config.export.out_dir} if config.export.out_dir else {}
+        self.speed = {**C.speed_only(), **C.speed_only(self.dag)}
 
     @property
     def executor(self) -> Any:
         if self._executor is None:
-            threads = self.config.run.intra_op_threads
-            self._executor = RayExecutor(self.config.ray, threads) \
-                if self.executor_name == "ray" else LocalExecutor(threads)
+            self._executor = executors.make(self.executor_name, self.config.ray,
+                                            self.config.run.intra_op_threads)
         return self._executor
+
+    def view(self, stage: type[Stage]) -> StageConfig:
+        return stage_view(stage, self.config)
 
     def stage_dir(self, name: str) -> StageDir:
         return StageDir(self.run_dir, name, self.roots.get(name))
@@ -295,17 +190,19 @@ class Runner:
         ups = ancestors(self.dag, node)
         upstream = {a: results[a].manifest["fingerprint"] for a in ups}
         extra: dict = {}
-        if getattr(stage, "source", False):
-            extra["source_signature"] = stage.signature(self.config.source)
+        view = self.view(stage)
+        if stage.kind == Kind.SOURCE:
+            extra["source_signature"] = stage.signature(view)
         elif len(ups) > 1:  # which rows are still kept can depend on it (conservatively)
             extra["compute_on_flagged"] = self.config.run.compute_on_flagged
-        if hasattr(stage, "environment"):  # e.g. which spaCy pipeline / OCR backend is installed
-            extra["environment"] = stage.environment(self.config)
+        env = stage.environment(view)   # e.g. which spaCy pipeline / OCR backend is installed
+        if env:
+            extra["environment"] = env
         for k, default in _NUMERICS.items():   # only when changed: default fingerprints stay
             if getattr(self.config.run, k) != default:
                 extra[k] = getattr(self.config.run, k)
-        return fingerprint(node.name, stage.version, stage_config(stage, self.config), upstream,
-                           extra), upstream
+        return fingerprint(node.name, stage.version, stage_config(stage, self.config, self.speed),
+                           upstream, extra), upstream
 
     def _progress(self, name: str, pending: list[int], node: Node) -> tuple[Any, bool]:
         """A bar in rows (rows/s and ETA), counted from the source's committed parts; a source
@@ -323,7 +220,7 @@ class Runner:
         """Every row was flagged upstream (an ancestor kept none of the rows it saw, and nothing
         it did not see is left), and this stage computes only kept rows."""
         stage = node.stage
-        if getattr(stage, "source", False) or stage.all_rows or self.config.run.compute_on_flagged:
+        if stage.kind == Kind.SOURCE or stage.all_rows or self.config.run.compute_on_flagged:
             return False
         return any(results[a].manifest["rows_kept"] == 0 for a in ancestors(self.dag, node))
 
@@ -332,7 +229,7 @@ class Runner:
         stage, name = node.stage, node.name
         sd = self.stage_dir(name)
         fp, upstream = self.fingerprint(node, results)
-        m, notes = sd.manifest(), stage.notes(self.config)
+        m, notes = sd.manifest(), stage.notes(self.view(stage))
         complete = bool(m) and m.get("fingerprint") == fp and m.get("status") == "complete"
         redo = self.to_redo(node, sd, m["parts"], results) if complete else set()
         if complete and not redo:
@@ -386,39 +283,40 @@ class Runner:
         stage redid in this run. A stage with a global step (``prepare``) depends on every upstream
         part, so any redone upstream part redoes all of it (and so export's finalize reruns)."""
         redone = set().union(*(results[u].redone for u in ancestors(self.dag, node)))
-        if redone and node.stage.prepare is not None:
+        if redone and node.stage.kind == Kind.GLOBAL:
             return set(range(n_parts))
         return {p for p in redone if p < n_parts} | set(sd.damaged(n_parts))
 
     def plan(self, node: Node, sd: StageDir, results: dict[str, StageResult]
              ) -> tuple[int, Optional[list[dict]]]:
         """How many parts (and, for the source, each part's spec)."""
-        if getattr(node.stage, "source", False):
-            sd.root.mkdir(parents=True, exist_ok=True)
-            specs = node.stage.plan(self.config.source, sd.root / "_plan.parquet")
+        if node.stage.kind == Kind.SOURCE:
+            storage.makedirs(str(sd.root))
+            specs = node.stage.plan(self.view(node.stage),
+                                    storage.join(str(sd.root), "_plan.parquet"))
             return len(specs), specs
         return results[ancestors(self.dag, node)[0]].manifest["parts"], None
 
     def part_io(self, node: Node, specs: Optional[list[dict]]) -> tuple[PartIO, dict]:
-        stage, ups = node.stage, ancestors(self.dag, node)
+        stage, ups, view = node.stage, ancestors(self.dag, node), self.view(node.stage)
         schemas = {u: self.stage_dir(u).schema() for u in ups}
         schemas = {u: s for u, s in schemas.items() if s is not None}
+        source = stage.kind == Kind.SOURCE
         io = PartIO(run_dir=str(self.run_dir), stage=node.name,
                     stage_root=self.roots.get(node.name), ancestors=ups,
-                    columns={u: stage.input_columns(u, schemas.get(u), self.config) for u in ups},
+                    columns={u: stage.input_columns(u, schemas.get(u), view) for u in ups},
                     all_rows=stage.all_rows, all_reasons=stage.all_reasons,
                     compute_on_flagged=self.config.run.compute_on_flagged,
-                    source_cfg=self.config.source if specs is not None else None,
-                    read_source=stage.read_part if specs is not None else None,
-                    preprocess=functools.partial(stage.preprocess, self.config)
-                    if getattr(stage, "preprocess", None) else None)
+                    source_cfg=view if source else None,
+                    read_source=stage.read_part if source else None,
+                    preprocess=functools.partial(stage.preprocess, view))
         return io, schemas
 
     def compute(self, node: Node, sd: StageDir, n_parts: int, pending: list[int],
                 specs: Optional[list[dict]], results: dict[str, StageResult]) -> None:
-        stage, name = node.stage, node.name
+        stage, name, view = node.stage, node.name, self.view(node.stage)
         io, schemas = self.part_io(node, specs)
-        out_schema = stage.output_schema(schemas, self.config)
+        out_schema = stage.output_schema(schemas, view)
         res = resources(stage, self.config)
         rows = batch_rows(res.batch_size, self.config.run.chunk_rows)
         self.log(f"[{name}] {n_parts} parts" + (f", {n_parts - len(pending)} already committed"
@@ -430,41 +328,49 @@ class Runner:
             committer = Committer(sd)
             for p in pending:
                 write_null_part(io, p, out_schema, committer)
+            committer.finish(pending, out_schema)
             return
-        state = None
-        if stage.prepare is not None:
-            state = self.executor.call(_prepare, stage, self.config, io, n_parts,
-                                       str(sd.root / "_prepare"), num_gpus=res.num_gpus)
-        if state is None and getattr(stage, "output", None) is None:
-            state = {"schema": out_schema}   # a stage whose columns depend on its upstream
+        state, state_uri = self.global_step(node, sd, io, n_parts, res)
         sizes = None if specs is not None else {
             p: self.stage_dir(io.ancestors[0]).part_counts(p)["rows"] for p in pending}
-        work = Work(io, stage, self.config, state, res, work_items(pending, sizes, rows), specs,
-                    out_schema)
+        work = Work(io, stage, view, state, state_uri, res, work_items(pending, sizes, rows),
+                    specs, out_schema)
         bar, in_rows = self._progress(name, pending, node)
+        committer = Committer(sd, on_commit=lambda p, c: bar.update(c["rows"] if in_rows else 1))
         try:
-            self.executor.parts(work, Committer(sd, on_commit=lambda p, c: bar.update(
-                c["rows"] if in_rows else 1)))
+            self.executor.parts(work, committer)
+            committer.finish(pending, out_schema)
         finally:
             bar.close()
 
+    def global_step(self, node: Node, sd: StageDir, io: PartIO, n_parts: int, res: Resources
+                    ) -> tuple[Any, Optional[str]]:
+        """A global stage's prepare (one Ray task, with the stage's GPUs), and where its state
+        is kept for workers: beside the stage's tables, not in _tmp, so that an actor still
+        starting when the stage finishes finds it (the next attempt replaces it)."""
+        if node.stage.kind != Kind.GLOBAL:
+            return None, None
+        state = self.executor.call(prepare_step, node.stage, self.view(node.stage), io, n_parts,
+                                   str(sd.root / "_prepare"), num_gpus=res.num_gpus)
+        uri = storage.join(str(sd.root), "_state.pkl")
+        storage.write_bytes(uri, pickle.dumps(state))
+        return state, uri
+
     def finalize(self, stage: type[Stage], sd: StageDir, counts: list[dict]) -> dict:
-        if stage.finalize is None:
-            return {}
         tmp = sd.tmp / "finalize"
         tmp.mkdir(parents=True, exist_ok=True)
         ctx = FinalizeCtx(counts=counts, read=TableReader(str(self.run_dir),
                                                           tuple(self.roots.items())),
                           map=self.executor.map, root=sd.root, tmp_dir=tmp)
         with pinned_threads(self.config.run.intra_op_threads):
-            return stage.finalize(self.config, ctx) or {}
+            return stage.finalize(self.view(stage), ctx) or {}
 
     def manifest(self, name: str, fp: str, upstream: dict, stage: type[Stage], counts: list[dict],
                  reused: int, t0: float, started: str) -> dict:
         total = functools.reduce(add_counts, counts, empty_counts())
         return {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
-            "config": json.dumps(stage_config(stage, self.config), sort_keys=True),
+            "config": json.dumps(stage_config(stage, self.config, self.speed), sort_keys=True),
             "parts": len(counts), "parts_reused": reused, "rows": total["rows"],
             "rows_in": total["rows_in"], "rows_kept": total["rows_kept"],
             "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],

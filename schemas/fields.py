@@ -59,6 +59,8 @@ REASON_DETAIL = pa.field("reason_detail", pa.string(),
 PART = pa.field("_part", pa.int64(), nullable=False)
 ROW = pa.field("_row", pa.int64(), nullable=False)
 PART_ROWS = pa.field("_part_rows", pa.int64(), nullable=False)
+# the row is still kept (no upstream stage flagged it): the runner computes only these
+ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
 KEEP = pa.field("keep", pa.bool_(), nullable=False, metadata={"doc": "export decision under the policy"})
 ALL_REASONS = pa.field("all_reasons", pa.list_(pa.string()), nullable=False,
                        metadata={"doc": "every reason code any stage flagged the row with"})

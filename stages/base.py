@@ -1,96 +1,202 @@
 """The stage contract. A stage never imports ray; only ``pipeline/`` turns it into Ray calls.
 
-A stage is a plain class:
+A stage is a class of one of four kinds; the runner dispatches on ``kind``, never by probing for
+attributes, and every method below has a do-nothing default unless its kind requires it:
 
-* heavy setup (model loads) in ``__init__(config, state=None)``;
-* work in ``__call__(batch: pa.Table) -> pa.Table``, the callable-class contract of Ray Data's
-  ``map_batches``, so a unit test calls it directly with no Ray;
-* ``inputs``: the upstream stages and the columns it reads from each (schema fields);
-* ``output``: the schema of the narrow table it writes (key, its columns, its decisions);
-* ``resources``: its default Ray resources (config may override them).
+=========  ===================================================================================
+kind       what the runner does with it
+=========  ===================================================================================
+source     ``plan(cfg, plan_uri) -> [spec]`` on the driver (one spec per part), then per part
+           ``read_part(cfg, spec) -> raw table`` and ``__call__``. ``signature(cfg)`` says when
+           the source changed (it enters the fingerprint). The DAG starts with one source.
+map        ``__call__(batch) -> table`` per chunk of a part, on the rows still kept.
+global     ``prepare(cfg, read, n_parts, workdir) -> state`` once over every part (in one Ray
+           task), then ``__call__`` per chunk with that ``state``. A redone upstream part redoes
+           all of it.
+sink       ``__call__`` on every row (kept or not) with every upstream reason, then
+           ``finalize`` writes the outputs (export's shards).
+=========  ===================================================================================
+
+Lifecycle of an instance, on a worker: ``Stage(cfg, state, schema)`` is cheap (no model load:
+the driver builds stages only to describe them), ``setup()`` loads models once per worker, then
+``__call__`` per chunk. ``finalize(cfg, ctx)`` runs on the driver after every part committed.
+Everything the driver needs (``output_schema``, ``input_columns``, ``notes``, ``environment``)
+is a classmethod of ``cfg`` and must not load a model.
+
+Parameters: a stage owns a frozen :class:`~vlcurate.pipeline.params.Params` dataclass, its
+config section (``Params``, keyed by ``name``; a stage may own more than one through
+``sections``). It reads other stages' sections only when it names them in ``reads``. The
+instance gets ``cfg``: a :class:`StageConfig` holding exactly those sections plus ``run``. The
+run's config is composed from the DAG's stages (``pipeline/config.py``), and the sections a
+stage owns or reads enter its fingerprint, except the fields it names in ``speed_only`` (and
+``resources``), which change speed, never output.
 
 The runner hands a stage only the rows that are still kept, one output row per input row in the
 same order, and fills the rows it skipped with nulls. A filter flags a row by putting reason codes
 in ``reasons``; it never drops rows.
-
-Optional hooks (class attributes):
-
-* ``heavy_init = True``: the stage loads a model in ``__init__``; it runs on an actor pool (one
-  instance per actor, GPUs per actor from ``resources``). Otherwise it runs in Ray tasks fused
-  with its read and write, one instance per worker process.
-* ``prepare(config, read, n_parts, workdir) -> state``: a *global* step over the whole
-  materialised upstream table (``read(part) -> pa.Table`` gives the still-kept rows of a part,
-  with ``F.PART``/``F.ROW`` columns), run once as a Ray task before the parts; its result is every
-  instance's ``state`` (keep it small: put big things, an index say, as files in ``workdir``, a
-  folder under the stage's directory that every node sees, and return their paths).
-* ``preprocess(config, table) -> table`` (staticmethod): CPU work done in the tasks that read a
-  part, ahead of the stage's actors (image decoding for a GPU encoder); it sees every row of the
-  part, with the ``_active`` column, and must leave inactive rows alone.
-* ``finalize(config, ctx)``: runs once after every part is committed (export writes shards there).
-* ``config_sections``: the config sections that shape the output; they enter the fingerprint
-  (a section's ``resources`` never do).
-* ``version``: bump it when the stage's output changes meaning, so existing runs recompute it.
-* ``input_columns`` / ``output_schema`` (classmethods): for stages whose columns depend on the
-  upstream schemas or on config (an embedding's dimension, say).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
+from vlcurate.pipeline.params import Params, Resources
 from vlcurate.schemas import F
 
 
+class Kind(str, enum.Enum):
+    SOURCE = "source"
+    MAP = "map"
+    GLOBAL = "global"
+    SINK = "sink"
+
+
 @dataclass(frozen=True)
-class Resources:
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    batch_size: Optional[int] = 0        # 0 = one whole part per call
-    concurrency: Optional[int] = None    # actor pool size; None = as many as the CPUs allow
+class NoParams(Params):
+    """The section of a stage without parameters (it still has ``resources``)."""
+    resources: Resources = Resources()
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What a stage instance sees of the run's config: ``run`` and the sections it owns or reads
+    (``cfg.embed.k``), nothing else. Hashable and picklable (it travels to Ray workers)."""
+    run: Any
+    sections: tuple[tuple[str, Any], ...]
+
+    def __getattr__(self, name: str) -> Any:
+        for key, value in object.__getattribute__(self, "sections"):
+            if key == name:
+                return value
+        raise AttributeError(f"this stage's config has no section {name!r} (it has "
+                             f"{[k for k, _ in self.sections]}: declare it in the stage's `reads`)")
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
 
 
 class Stage:
+    kind: ClassVar[Kind] = Kind.MAP
     name: ClassVar[str]
     version: ClassVar[str] = "1"         # bump when the output changes meaning: reruns the stage
-    config_sections: ClassVar[tuple[str, ...]] = ()   # config sections that shape the output
+    Params: ClassVar[type] = NoParams    # this stage's own config section (key: ``name``)
+    reads: ClassVar[tuple[str, ...]] = ()       # other stages' sections it reads
+    speed_only: ClassVar[tuple[str, ...]] = ()  # own fields that change speed, never output
     inputs: ClassVar[Mapping[str, tuple[pa.Field, ...]]] = {}
-    output: ClassVar[pa.Schema]
+    output: ClassVar[Optional[pa.Schema]] = None   # None: see output_schema
+    # defaults for what the config's `<section>.resources` leaves unset (pipeline/params.py)
     resources: ClassVar[Resources] = Resources()
     # the stage needs the rows' positions (F.PART, F.ROW columns) in its input
     wants_position: ClassVar[bool] = False
-    # heavy setup in __init__ (a model load): run on an actor pool, one instance per actor.
-    # Otherwise the stage runs in Ray tasks fused with its read and write, one instance per
-    # worker process (cheaper: no actor start-up, no hand-off between operators).
-    heavy_init: ClassVar[bool] = False
-
-    all_rows: ClassVar[bool] = False       # see every row, not only the ones still kept (export)
+    # setup() loads a model: run on an actor pool, one instance per actor (GPUs per actor from
+    # resources). Otherwise the stage runs in Ray tasks fused with its read and write, one
+    # instance per worker process (cheaper: no actor start-up, no hand-off between operators).
+    on_actors: ClassVar[bool] = False
+    all_rows: ClassVar[bool] = False       # see every row, not only the ones still kept
     all_reasons: ClassVar[bool] = False    # receive F.ALL_REASONS, every upstream stage's reasons
 
-    prepare: ClassVar[Optional[Callable[..., Any]]] = None
-    finalize: ClassVar[Optional[Callable[..., Any]]] = None   # after all parts: (config, ctx)
-
     @classmethod
-    def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
+    def sections(cls) -> dict[str, type]:
+        """The config sections this stage owns: {key: Params class}."""
+        return {cls.name: cls.Params}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "name" in cls.__dict__:
+            for key, params in cls.sections().items():
+                if params is not NoParams:
+                    params.section = key
+
+    # --- the driver's view: cheap, no model load --------------------------------------------
+    @classmethod
+    def input_columns(cls, upstream: str, schema: Optional[pa.Schema], cfg: Any) -> list[str]:
         """Names of the columns to read from ``upstream`` (whose table has ``schema``)."""
         return [f.name for f in cls.inputs.get(upstream, ())]
 
     @classmethod
-    def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
+    def output_schema(cls, upstream: Mapping[str, pa.Schema], cfg: Any) -> pa.Schema:
+        if cls.output is None:
+            raise NotImplementedError(f"{cls.__name__}: set `output` or override output_schema")
         return cls.output
 
     @classmethod
-    def notes(cls, config: Any) -> list[str]:
+    def notes(cls, cfg: Any) -> list[str]:
         """Things the run summary must say plainly (random weights, parts skipped, ...)."""
         return []
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        self.config = config
+    @classmethod
+    def environment(cls, cfg: Any) -> dict:
+        """What the output depends on beyond config (an installed pipeline's identity): it
+        enters the fingerprint."""
+        return {}
+
+    @classmethod
+    def preprocess(cls, cfg: Any, table: pa.Table) -> pa.Table:
+        """CPU work done in the tasks that read a part, ahead of the stage's actors (image
+        decoding for a GPU encoder). It sees every row of the part, with ``F.ACTIVE``, and must
+        leave inactive rows alone."""
+        return table
+
+    @classmethod
+    def finalize(cls, cfg: Any, ctx: Any) -> dict:
+        """After every part is committed, on the driver: write run-level outputs; return what
+        the run summary should show (``notes``, ``skipped``, counts)."""
+        return {}
+
+    # --- an instance, on a worker ------------------------------------------------------------
+    def __init__(self, cfg: Any, state: Any = None, schema: Optional[pa.Schema] = None) -> None:
+        self.config = cfg
         self.state = state
+        self.schema = schema if schema is not None else self.output
+
+    def setup(self) -> None:
+        """Load models (once per worker, before the first call)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+class MapStage(Stage):
+    kind = Kind.MAP
+
+
+class GlobalStage(Stage):
+    kind = Kind.GLOBAL
+
+    @classmethod
+    def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int,
+                workdir: str) -> Any:
+        """The global step: ``read(part)`` gives a part's still-kept rows (with ``F.PART`` and
+        ``F.ROW``). Its result is every instance's ``state``: keep it small (big things, an
+        index say, go as files in ``workdir``, which every worker sees; return their paths)."""
+        raise NotImplementedError
+
+
+class SourceStage(Stage):
+    kind = Kind.SOURCE
+
+    @classmethod
+    def plan(cls, cfg: Any, plan_uri: str) -> list[dict]:
+        """One spec per part (the driver; ``plan_uri`` is where to keep a plan table)."""
+        raise NotImplementedError
+
+    @classmethod
+    def read_part(cls, cfg: Any, spec: dict) -> pa.Table:
+        raise NotImplementedError
+
+    @classmethod
+    def signature(cls, cfg: Any) -> Any:
+        """What identifies the source's content (sizes, times): a change reruns the DAG."""
+        raise NotImplementedError
+
+
+class SinkStage(Stage):
+    kind = Kind.SINK
+    all_rows = True
+    all_reasons = True
 
 
 def reasons_array(per_row: list[list[str]]) -> pa.Array:

@@ -16,7 +16,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
 from vlcurate.schemas import tables
-from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 
 def _root(parent: dict, x: str) -> str:
@@ -51,15 +51,15 @@ def duplicate_groups(read: Callable[[int], pa.Table], n_parts: int) -> dict[str,
             if first[_root(parent, sid)] != sid and sid in order}
 
 
-class DedupStage(Stage):
+class DedupStage(GlobalStage):
     name = "dedup"
     version = "1"
     inputs = {"positives": (MI.POSITIVE_IDS, MI.POSITIVE_RELATIONS)}
     output = tables.stage_table()
     resources = Resources(num_cpus=0.25, batch_size=0)
 
-    @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
+    @classmethod
+    def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
         return duplicate_groups(read, n_parts)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.pipeline.params import Params, positive
+from vlcurate.stages.base import Resources, SinkStage
 
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
 
@@ -52,12 +53,21 @@ def drop_reasons(all_reasons: Iterable[str], patterns: Iterable[str]) -> list[st
     return out
 
 
-class ExportStage(Stage):
+@dataclass(frozen=True)
+class ExportParams(Params):
+    # fnmatch patterns of reason codes that drop a row; "ingest.*" always drops.
+    drop: tuple[str, ...] = ("*",)
+    samples_per_shard: int = positive(10_000)
+    shard_prefix: str = "shard"
+    exclude_columns: tuple[str, ...] = ()  # left out of the annotated table and the shard json
+    out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
+    resources: Resources = Resources()
+
+
+class ExportStage(SinkStage):
     name = "export"
     version = "2"   # 2: embeddings are no longer copied into the annotated table
-    config_sections = ("export",)
-    all_rows = True
-    all_reasons = True
+    Params = ExportParams
     resources = Resources(num_cpus=0.5, batch_size=0)
 
     @classmethod
@@ -75,7 +85,7 @@ class ExportStage(Stage):
                                   *tables.EXPORT_DECISION)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        schema: pa.Schema = self.state["schema"]
+        schema: pa.Schema = self.schema
         drops = [drop_reasons(rs, self.config.export.drop)
                  for rs in batch.column(F.ALL_REASONS.name).to_pylist()]
         t = batch.append_column(F.KEEP.name, pa.array([not d for d in drops], pa.bool_()))
@@ -84,8 +94,8 @@ class ExportStage(Stage):
             [f"export policy drops {', '.join(d)}" if d else None for d in drops], pa.string()))
         return conform(t, schema, extra="drop")
 
-    @staticmethod
-    def finalize(config: Any, ctx: "FinalizeContext") -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: "FinalizeContext") -> dict:
         kept = [c["rows_kept"] for c in ctx.counts]
         specs = plan_shards(kept, config.export.samples_per_shard, config.export.shard_prefix)
         tmp = Path(ctx.tmp_dir) / "shards"

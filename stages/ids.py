@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 
 def find_duplicates(read: Callable[[int], pa.Table], n_parts: int) -> dict[int, dict[int, str]]:
@@ -29,15 +29,15 @@ def find_duplicates(read: Callable[[int], pa.Table], n_parts: int) -> dict[int, 
     return dups
 
 
-class IdsStage(Stage):
+class IdsStage(GlobalStage):
     name = "ids"
     inputs = {"ingest": (F.SAMPLE_ID,)}
     output = tables.IDS
     resources = Resources(num_cpus=0.25, batch_size=0)
     wants_position = True
 
-    @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
+    @classmethod
+    def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
         return find_duplicates(read, n_parts)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

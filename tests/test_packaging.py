@@ -22,8 +22,10 @@ def _keys(cls, prefix=""):
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         out.add(key)
-        if dataclasses.is_dataclass(f.default) and not isinstance(f.default, C.Resources):
-            out |= _keys(type(f.default), key + ".")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+            else f.default     # a composed Config's sections are default factories
+        if dataclasses.is_dataclass(default) and not isinstance(default, C.Resources):
+            out |= _keys(type(default), key + ".")
     return out
 
 

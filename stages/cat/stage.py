@@ -19,14 +19,16 @@ import functools
 import json
 import os
 from collections import Counter
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage, once_per_image
+from vlcurate.pipeline.params import Params, at_least, positive, unit
+from vlcurate.stages.base import MapStage, Resources, once_per_image
 
 from . import parser as P
 from . import textspot as T
@@ -61,24 +63,38 @@ def _status(ctx: Any, stage: str, column: str, extra: Optional[dict] = None) -> 
     return info
 
 
-class CatStage(Stage):
+@dataclass(frozen=True)
+class CatParams(Params):
+    """DiHT's CAT parse (stage ``cat``): complexity and actions of each caption (spaCy)."""
+    # package name, pipeline directory (UD or ClearNLP labels), or auto: the first installed
+    # English pipeline (en_core_web_* first)
+    spacy_model: str = "auto"
+    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
+    n_process: int = positive(1)          # nlp.pipe processes inside one stage instance
+    pipe_batch_size: int = positive(512)  # nlp.pipe batch size
+    gemm: Literal["numpy", "blis"] = "numpy"   # thinc dense layers: numpy's BLAS (faster) or BLIS
+    min_complexity: int = at_least(1, -1)  # keep complexity >= this (-1: no object; C0, C1, ...)
+    require_action: bool = True           # keep only captions with an action
+    participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
+    # lower: parse a Title Case caption ("Bravo Apple Juice") in lower case, since the tagger reads
+    # capitalised words as proper nouns, never objects; keep: as written (DiHT)
+    title_case: Literal["keep", "lower"] = "keep"
+    resources: Resources = Resources()
+
+
+class CatStage(MapStage):
     """Complexity and actions (``cat.low_complexity``, ``cat.no_action``)."""
     name = "cat"
     version = "1"
-    config_sections = ("cat",)
+    Params = CatParams
+    speed_only = ("n_process", "pipe_batch_size", "gemm")  # processes, batches, BLAS kernels
     inputs = {"ingest": (F.CAPTION,)}
     output = S.CAT
     resources = Resources(num_cpus=1, batch_size=0)
-    heavy_init = True
+    on_actors = True
 
-    @staticmethod
-    def prepare(config: Any, read: Any, n_parts: int, workdir: str) -> dict:
-        c = config.cat
-        _, note = _decide(lambda: P.load_pipeline(c.spacy_model, c.gemm), c.if_missing, "parse")
-        return {"skipped": note}
-
-    @staticmethod
-    def environment(config: Any) -> dict:
+    @classmethod
+    def environment(cls, config: Any) -> dict:
         """What the output depends on beyond config (for the runner's fingerprint)."""
         return {"spacy_model": P.pipeline_identity(config.cat.spacy_model)}
 
@@ -91,12 +107,10 @@ class CatStage(Stage):
             f"cat: cat.spacy_model=auto parses with {ident} (the first installed English spaCy "
             "pipeline; set cat.spacy_model to choose one)"]
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
-        c = config.cat
-        note = (state or {}).get("skipped")
-        self.pipe, self.skipped = (None, note) if note else \
-            _decide(lambda: P.load_pipeline(c.spacy_model, c.gemm), c.if_missing, "parse")
+    def setup(self) -> None:
+        c = self.config.cat
+        self.pipe, self.skipped = _decide(lambda: P.load_pipeline(c.spacy_model, c.gemm),
+                                          c.if_missing, "parse")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(F.SAMPLE_ID.name)
@@ -132,8 +146,8 @@ class CatStage(Stage):
             F.REASONS.name: pa.array(reasons, F.REASONS.type),
             F.REASON_DETAIL.name: pa.array(details, pa.string())}), S.CAT)
 
-    @staticmethod
-    def finalize(config: Any, ctx: Any) -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
         """The per-run concept vocabulary: ``<stage>/concepts.parquet`` (schemas.cat.CONCEPTS)."""
         parts = ctx.map(functools.partial(count_concepts, read=ctx.read, stage=CatStage.name),
                         list(range(len(ctx.counts))))
@@ -173,33 +187,45 @@ def count_concepts(part: int, read: Any, stage: str) -> tuple[Counter, Counter]:
     return total, kept
 
 
-class TextSpotStage(Stage):
+@dataclass(frozen=True)
+class TextSpotParams(Params):
+    """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
+    backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
+    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
+    min_conf: float = unit(0.8)           # DiHT: spotting confidence >= 0.8 ...
+    min_chars: int = positive(5)          # ... and >= 5 characters matching the caption
+    max_side: int = positive(1024)        # images are downscaled to this longer side before OCR
+    max_texts: int = positive(32)         # spotted lines kept per image (best confidence first)
+    threads: int = at_least(1, 0)         # OCR threads per stage instance (0: the backend's own)
+    tesseract_lang: str = "eng"
+    tesseract_psm: int = 11               # page segmentation mode 11: sparse text (scene text)
+    mmocr_det: str = "DBNet"
+    mmocr_rec: str = "SAR"
+    mmocr_det_weights: Optional[str] = None
+    mmocr_rec_weights: Optional[str] = None
+    resources: Resources = Resources()
+
+
+class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
     version = "1"
-    config_sections = ("textspot",)
+    Params = TextSpotParams
+    speed_only = ("threads",)             # OCR threads
     inputs = {"ingest": (F.CAPTION, F.IMAGE)}
     output = S.TEXTSPOT
     resources = Resources(num_cpus=1, batch_size=64)
-    heavy_init = True
+    on_actors = True
 
-    @staticmethod
-    def prepare(config: Any, read: Any, n_parts: int, workdir: str) -> dict:
-        c = config.textspot
-        _, note = _decide(lambda: T.make_backend(c), c.if_missing, f"text spotting ({c.backend})")
-        return {"skipped": note}
-
-    @staticmethod
-    def environment(config: Any) -> dict:
+    @classmethod
+    def environment(cls, config: Any) -> dict:
         """What the output depends on beyond config (for the runner's fingerprint)."""
         return {"ocr_backend": T.backend_identity(config.textspot)}
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
-        c = config.textspot
-        note = (state or {}).get("skipped")
-        self.ocr, self.skipped = (None, note) if note else \
-            _decide(lambda: T.make_backend(c), c.if_missing, f"text spotting ({c.backend})")
+    def setup(self) -> None:
+        c = self.config.textspot
+        self.ocr, self.skipped = _decide(lambda: T.make_backend(c), c.if_missing,
+                                         f"text spotting ({c.backend})")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(F.SAMPLE_ID.name)
@@ -233,6 +259,6 @@ class TextSpotStage(Stage):
                  f"caption ({m.match!r})" if h else None for m, h in zip(ms, hit)], pa.string())}),
             S.TEXTSPOT)
 
-    @staticmethod
-    def finalize(config: Any, ctx: Any) -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
         return _status(ctx, TextSpotStage.name, S.TEXTSPOT_SKIPPED.name)

@@ -14,17 +14,19 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline.config import ConfigError
+from vlcurate.pipeline.params import (ConfigError, FrozenMap, ModelSpec, Params, positive,
+                                      within)
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
-from vlcurate.stages.base import Resources, Stage, once_per_image
+from vlcurate.stages.base import GlobalStage, Resources, once_per_image
 
 from . import heads as H
 from . import vocab as V
@@ -66,10 +68,45 @@ def _empty(problem: Optional[str], c: Any, workdir: str) -> Optional[str]:
     return note
 
 
-class ConceptsStage(Stage):
+@dataclass(frozen=True)
+class ConceptsParams(Params):
+    """DiHT concept-distillation targets (stage ``concepts``): WordNet vocabulary from the CAT
+    parse, frozen teacher features, linear heads, top-k soft targets per image."""
+    # DiHT: SWAG ViT-H/14. torchvision/<name> (+ options.weights) or any timm backbone
+    teacher: ModelSpec = ModelSpec(id="torchvision/vit_h_14",
+                                   options=FrozenMap({"weights": "IMAGENET1K_SWAG_LINEAR_V1"}))
+    teacher_batch_size: int = positive(64)
+    wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
+    min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
+    min_attribute_count: int = 250
+    # an object or attribute vocabulary the thresholds leave empty: stop and name the key to
+    # lower (error), or go on with empty targets of that kind, said in the run summary (warn)
+    if_empty: Literal["error", "warn"] = "error"
+    max_objects: Optional[int] = positive(None)  # the most frequent ones; ids are uint16
+    hypernym_backoff: bool = False      # a rare synset counts as its nearest kept hypernym
+    min_sharedness: int = 3             # distinct vocabulary objects an attribute describes
+    min_visualness: Optional[float] = within(0.6, 0, 1, open_hi=True)  # held-out AUC; null = off
+    max_attributes: Optional[int] = positive(1200)  # DiHT keeps 1200 (by visualness, sharedness)
+    holdout_fraction: float = within(0.1, 0, 1, open_hi=True)  # images held out for visualness
+    top_k: int = positive(10)           # DiHT: top-10 objects and attributes per image
+    epochs: int = positive(10)
+    resample_length: Optional[int] = positive(None)   # draws per epoch (DiHT: 50M); null = images
+    batch_size: int = positive(256)     # head training
+    base_lr: float = 0.001              # lr = base_lr * batch_size / 256 (linear scaling rule)
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    resources: Resources = Resources()
+
+    def check(self) -> Iterable[tuple[str, str]]:
+        if isinstance(self.max_objects, int) and self.max_objects > 65535:
+            yield ("max_objects", f"ids are uint16, at most 65535, got {self.max_objects}")
+
+
+class ConceptsStage(GlobalStage):
     name = "concepts"
     version = "1"
-    config_sections = ("concepts",)
+    Params = ConceptsParams
     inputs = {"ingest": (F.IMAGE,), "cat": (S.OBJECT_WORDS, S.ATTRIBUTE_WORDS)}
     output = S.CONCEPT_TARGETS
     wants_position = True               # a row's features are found by (part, row)
@@ -81,8 +118,8 @@ class ConceptsStage(Stage):
         return [(f"concepts: the teacher {t.id!r} has RANDOM weights (concepts.teacher."
                  "random_init): its concept targets are for testing only")] if t.random_init else []
 
-    @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+    @classmethod
+    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         c = config.concepts
         wn = open_wordnet(c.wordnet_dir)          # fails fast, before the teacher loads
         teacher = Teacher(c.teacher)
@@ -123,8 +160,8 @@ class ConceptsStage(Stage):
                        os.path.join(workdir, "vocab.parquet"))
         return out
 
-    @staticmethod
-    def finalize(config: Any, ctx: Any) -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
         src = Path(ctx.root) / "_prepare"
         for name in PUBLISHED:
             if (src / name).exists():
@@ -133,8 +170,8 @@ class ConceptsStage(Stage):
         return {"vocab": str(Path(ctx.root) / "vocab.parquet"),
                 **({"skipped": [empty.read_text()]} if empty.exists() else {})}
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config, state = self.config, self.state
         self.cfg, st = config.concepts, state or {}
         self.heads = {k: H.Head.load(st[k]) if st.get(k) else None
                       for k in ("objects", "attributes")}

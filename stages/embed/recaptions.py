@@ -17,18 +17,18 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import recaption as R
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.stages.base import MapStage, Resources
 
 from .encoders import CrossEncoder, as_fixed_list
 from .stage import cross_dim
 
 
-class RecaptionEmbedStage(Stage):
+class RecaptionEmbedStage(MapStage):
     name = "recaption_embed"
     version = "1"
-    config_sections = ("embed",)
+    reads = ("embed",)               # the cross-modal model of embed.cross_model
     inputs = {"recaption": (R.RECAPTIONS,)}
-    heavy_init = True                 # one cross-model load per actor
+    on_actors = True                  # one cross-model load per actor
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=1024)
 
     @classmethod
@@ -39,10 +39,9 @@ class RecaptionEmbedStage(Stage):
         return tables.stage_table(E.recaption_cross_emb(cross_dim(c.cross_model),
                                                         c.float16_storage))
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config = self.config
         self.cfg = config.embed
-        self.schema: pa.Schema = (state or {}).get("schema") or self.output_schema({}, config)
         self.cross = None if self.cfg.cross_model is None else CrossEncoder(self.cfg.cross_model)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

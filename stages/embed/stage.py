@@ -5,14 +5,16 @@ embeddings, for the positives' S_it, S_ii and S_tt (FFF sec. 4.1)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.pipeline.params import ModelSpec, Params, positive
+from vlcurate.stages.base import MapStage, Resources
 
 from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
 
@@ -39,12 +41,32 @@ def random_note(stage: str, key: str, spec: Any, what: str) -> str:
             f"({key}.random_init): {what} are for testing only")
 
 
-class EmbedStage(Stage):
+@dataclass(frozen=True)
+class EmbedParams(Params):
+    """HELIP's unimodal encoders: DINO ViT-S/8 (CLS token) and a SentenceTransformer."""
+    image_model: ModelSpec = ModelSpec(id="vit_small_patch8_224.dino")
+    text_model: ModelSpec = ModelSpec(id="sentence-transformers/all-mpnet-base-v2")
+    # FFF sec. 4.1: one image-text (CLIP-style, transformers CLIPModel) model for S_it, S_ii and
+    # S_tt; null = none (positives then run without Eq. 1's main clause, and the summary says so)
+    cross_model: Optional[ModelSpec] = None
+    cross_batch_size: int = positive(64)   # images / captions per cross-model forward pass
+    image_batch_size: int = positive(64)
+    text_batch_size: int = positive(256)
+    float16_storage: bool = False
+    # decode and preprocess images in `threads` inside the encoder actor, overlapping the model,
+    # or in the CPU `tasks` that read each part, ahead of the actor
+    decode: Literal["threads", "tasks"] = "threads"
+    decode_threads: int = positive(4)
+    resources: Resources = Resources()
+
+
+class EmbedStage(MapStage):
     name = "embed"
     version = "1"
-    config_sections = ("embed",)
+    Params = EmbedParams
+    speed_only = ("decode", "decode_threads")   # where / how many threads decode (same pixels)
     inputs = {"ingest": (F.IMAGE, F.CAPTION)}
-    heavy_init = True                 # one model load per actor, never per batch
+    on_actors = True                  # one model load per actor, never per batch
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=1024)
 
     @classmethod
@@ -71,14 +93,15 @@ class EmbedStage(Stage):
                                    "its embeddings, and the FFF positives found with them,"))
         return out
 
-    @staticmethod
-    def preprocess(config: Any, batch: pa.Table) -> pa.Table:
+    @classmethod
+    def preprocess(cls, config: Any, batch: pa.Table) -> pa.Table:
         """With ``embed.decode: tasks``, the CPU tasks that read a part decode and resize its
         images (the model's own transform), so the encoder actors only normalise and encode."""
         if config.embed.decode != "tasks" or F.IMAGE.name not in batch.column_names:
             return batch
         pre = _preprocessor(config.embed.image_model)
-        active = batch.column("_active").to_pylist() if "_active" in batch.column_names else None
+        active = batch.column(F.ACTIVE.name).to_pylist() \
+            if F.ACTIVE.name in batch.column_names else None
         pixels = [pre.pixels(b).tobytes() if b is not None and (active is None or active[i])
                   else None for i, b in enumerate(batch.column(F.IMAGE.name).to_pylist())]
         if config.embed.cross_model is not None:    # the cross-modal encoder decodes its own
@@ -86,13 +109,12 @@ class EmbedStage(Stage):
         i = batch.schema.get_field_index(F.IMAGE.name)
         return batch.set_column(i, E.PIXELS, pa.array(pixels, pa.binary()))
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config = self.config
         c = self.cfg = config.embed
         self.images = ImageEncoder(c.image_model)
         self.texts = TextEncoder(c.text_model)
         self.cross = None if c.cross_model is None else CrossEncoder(c.cross_model)
-        self.schema: pa.Schema = (state or {}).get("schema") or self.output_schema({}, config)
         self.random = self.images.loaded.random or self.texts.loaded.random or \
             (self.cross is not None and self.cross.random)
 

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
 
 import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage
+from vlcurate.pipeline.params import Params, positive, within
+from vlcurate.stages.base import Resources, SourceStage
 
 from . import captions, images, readers
 
@@ -34,26 +36,70 @@ def _read_detail(ref: str, extra: str | None) -> str:
     return f"{ref}: {error}" if isinstance(error, str) and error else f"{ref}"
 
 
-class IngestStage(Stage):
+@dataclass(frozen=True)
+class SourceParams(Params):
+    """Where the records come from (section ``source``; the readers see only this section, so
+    the read limits live here)."""
+    kind: Literal["folder", "parquet", "webdataset", "img2dataset"] = "folder"
+    path: str = ""                       # a folder or a URI (s3://, gs://, ...)
+    name: Optional[str] = None           # default: the source folder's name
+    # folder: a captions CSV or JSONL (relative to path) and the folder the images are in
+    captions_file: Optional[str] = None  # default: captions.csv, captions.jsonl or metadata.jsonl
+    images_dir: str = "images"           # relative to path; "" = path itself
+    image_column: str = "image"          # folder/parquet: file name / path / bytes column
+    caption_column: str = "caption"
+    key_column: Optional[str] = None     # default: image name (+ "#n" for its n-th caption)
+    extra_columns: tuple[str, ...] = ()  # copied into the `extra` JSON column
+    max_captions_per_image: Optional[int] = positive(None)
+    rows_per_part: int = positive(1000)  # folder/parquet: rows per part; tars: one part per tar
+    # Untrusted input: a file, tar member or Parquet cell over max_image_bytes is rejected
+    # (ingest.file_too_large) before it is read; an image path resolving outside source.path is
+    # ingest.outside_source unless allowed; a Parquet list<string> caption column is a config
+    # error unless caption_list: first.
+    max_image_bytes: int = positive(64 * 1024 * 1024)
+    allow_outside_source: bool = False
+    caption_list: Literal["error", "first"] = "error"
+
+
+@dataclass(frozen=True)
+class IngestParams(Params):
+    max_pixels: int = positive(89_478_485)   # PIL's own bomb threshold; larger headers rejected
+    min_side: int = positive(8)
+    max_caption_chars: int = positive(2048)
+    # auto: keep the source bytes when they are an RGB JPEG needing no EXIF rotation, else
+    # re-encode the decoded RGB image as JPEG; always: always re-encode
+    reencode: Literal["auto", "always"] = "auto"
+    jpeg_quality: int = within(95, 1, 100)
+    resources: Resources = Resources()
+
+
+class IngestStage(SourceStage):
     name = "ingest"
     version = "3"                    # 2: the source-level contract of issue 11 (new reasons)
     #                                  3: image_hash
-    config_sections = ("source", "ingest")
+    Params = IngestParams
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
     resources = Resources(num_cpus=1, batch_size=0)
 
-    source = True                    # reads a source, not upstream tables
-    plan = staticmethod(readers.plan)
-    read_part = staticmethod(readers.read_part)
-    signature = staticmethod(readers.signature)
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        return {"source": SourceParams, "ingest": IngestParams}
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
-        self.cfg = config.ingest
+    @classmethod
+    def plan(cls, cfg: Any, plan_uri: str) -> list[dict]:
+        return readers.plan(cfg.source, plan_uri)
+
+    @classmethod
+    def read_part(cls, cfg: Any, spec: dict) -> Any:
+        return readers.read_part(cfg.source, spec)
+
+    @classmethod
+    def signature(cls, cfg: Any) -> str:
+        return readers.signature(cfg.source)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        cfg = self.cfg
+        cfg = self.config.ingest
         out: dict[str, list] = {f.name: [] for f in self.output}
         cols = {name: batch.column(name).to_pylist() for name in tables.RAW_RECORDS.names}
         for i in range(batch.num_rows):

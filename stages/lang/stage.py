@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,8 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import lang as S
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.pipeline.params import Params, nonempty, unit
+from vlcurate.stages.base import MapStage, Resources, reasons_array
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,10 +64,20 @@ def classify(caption: str, keep: tuple[str, ...]) -> tuple[str, float]:
                                                         if lang in keep))
 
 
-class LangStage(Stage):
+@dataclass(frozen=True)
+class LangParams(Params):
+    """Language ID (stage ``lang``): flag captions not in the kept languages, before the CAT parse."""
+    keep: tuple[str, ...] = nonempty(("en",), " (name at least one language, ISO 639-1, e.g. "
+                                     "[en]; to run without the filter, leave `lang` out of "
+                                     "run.stages)")  # DiHT's CAT parse is English
+    min_prob: float = unit(0.5)           # flag when P(caption in one of keep) is below this
+    resources: Resources = Resources()
+
+
+class LangStage(MapStage):
     name = "lang"
     version = "1"
-    config_sections = ("lang",)
+    Params = LangParams
     inputs = {"ingest": (F.CAPTION,)}
     output = S.LANG_TABLE
     resources = Resources(num_cpus=1, batch_size=0)

@@ -21,6 +21,7 @@ what a duplicate is. Positives cut by ``positives.max_positives`` are counted pe
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -29,7 +30,8 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
-from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.pipeline.params import Params, at_least, positive, within
+from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaptions import RecaptionEmbedStage
 
 from . import fff, hpm
@@ -130,14 +132,34 @@ def _features(config: Any, store: Store, captions: Optional[dict], device: Optio
                         device)
 
 
-class PositivesStage(Stage):
+@dataclass(frozen=True)
+class PositivesParams(Params):
+    """FFF Eq. 1 positives (+ HELIP duplicates): stage ``positives``."""
+    p1: float = within(0.27, -1, 1)         # S_it > p1 (needs a cross-modal embedding)
+    p1_text: float = within(0.24, -1, 1)    # p1': a text-text positive also needs S_it > p1'
+    p2: float = within(0.92, -1, 1)         # S_ii > p2
+    p3: float = within(0.99, -1, 1)         # S_tt > p3
+    duplicates: bool = True     # list HELIP duplicates (hpm.dup_threshold) as positives
+    # per row: best relation first, then highest similarity; the rest are cut and counted
+    # (positive_count, the stage's info and the run summary)
+    max_positives: int = positive(64)
+    # FFF sec. 4.3: recaptions per image that join its caption as the k captions (needs
+    # embed.cross_model; 0 = sec. 4.1 on the original captions only)
+    recaptions: int = at_least(5, 0)
+    k_prime: int = positive(64)             # fast method: candidates per modality
+    nprobe: Optional[int] = positive(None)  # fast method; null = auto
+    resources: Resources = Resources()
+
+
+class PositivesStage(GlobalStage):
     name = "positives"
     version = "2"
-    config_sections = ("positives", "hpm")
+    Params = PositivesParams
+    reads = ("hpm", "embed")   # hpm: the search and duplicate settings; embed: cross_model
     inputs = {EMBED: ()}
     output = M.POSITIVES
     resources = Resources(num_cpus=1, batch_size=0)
-    heavy_init = True
+    on_actors = True
     wants_position = True
 
     @classmethod
@@ -160,8 +182,8 @@ class PositivesStage(Stage):
                 "come only from S_ii > p2 or S_tt > p3 on HELIP's unimodal encoders (and HELIP "
                 "duplicates). Set embed.cross_model (a CLIP) for the full rule."]
 
-    @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+    @classmethod
+    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         meta = collect(read, n_parts, workdir, columns(config))
@@ -179,8 +201,8 @@ class PositivesStage(Stage):
                 state["indexes"][key] = (path, prm.nprobe)
         return state
 
-    @staticmethod
-    def finalize(config: Any, ctx: Any) -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
         """How many positives max_positives cut, in the stage's info and the run summary."""
         found = kept = rows_cut = 0
         for part in range(len(ctx.counts)):
@@ -200,8 +222,8 @@ class PositivesStage(Stage):
                                "total); raise it to keep them"]
         return info
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config, state = self.config, self.state
         self.device = hpm.resolve_device(config.hpm.device)
         self.rule = rule(config)
         self.store = Store(state["store"])

@@ -8,7 +8,7 @@ global row in the workdir; ``fast``: FastHPM's pool and IVF-PQ index (legacy). B
 is written it stops with an actionable error naming ``hpm.k`` when no kept row can have k
 supporting pairs (issue 12: every row would be a noise pair). The state it returns is paths.
 
-Per part (``heavy_init``: each actor maps the results / loads the index once): the part's rows
+Per part (``on_actors``: each actor maps the results / loads the index once): the part's rows
 get their hard ids and scores, support, noise flag, certificate and (pass only) their candidate
 pairs with exact similarities (``hpm_pair_*``), which the positives stage can read.
 
@@ -25,7 +25,8 @@ trainer skips hard ids that are not in its shards.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +34,8 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Resources, Stage, reasons_array
+from vlcurate.pipeline.params import Params, above, at_least, positive, unit, within
+from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import hpm
 from .pass_io import load_result, pass_info, pass_params, run_pass, small_data_error
@@ -65,14 +67,61 @@ def columns(read: Callable[[int], pa.Table], n_parts: int) -> tuple[str, ...]:
     return COLUMNS + (CROSS if all(c in names for c in CROSS) else ())
 
 
-class HpmStage(Stage):
+@dataclass(frozen=True)
+class HpmParams(Params):
+    """HELIP hard-pair mining (stage ``hpm``); ``positives`` reads its method/search settings."""
+    k: int = positive(100)        # hard pairs per target (HELIP's released code; Table 9 uses 500)
+    tau_image: float = unit(0.5)  # HELIP sec. 4.1: tau = 0.5; similarities <= tau count as 0
+    tau_text: float = unit(0.5)
+    # a pair with S_I or S_T above it is a duplicate: a positive, never a hard pair; null = off
+    dup_threshold: Optional[float] = unit(0.98)
+    # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
+    # mark: only the hpm_is_noise column, no reason
+    noise_action: Literal["drop", "mark"] = "drop"
+    # blocks: one neighbour pass in dense blocks (each cluster x the rows routed to it, exact GEMM);
+    # exact: the same pass probing every cluster; auto: exact up to exact_max_n rows, then
+    # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
+    method: Literal["auto", "exact", "blocks", "fast"] = "auto"
+    exact_max_n: int = positive(50_000)
+    clusters: Optional[int] = positive(None)   # blocks: k-means clusters; null = about n / 2048
+    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@k >= 0.99 for
+    # k = 5..100 (5..500 at 200k; tests/benchmarks/bench_mining.py); 56 adds < 0.002
+    probe: int = positive(40)
+    pass_actors: int = at_least(0, 0)   # blocks: Ray actors for the pass; 0 = in the global step
+    pass_cpus: float = above(1.0, 0)   # blocks: CPUs per pass actor (its torch threads)
+    # candidate pairs kept for the positives stage (its thresholds must not be below these)
+    pair_image: float = unit(0.9)       # S_ii > pair_image
+    pair_text: float = unit(0.9)        # S_tt > pair_text
+    pair_cross: float = unit(0.24)      # S_it > pair_cross (cross-modal embeddings only)
+    max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it) first
+    pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
+    nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
+    pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2
+    pq_nbits: int = within(4, 1, 16)    # 4: FAISS fast-scan codes (CPU); 8: plain IVF-PQ (GPU)
+    nprobe: Optional[int] = positive(None)      # null = auto (max(64, nlist / 16))
+    k_prime: Optional[int] = positive(None)     # candidates re-scored per target; null = 4 k
+    # search uncertified targets again with k' x 4 up to k_prime_max (null = 4 k'): `noise`
+    # only those about to be flagged as noise pairs, `all` every uncertified one, `off` none
+    widen: Literal["noise", "all", "off"] = "noise"
+    k_prime_max: Optional[int] = positive(None)
+    train_size: Optional[int] = positive(None)  # IVF-PQ training sample; null = auto
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"    # torch matmuls and the FAISS index
+    block_size: int = positive(8192)    # exact: rows per score block
+    query_block: int = positive(1024)   # exact: targets per score block
+    build_threads: Optional[int] = positive(None)  # threads of the global index build; null = all
+    resources: Resources = Resources()
+
+
+class HpmStage(GlobalStage):
     name = "hpm"
     version = "2"
-    config_sections = ("hpm",)
+    Params = HpmParams
+    speed_only = ("build_threads", "pass_actors", "pass_cpus")  # threads / actors of the search
     inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
     output = M.HARD_PAIRS
     resources = Resources(num_cpus=1, batch_size=0)
-    heavy_init = True
+    on_actors = True
     wants_position = True
 
     @classmethod
@@ -82,8 +131,8 @@ class HpmStage(Stage):
         cross = [c for c in CROSS if schema is not None and c in schema.names]
         return list(COLUMNS) + (cross if len(cross) == len(CROSS) else [])
 
-    @staticmethod
-    def prepare(config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+    @classmethod
+    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         """Collect the kept rows' vectors once; then the neighbour pass (method exact/blocks:
         every row mined here, results by global row in ``workdir``) or FastHPM's index."""
         cfg = config.hpm
@@ -98,14 +147,14 @@ class HpmStage(Stage):
             state["pass"] = run_pass(Store(meta), pass_params(cfg, meta.n), workdir, cfg)
         return state
 
-    @staticmethod
-    def finalize(config: Any, ctx: Any) -> dict:
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
         """The pass's figures for the run summary (``_info.json``): pairs cut by hpm.max_pairs
         (with a note when any), clusters, probe, certified fraction."""
         return pass_info(os.path.join(str(ctx.root), PREPARE))
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config, state = self.config, self.state
         self.cfg = config.hpm
         self.device = hpm.resolve_device(self.cfg.device)
         self.store = Store(state["store"])

@@ -9,24 +9,48 @@ original caption.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import pyarrow as pa
 
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import recaption as R
-from vlcurate.stages.base import Resources, Stage, once_per_image
+from vlcurate.pipeline.params import ModelSpec, Params, at_least, positive
+from vlcurate.stages.base import MapStage, Resources, once_per_image
 
 from .captioner import Captioner
 
 
-class RecaptionStage(Stage):
+@dataclass(frozen=True)
+class RecaptionParams(Params):
+    """FFF's BLIP-2 pseudo-captions (stage ``recaption``): beam search, every beam kept."""
+    # weights in model.dtype on GPU (auto: bf16; float16 also works); float32 on CPU
+    model: ModelSpec = ModelSpec(id="Salesforce/blip2-opt-2.7b")
+    prompt: str = ""                    # "" = plain captioning; e.g. "a photo of"
+    prompt_in_caption: bool = False     # prepend the prompt to the stored captions
+    num_beams: int = positive(5)        # FFF: five captions per image, by beam search
+    num_return_sequences: int = positive(5)   # <= num_beams; all are kept, best score first
+    max_new_tokens: int = positive(30)
+    length_penalty: float = 1.0         # sequence score = sum log p / length ** length_penalty
+    repetition_penalty: float = 1.0     # 1.0 = off (plain beam search)
+    max_repeats: int = at_least(3, 2)   # an n-gram (n <= 3) this often back to back: repetitive
+    batch_size: int = positive(16)      # images per generate call
+    resources: Resources = Resources()
+
+    def check(self) -> Iterable[tuple[str, str]]:
+        if self.num_return_sequences > self.num_beams:
+            yield ("num_return_sequences", f"must be <= num_beams ({self.num_beams}), got "
+                   f"{self.num_return_sequences}")
+
+
+class RecaptionStage(MapStage):
     name = "recaption"
     version = "1"
-    config_sections = ("recaption",)
+    Params = RecaptionParams
     inputs = {"ingest": (F.IMAGE,)}
     output = R.RECAPTION
-    heavy_init = True                   # one BLIP-2 load per actor
+    on_actors = True                    # one BLIP-2 load per actor
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=256)
 
     @classmethod
@@ -37,8 +61,8 @@ class RecaptionStage(Stage):
         return [(f"recaption: the captioner {spec.id!r} has RANDOM weights (recaption.model."
                  "random_init): its pseudo-captions are noise, for testing only")]
 
-    def __init__(self, config: Any, state: Any = None) -> None:
-        super().__init__(config, state)
+    def setup(self) -> None:
+        config = self.config
         self.cfg = config.recaption
         self.captioner = Captioner(self.cfg)
 

@@ -56,7 +56,8 @@ def features(n: int, d: int, n_obj: int, n_att: int, seed: int = 0):
 
 
 def bench_heads(a) -> tuple[list, dict]:
-    from vlcurate.pipeline import config as C
+    from vlcurate.pipeline import config as C  # noqa: F401
+    from vlcurate.stages.concepts.stage import ConceptsParams
     from vlcurate.stages.concepts import heads as H
     x, obj, att = features(a.rows, a.dim, a.objects, a.attributes)
     cfg = C.from_dict({"concepts": {"epochs": a.epochs}}).concepts
@@ -66,7 +67,7 @@ def bench_heads(a) -> tuple[list, dict]:
         trained[name] = H.train_head(x, labels, n_c, cfg, a.device)
         dt = (time.perf_counter() - t0) / a.epochs
         rows.append((f"train {name} head ({n_c} classes), s/epoch", f"{dt:.1f}"))
-        default = C.ConceptsConfig().epochs
+        default = ConceptsParams().epochs
         rows.append((f"  x {default} epochs (the default config), s", f"{dt * default:.0f}"))
     t0 = time.perf_counter()
     preds = {k: H.top_k(h, x, 10) for k, h in trained.items()}

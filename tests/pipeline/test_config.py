@@ -25,7 +25,7 @@ def test_yaml_file_and_overrides(tmp_path):
     ({"ingest": {"max_pixel": 5}}, r"ingest\.max_pixel: unknown key \(did you mean 'max_pixels'\?\)"),
     ({"bogus": {}}, r"bogus: unknown key"),
     ({"ingest": {"max_pixels": "lots"}}, r"ingest\.max_pixels: expected int, got 'lots'"),
-    ({"ingest": {"max_pixels": 0}}, r"ingest\.max_pixels: must be > 0"),
+    ({"ingest": {"max_pixels": 0}}, r"ingest\.max_pixels: must be an int > 0"),
     ({"run": {"compute_on_flagged": "yes"}}, r"run\.compute_on_flagged: expected true/false"),
     ({"source": {"kind": "zip"}}, r"source\.kind: expected one of"),
     ({"export": {"drop": "cat.*"}}, r"export\.drop: expected a list"),

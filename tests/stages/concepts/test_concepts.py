@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from vlcurate.pipeline import config as C
+from vlcurate.stages.concepts.stage import ConceptsParams
 from vlcurate.stages import models
 from vlcurate.stages.concepts import heads as H
 from vlcurate.stages.concepts import vocab as V
@@ -49,7 +50,7 @@ def test_missing_wordnet_says_what_to_install(tmp_path):
         WordNet(tmp_path)
 
 
-def vcfg(**kw) -> C.ConceptsConfig:
+def vcfg(**kw) -> ConceptsParams:
     base = {"min_object_count": 3, "min_attribute_count": 3, "min_sharedness": 2}
     return C.from_dict({"concepts": {**base, **kw}}).concepts
 
@@ -87,7 +88,7 @@ def synthetic(n=1500, d=24, n_classes=8, seed=0):
     return x.astype(np.float16), labels
 
 
-def hcfg(**kw) -> C.ConceptsConfig:
+def hcfg(**kw) -> ConceptsParams:
     kw = {"base_lr": 0.05, "epochs": 4, "batch_size": 128, **kw}
     return C.from_dict({"concepts": kw}).concepts
 
@@ -170,7 +171,7 @@ def test_teacher_missing_weights_error_and_local_file(tmp_path, monkeypatch):
     import torchvision
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     with pytest.raises(models.ModelNotFound) as e:
-        models.load_backbone(C.ConceptsConfig().teacher)
+        models.load_backbone(ConceptsParams().teacher)
     msg = str(e.value)
     for needle in ("torchvision/vit_h_14", "vit_h_14_lc_swag-c1eb923e.pth", "`path`",
                    "allow_download", "random_init"):

@@ -1,0 +1,36 @@
+"""The local executor: the same stage objects and part functions, called in this process."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from ..parts import Committer, StageCall, batch_rows, read_inputs, write_fragments
+from . import Work
+from .tasks import apply
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = threads
+
+    def parts(self, w: Work, committer: Committer) -> None:
+        call = StageCall(w.stage, w.cfg, w.state, w.schema)
+        rows = batch_rows(w.res.batch_size, w.cfg.run.chunk_rows)
+        for p in dict.fromkeys(p for p, _, _ in w.items):
+            t = read_inputs(w.io, p, w.specs[p] if w.specs else None)
+            if t.num_rows == 0:
+                continue                 # committed empty by the driver (Committer.finish)
+            step = rows or t.num_rows
+            out = pa.concat_tables([call(t.slice(lo, step)) for lo in range(0, t.num_rows, step)],
+                                   promote_options="default")
+            for rec in write_fragments(out, w.io).column("record").to_pylist():
+                committer.add(rec)
+
+    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
+        return fn(*args)
+
+    def map(self, fn: Callable, items: list) -> list:
+        return [apply(fn, x, self.threads) for x in items]

@@ -1,0 +1,80 @@
+"""The Ray executor: one Ray Data chain per stage, read (tasks) -> stage -> write (tasks).
+
+A stage with ``on_actors`` runs as a callable class on an actor pool (its models load once per
+actor); any other runs in tasks with equal resources, which Ray Data fuses with the read and the
+write into one task. Every Ray batch is one work item (a whole number of chunks of one part):
+batch_size=None, and Ray never slices a block (target_max_block_size=None), so no batch spans
+parts or cuts a chunk.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+from ..params import Resources
+from ..parts import Committer
+from . import Work
+from .tasks import StageActor, apply, read_batch, stage_task, write_batch
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, rc: Any, threads: int = 1) -> None:
+        from ..ray_env import init_ray
+        self.ray, self.threads = init_ray(rc), threads
+        import ray.data
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = rc.ray_progress_bars
+        ctx.print_on_execution_start = False
+        ctx.verbose_stats_logs = False
+        ctx.target_max_block_size = None
+        if not rc.ray_progress_bars:
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+    def parts(self, w: Work, committer: Committer) -> None:
+        items = [{"part": p, "lo": lo, "hi": -1 if hi is None else hi,
+                  "spec": json.dumps(w.specs[p]) if w.specs else ""} for p, lo, hi in w.items]
+        ds = self.ray.data.from_items(items, override_num_blocks=len(items))
+        for b in self._chain(ds, w).iter_batches(batch_size=None, batch_format="pyarrow"):
+            for rec in b.column("record").to_pylist():
+                committer.add(rec)
+
+    def _chain(self, ds: Any, w: Work) -> Any:
+        """read -> stage -> write: the one operator chain, for tasks and actor pools alike."""
+        res = w.res
+        stage_cpus = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus or None}
+        # beside a pool, reading and writing are light tasks; fused, they share the stage's
+        io_cpus = {"num_cpus": 0.1} if w.stage.on_actors else stage_cpus
+        kw = {"stage_cls": w.stage, "cfg": w.cfg, "state_uri": w.state_uri, "schema": w.schema}
+        ds = ds.map_batches(read_batch, fn_kwargs={"io": w.io}, batch_size=1,
+                            batch_format="pyarrow", **io_cpus)
+        if w.stage.on_actors:
+            ds = ds.map_batches(StageActor, fn_constructor_kwargs=kw, batch_size=None,
+                                batch_format="pyarrow", compute=self._pool(res, len(w.items)),
+                                **stage_cpus)
+        else:
+            ds = ds.map_batches(stage_task, fn_kwargs=kw, batch_size=None,
+                                batch_format="pyarrow", **stage_cpus)
+        return ds.map_batches(write_batch, fn_kwargs={"io": w.io}, batch_size=None,
+                              batch_format="pyarrow", **io_cpus)
+
+    def _pool(self, res: Resources, n_items: int) -> Any:
+        from ray.data import ActorPoolStrategy
+        total = self.ray.cluster_resources()
+        if res.num_gpus:
+            most = max(1, int(total.get("GPU", 0) // res.num_gpus))
+        else:
+            most = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 0.01)))
+        return (ActorPoolStrategy(size=res.concurrency) if res.concurrency
+                else ActorPoolStrategy(min_size=1, max_size=min(most, n_items)))
+
+    def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
+        """A global step as one Ray task, with the stage's GPUs (a teacher model, an index)."""
+        task = self.ray.remote(num_cpus=1, num_gpus=min(1.0, num_gpus) if num_gpus else 0)(fn)
+        return self.ray.get(task.remote(*args))
+
+    def map(self, fn: Callable, items: list) -> list:
+        task = self.ray.remote(num_cpus=1)(apply)
+        return self.ray.get([task.remote(fn, x, self.threads) for x in items])

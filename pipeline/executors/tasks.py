@@ -1,0 +1,84 @@
+"""What runs inside Ray workers: reading a part, calling a stage, global steps, table reads.
+
+Kept apart from the runner so that a worker unpickling these functions imports only this module
+and the stage it runs, not the whole DAG (every stage's heavy libraries)."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import pyarrow as pa
+
+from vlcurate.schemas import F
+
+from .. import storage
+from ..parts import PartIO, StageCall, pinned_threads, read_inputs, write_fragments
+from ..rundir import StageDir
+
+
+def read_batch(batch: pa.Table, io: PartIO) -> pa.Table:
+    """The rows of each work item (a part's row range). An empty part yields no rows: the
+    driver commits it (nothing is committed in a worker)."""
+    out = []
+    for row in batch.to_pylist():
+        spec = json.loads(row["spec"]) if row["spec"] else None
+        t = read_inputs(io, row["part"], spec, row["lo"], None if row["hi"] < 0 else row["hi"])
+        out.append(t)
+    nonempty = [t for t in out if t.num_rows] or out[:1]
+    return pa.concat_tables(nonempty) if len(nonempty) > 1 else nonempty[0]
+
+
+def write_batch(batch: pa.Table, io: PartIO) -> pa.Table:
+    return write_fragments(batch, io)
+
+
+_INSTANCES: dict = {}
+
+
+def stage_task(batch: pa.Table, stage_cls: type, cfg: Any, state_uri: Optional[str],
+               schema: pa.Schema) -> pa.Table:
+    """A stage in a Ray task: one instance per worker process, reused across tasks."""
+    key = (stage_cls, cfg, state_uri)
+    call = _INSTANCES.get(key)
+    if call is None:
+        _INSTANCES.clear()
+        call = _INSTANCES[key] = StageActor(stage_cls, cfg, state_uri, schema)
+    return call(batch)
+
+
+class StageActor(StageCall):
+    """A stage on a worker: its global step's state is read from the run dir (not Ray's object
+    store), so that Ray can restart a lost actor on any node that sees the run dir."""
+
+    def __init__(self, stage_cls: type, cfg: Any, state_uri: Optional[str] = None,
+                 schema: Optional[pa.Schema] = None) -> None:
+        state = pickle.loads(storage.read_bytes(state_uri)) if state_uri else None
+        super().__init__(stage_cls, cfg, state, schema)
+
+
+def apply(fn: Callable, x: Any, threads: int = 1) -> Any:
+    with pinned_threads(threads):
+        return fn(x)
+
+
+def prepare_step(stage: type, cfg: Any, io: PartIO, n_parts: int, workdir: str) -> Any:
+    """A stage's global step, with the same fixed thread count wherever it runs."""
+    def read(part: int) -> pa.Table:
+        t = read_inputs(io, part)
+        return t.filter(t.column(F.ACTIVE.name))
+    os.makedirs(workdir, exist_ok=True)
+    with pinned_threads(cfg.run.intra_op_threads):
+        return stage.prepare(cfg, read, n_parts, workdir)
+
+
+@dataclass(frozen=True)
+class TableReader:
+    """Picklable reader of committed parts: (stage, part, columns) -> table."""
+    run_dir: str
+    roots: tuple[tuple[str, str], ...] = ()
+
+    def __call__(self, stage: str, part: int, columns: Optional[list[str]] = None) -> pa.Table:
+        return StageDir(self.run_dir, stage, dict(self.roots).get(stage)).read(part, columns)
