@@ -142,10 +142,13 @@ def compose(sections: tuple[tuple[str, type], ...]) -> type:
 
 
 def config_class(dag: Any = None) -> type:
-    if dag is None:
-        from .dag import default_dag
-        dag = default_dag()
-    return compose(tuple(sections_of(dag).items()))
+    """The Config class of the default DAG plus ``dag``'s stages (so a config file written for
+    the default pipeline loads unchanged with a DAG that adds a plug-in stage)."""
+    from .dag import default_dag
+    nodes = default_dag()
+    names = {n.name for n in nodes}
+    nodes += [n for n in dag or () if n.name not in names]
+    return compose(tuple(sections_of(nodes).items()))
 
 
 def _unpickle(sections: tuple, data: dict) -> Any:
@@ -163,10 +166,9 @@ def _build_config(cls: type, data: dict) -> Any:
 def speed_only(dag: Any = None) -> dict[str, tuple[str, ...]]:
     """{section: its fields that change speed, never output} (left out of every fingerprint,
     like each section's ``resources``), from the stages that own them."""
-    if dag is None:
-        from .dag import default_dag
-        dag = default_dag()
-    return {n.name: tuple(n.stage.speed_only) for n in dag if n.stage.speed_only}
+    from .dag import default_dag
+    return {n.name: tuple(n.stage.speed_only) for n in [*default_dag(), *(dag or ())]
+            if n.stage.speed_only}
 
 
 def default() -> Any:

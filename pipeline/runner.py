@@ -85,6 +85,17 @@ def stage_view(stage: type[Stage], config: Any) -> StageConfig:
                                          for s in stage_sections(stage)))
 
 
+def build_stage(stage: type[Stage], config: Any, state: Any = None,
+                upstream: Optional[dict] = None) -> Stage:
+    """An instance of ``stage`` as a worker builds it (its config view, its output schema, its
+    ``setup()``), minus the per-chunk wrapping of ``parts.StageCall``: for calling one stage
+    directly (unit tests, notebooks)."""
+    view = stage_view(stage, config)
+    instance = stage(view, state, stage.output_schema(upstream or {}, view))
+    instance.setup()
+    return instance
+
+
 def stage_config(stage: type[Stage], config: Any, speed: Optional[dict] = None) -> dict:
     """The sections that shape the stage's output, as they enter its fingerprint: without
     ``resources``, ``out_dir`` and the speed-only fields; a section left empty is omitted."""
@@ -146,7 +157,7 @@ class Runner:
         self.log = log
         self.run_dir = Path(config.run.run_dir)
         self.roots = {"export": config.export.out_dir} if config.export.out_dir else {}
-        self.speed = {**C.speed_only(), **C.speed_only(self.dag)}
+        self.speed = C.speed_only(self.dag)
 
     @property
     def executor(self) -> Any:

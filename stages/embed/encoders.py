@@ -28,8 +28,9 @@ class ImagePreprocessor:
     def __init__(self, spec: Any, model: Any = None) -> None:
         import timm
 
-        if model is None:
-            model = timm.create_model(spec.id, pretrained=False, **dict(spec.options or {}))
+        if model is None:               # the architecture on the meta device: no memory, no init
+            from .widths import meta_timm
+            model = meta_timm(spec)
         args = {}
         size = dict(spec.options or {}).get("img_size")  # a test/demo architecture's own size
         if size:

@@ -20,7 +20,7 @@ from vlcurate.schemas import recaption as R
 from vlcurate.stages.base import MapStage, Resources
 
 from .encoders import CrossEncoder, as_fixed_list
-from .stage import cross_dim
+from .widths import cross_width
 
 
 class RecaptionEmbedStage(MapStage):
@@ -36,7 +36,7 @@ class RecaptionEmbedStage(MapStage):
         c = config.embed
         if c.cross_model is None:
             return tables.stage_table()
-        return tables.stage_table(E.recaption_cross_emb(cross_dim(c.cross_model),
+        return tables.stage_table(E.recaption_cross_emb(cross_width(c.cross_model),
                                                         c.float16_storage))
 
     def setup(self) -> None:

@@ -16,24 +16,13 @@ from vlcurate.schemas import embed as E
 from vlcurate.pipeline.params import ModelSpec, Params, positive
 from vlcurate.stages.base import MapStage, Resources
 
+from . import widths as W
 from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
 
 
 @functools.lru_cache(maxsize=4)
 def _preprocessor(spec: Any) -> ImagePreprocessor:
     return ImagePreprocessor(spec)
-
-
-@functools.lru_cache(maxsize=4)
-def _text_dim(spec: Any) -> int:
-    return TextEncoder(spec).dim
-
-
-@functools.lru_cache(maxsize=4)
-def cross_dim(spec: Any) -> int:
-    """The cross-modal model's width; loading it here, on the driver, raises ModelNotFound before
-    any actor starts."""
-    return CrossEncoder(spec).dim
 
 
 def random_note(stage: str, key: str, spec: Any, what: str) -> str:
@@ -71,14 +60,14 @@ class EmbedStage(MapStage):
 
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
-        """Widths come from the architectures; the caption encoder is loaded once here, on the
-        driver, which also fails fast (before any actor starts) when its weights are missing."""
+        """Widths come from the models' configurations (``widths.py``: no weights are loaded on
+        the driver); missing weights fail here, before any actor starts."""
         c = config.embed
         cross = [] if c.cross_model is None else [
-            E.cross_image_emb(cross_dim(c.cross_model), c.float16_storage),
-            E.cross_text_emb(cross_dim(c.cross_model), c.float16_storage), E.CROSS_MODEL]
-        return tables.stage_table(E.image_emb(_preprocessor(c.image_model).dim, c.float16_storage),
-                                  E.text_emb(_text_dim(c.text_model), c.float16_storage),
+            E.cross_image_emb(W.cross_width(c.cross_model), c.float16_storage),
+            E.cross_text_emb(W.cross_width(c.cross_model), c.float16_storage), E.CROSS_MODEL]
+        return tables.stage_table(E.image_emb(W.image_width(c.image_model), c.float16_storage),
+                                  E.text_emb(W.text_width(c.text_model), c.float16_storage),
                                   E.IMAGE_MODEL, E.TEXT_MODEL, *cross, E.RANDOM_WEIGHTS)
 
     @classmethod

@@ -188,8 +188,9 @@ def _rss() -> tuple[int, int]:
 
 
 def _ingest(cfg, tmp: Path) -> int:
+    from vlcurate.pipeline.runner import build_stage
     from vlcurate.stages.ingest import IngestStage, readers
-    stage, n = IngestStage(cfg), 0
+    stage, n = build_stage(IngestStage, cfg), 0
     for s in readers.plan(cfg.source, tmp / "plan.parquet"):
         n += stage(readers.read_part(cfg.source, s)).num_rows
     return n

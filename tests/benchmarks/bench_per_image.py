@@ -28,12 +28,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=60)
     a = ap.parse_args()
     import pyarrow as pa
+    from vlcurate.pipeline.runner import build_stage
     from vlcurate.pipeline import config as C
     from vlcurate.schemas import F
     from vlcurate.stages.cat import textspot as T
     from vlcurate.stages.cat.stage import TextSpotStage
     caps, ims = rows(a.rows)
-    stage = TextSpotStage(C.load(None, {}))
+    stage = build_stage(TextSpotStage, C.load(None, {}))
     batch = pa.table({F.SAMPLE_ID.name: [str(i) for i in range(len(caps))], F.CAPTION.name: caps,
                       F.IMAGE.name: pa.array(ims, pa.binary())})
     t0 = time.perf_counter()

@@ -27,7 +27,6 @@ SHORT = "test.short_caption"
 class ShortCaptionFilter(Stage):
     """A tiny filter stage, as a plug-in would write one: flags captions under N words."""
     name = "shortcap"
-    config_sections = ("run",)
     inputs = {"ingest": (F.CAPTION,)}
     output = tables.stage_table(pa.field("n_words", pa.int32()))
     resources = Resources(num_cpus=0.5, batch_size=7)

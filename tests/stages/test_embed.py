@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
@@ -44,7 +45,7 @@ def batch(n: int = 5) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def stage():
-    return EmbedStage(cfg())
+    return build_stage(EmbedStage, cfg())
 
 
 def test_stage_output_schema_values_and_provenance(stage):
@@ -106,7 +107,7 @@ def test_decode_in_tasks_equals_decode_in_threads(stage):
 
 
 def test_float16_storage():
-    st = EmbedStage(cfg(float16_storage=True))
+    st = build_stage(EmbedStage, cfg(float16_storage=True))
     out = st(batch(2))
     assert out.schema.field(E.TEXT_EMB_NAME).type == pa.list_(pa.float16(), 384)
 
@@ -200,7 +201,7 @@ def cross_cfg(**embed) -> C.Config:
 
 @pytest.fixture(scope="module")
 def cross_stage():
-    return EmbedStage(cross_cfg())
+    return build_stage(EmbedStage, cross_cfg())
 
 
 def test_cross_embeddings_are_the_clip_features_the_trainer_computes(cross_stage):
@@ -248,7 +249,7 @@ def test_cross_decode_in_tasks_equals_threads_and_ray_batches_change_no_byte(cro
     c = cross_cfg(decode="tasks")
     pre = EmbedStage.preprocess(c, batch().append_column("_active", pa.array([True] * 5)))
     assert cross_stage(pre.drop_columns(["_active"])).equals(cross_stage(batch()))
-    small = EmbedStage(cross_cfg(cross_batch_size=2))     # fixed model shapes: 2 rows a pass
+    small = build_stage(EmbedStage, cross_cfg(cross_batch_size=2))     # fixed model shapes: 2 rows a pass
     whole = small(batch()).select([E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME])
     for cut in (1, 2, 3):                                  # however the rows come in batches
         parts = [small(batch().slice(0, cut)), small(batch().slice(cut))]
@@ -259,7 +260,7 @@ def test_cross_decode_in_tasks_equals_threads_and_ray_batches_change_no_byte(cro
 def test_recaption_embed_stage_embeds_every_recaption_in_the_caption_space(cross_stage):
     from vlcurate.schemas import recaption as RC
     from vlcurate.stages.embed import RecaptionEmbedStage
-    st = RecaptionEmbedStage(cross_cfg())
+    st = build_stage(RecaptionEmbedStage, cross_cfg())
     recaps = [["a dog", "a dog on sand"], None, [], ["a plate of pasta"]]
     t = pa.table({F.SAMPLE_ID.name: ["a", "b", "c", "d"],
                   RC.RECAPTIONS.name: pa.array(recaps, RC.RECAPTIONS.type)})

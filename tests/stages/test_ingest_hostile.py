@@ -17,6 +17,7 @@ import pytest
 
 from . import corpus, hostile
 from .hostile import FOLDER, FORMATS, TARS, good
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ids import find_duplicates
@@ -30,7 +31,7 @@ LIMIT = 20_000          # source.max_image_bytes in the size cases
 
 def run_ingest(cfg, tmp: Path) -> list[dict]:
     specs = readers.plan(cfg.source, tmp / "_plan" / "plan.parquet")
-    stage, out = IngestStage(cfg), []
+    stage, out = build_stage(IngestStage, cfg), []
     for s in specs:
         raw = readers.read_part(cfg.source, s)
         t = stage(raw)

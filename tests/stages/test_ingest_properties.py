@@ -19,6 +19,7 @@ import pytest
 
 from . import hostile
 from .hostile import FOLDER, FORMATS, good
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ingest import IngestStage, readers
@@ -178,7 +179,7 @@ def ingest_balanced(cfg, tmp: Path) -> list[dict]:
     """Plan (may raise SourceError), then every part through the reader and the stage: these
     must not raise, and every row out is one row in, kept or rejected with known reasons."""
     specs = readers.plan(cfg.source, tmp / "plan.parquet")
-    stage, rows = IngestStage(cfg), []
+    stage, rows = build_stage(IngestStage, cfg), []
     for s in specs:
         raw = readers.read_part(cfg.source, s)
         out = stage(raw)

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from . import corpus
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ingest import IngestStage, readers
@@ -169,7 +170,7 @@ def test_folder_jsonl_with_bad_lines(tmp_path):
     assert errors[0].startswith("line 3: ")
     assert errors[1] == "line 4: expected a JSON object, got list"
     assert errors[2] == "line 5: expected a JSON object, got NoneType"
-    out = IngestStage(corpus.config(root))(readers.read_part(
+    out = build_stage(IngestStage, corpus.config(root))(readers.read_part(
         corpus.config(root).source, readers.plan(corpus.config(root).source, tmp_path / "p")[0]))
     assert out.column(F.REASONS.name).to_pylist() == [
         [], [R.BAD_RECORD, R.MISSING_CAPTION], [R.BAD_RECORD, R.MISSING_CAPTION],
@@ -358,7 +359,7 @@ def test_webdataset_tar(tmp_path):
     assert rows["sub/0007"][F.RAW_CAPTION.name] == b"in a folder"
     assert [r[F.READ_ERROR.name] for k, r in rows.items() if k != "0004"] == [None] * 6
 
-    out = corpus.by_key(IngestStage(cfg)(parts[0]))
+    out = corpus.by_key(build_stage(IngestStage, cfg)(parts[0]))
     assert {k: (r[F.IMAGE_FORMAT.name], r[F.IMAGE_REENCODED.name], r[F.REASONS.name])
             for k, r in out.items()} == {
         "0001": ("JPEG", False, []), "0002": ("PNG", True, []), "0003": ("WEBP", True, []),
@@ -412,7 +413,7 @@ def test_truncated_or_corrupt_tar_keeps_what_was_read_plus_one_bad_record(tmp_pa
     assert json.loads(rows[-1][F.EXTRA.name])["error"].startswith(
         {"mid_data": "ReadError: unexpected end of data", "garbled_header": "invalid header at"}
         .get(where, "no end-of-archive block at offset"))
-    out = IngestStage(cfg)(parts[0])                        # and the stage takes it as it is
+    out = build_stage(IngestStage, cfg)(parts[0])                        # and the stage takes it as it is
     assert out.num_rows == len(rows)
     assert out.column(F.REASONS.name).to_pylist()[0] == []
     assert out.column(F.REASONS.name).to_pylist()[-1] == [R.BAD_RECORD, R.MISSING_CAPTION]
@@ -483,7 +484,7 @@ def test_img2dataset_layouts_give_the_same_sample_ids_and_reasons(tmp_path):
         root = getattr(corpus, f"img2dataset_{layout}")(tmp_path / layout)
         cfg = corpus.config(root, "img2dataset", source__name="i2d")
         _, parts = read_all(cfg, tmp_path)
-        out = IngestStage(cfg)(parts[0])
+        out = build_stage(IngestStage, cfg)(parts[0])
         assert out.num_rows == parts[0].num_rows == 4
         results[layout] = {r[F.SAMPLE_ID.name]: (r[F.REASONS.name], r[F.CAPTION.name])
                            for r in out.to_pylist()}

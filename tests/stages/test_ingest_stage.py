@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from . import corpus
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ids import IdsStage, find_duplicates
@@ -18,7 +19,7 @@ from vlcurate.stages.ingest import IngestStage, captions, readers, sample_id
 def ingest(cfg, tmp_path) -> tuple[list[pa.Table], list[pa.Table]]:
     """(raw parts, ingest outputs) for the source in ``cfg``."""
     specs = readers.plan(cfg.source, tmp_path / "plan.parquet")
-    stage = IngestStage(cfg)
+    stage = build_stage(IngestStage, cfg)
     raw = [readers.read_part(cfg.source, s) for s in specs]
     return raw, [stage(t) for t in raw]
 
@@ -134,7 +135,7 @@ def test_bad_corpus_duplicate_keys_are_flagged_by_the_ids_stage(tmp_path):
     assert len(dup_ids) == 2 and dup_ids[0] == dup_ids[1]
     # and the ids stage turns that into reasons, row for row
     t = read(5).append_column(F.PART.name, pa.array([5], pa.int64()))
-    flagged = IdsStage(cfg, state=dups)(t.select([F.SAMPLE_ID.name, F.PART.name, F.ROW.name]))
+    flagged = build_stage(IdsStage, cfg, state=dups)(t.select([F.SAMPLE_ID.name, F.PART.name, F.ROW.name]))
     assert flagged.column(F.REASONS.name).to_pylist() == [[R.DUPLICATE_ID]]
 
 
@@ -156,7 +157,7 @@ def test_find_duplicates_keeps_the_first_and_flags_every_later_one():
 def test_read_error_wins_over_the_bytes():
     t = corpus.raw_records([{"image": corpus.jpeg(), "caption": "fine", "error": R.DOWNLOAD_FAILED,
                              "ref": "http://x/1.jpg"}])
-    r = IngestStage(corpus.config("/nowhere"))(t).to_pylist()[0]
+    r = build_stage(IngestStage, corpus.config("/nowhere"))(t).to_pylist()[0]
     assert r[F.REASONS.name] == [R.DOWNLOAD_FAILED]
     assert r[F.REASON_DETAIL.name] == "http://x/1.jpg"
     assert r[F.IMAGE.name] is None and r[F.WIDTH.name] is None
@@ -165,7 +166,7 @@ def test_read_error_wins_over_the_bytes():
 
 def test_missing_image_and_caption_in_a_record():
     t = corpus.raw_records([{"image": None, "caption": None}])
-    r = IngestStage(corpus.config("/nowhere"))(t).to_pylist()[0]
+    r = build_stage(IngestStage, corpus.config("/nowhere"))(t).to_pylist()[0]
     assert r[F.REASONS.name] == [R.MISSING_IMAGE, R.MISSING_CAPTION]
 
 
@@ -176,7 +177,7 @@ def test_passthrough_fields_and_exif_rotation():
                              "ref": "p.jpg"},
                             {"image": rotated, "caption": "rotated"},
                             {"image": png, "caption": "png"}], source="web")
-    rows = IngestStage(corpus.config("/nowhere"))(t).to_pylist()
+    rows = build_stage(IngestStage, corpus.config("/nowhere"))(t).to_pylist()
     assert [r[F.REASONS.name] for r in rows] == [[], [], []]
     assert rows[0][F.IMAGE.name] == plain and rows[0][F.IMAGE_REENCODED.name] is False
     assert (rows[0][F.EXTRA.name], rows[0][F.IMAGE_REF.name], rows[0][F.SOURCE.name]) == (
@@ -190,18 +191,18 @@ def test_passthrough_fields_and_exif_rotation():
 
 def test_ingest_config_reaches_the_decoder():
     t = corpus.raw_records([{"image": corpus.jpeg(64, 48), "caption": "x" * 20}])
-    out = IngestStage(corpus.config("/nowhere", ingest__max_pixels=1000))(t).to_pylist()[0]
+    out = build_stage(IngestStage, corpus.config("/nowhere", ingest__max_pixels=1000))(t).to_pylist()[0]
     assert out[F.REASONS.name] == [R.TOO_LARGE]
-    out = IngestStage(corpus.config("/nowhere", ingest__min_side=50))(t).to_pylist()[0]
+    out = build_stage(IngestStage, corpus.config("/nowhere", ingest__min_side=50))(t).to_pylist()[0]
     assert out[F.REASONS.name] == [R.TOO_SMALL]
-    out = IngestStage(corpus.config("/nowhere", ingest__reencode="always"))(t).to_pylist()[0]
+    out = build_stage(IngestStage, corpus.config("/nowhere", ingest__reencode="always"))(t).to_pylist()[0]
     assert out[F.REASONS.name] == [] and out[F.IMAGE_REENCODED.name] is True
-    out = IngestStage(corpus.config("/nowhere", ingest__max_caption_chars=19))(t).to_pylist()[0]
+    out = build_stage(IngestStage, corpus.config("/nowhere", ingest__max_caption_chars=19))(t).to_pylist()[0]
     assert out[F.REASONS.name] == [R.CAPTION_TOO_LONG]
 
 
 def test_empty_batch():
-    out = IngestStage(corpus.config("/nowhere"))(corpus.raw_records([]))
+    out = build_stage(IngestStage, corpus.config("/nowhere"))(corpus.raw_records([]))
     assert out.num_rows == 0 and out.schema == tables.SAMPLES
 
 
@@ -227,7 +228,7 @@ def test_caption_normalisation(raw, want):
 def test_caption_normalisation_through_the_stage():
     raws = [b"\xef\xbb\xbf  e\xcc\x81t\xc3\xa9\t\tin\r\nParis\xc2\xa0 ", b"\x00\x07\t",
             b"\xed\xa0\x80"]
-    out = IngestStage(corpus.config("/nowhere"))(
+    out = build_stage(IngestStage, corpus.config("/nowhere"))(
         corpus.raw_records([{"image": corpus.jpeg(), "caption": c} for c in raws])).to_pylist()
     assert [r[F.CAPTION.name] for r in out] == ["\u00e9t\u00e9 in Paris", None, None]
     # only controls -> empty; an encoded surrogate is not valid UTF-8
@@ -258,7 +259,7 @@ def test_sample_id_is_a_stable_function_of_source_and_key():
 def test_sample_ids_do_not_depend_on_row_order_or_content():
     recs = [{"key": f"k{i}", "image": corpus.jpeg(seed=i), "caption": f"caption {i}"}
             for i in range(6)]
-    stage = IngestStage(corpus.config("/nowhere"))
+    stage = build_stage(IngestStage, corpus.config("/nowhere"))
 
     def ids(rows, source="src"):
         out = stage(corpus.raw_records(rows, source=source))

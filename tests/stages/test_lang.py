@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.dag import Node
 from vlcurate.pipeline.runner import run
@@ -56,7 +57,7 @@ def test_sparse_scores_equal_langids_own():
 
 def test_stage_flags_other_languages_with_a_reason():
     cfg = C.load(None, {})
-    out = LangStage(cfg)(_batch(ENGLISH + OTHER + ["white circle"]))
+    out = build_stage(LangStage, cfg)(_batch(ENGLISH + OTHER + ["white circle"]))
     assert out.schema == S.LANG_TABLE
     # a short English caption has little evidence (P(en) near the prior) but en is still the
     # most likely language: kept, for the CAT parse to judge
@@ -67,7 +68,7 @@ def test_stage_flags_other_languages_with_a_reason():
     assert detail[:2] == [None, None] and detail[2].startswith("fr (P(keep)=")
     # keeping French too lets the French caption through, and nothing else changes
     cfg_fr = C.load(None, {"lang.keep": ["en", "fr"]})
-    reasons = LangStage(cfg_fr)(_batch(ENGLISH + OTHER)).column(F.REASONS.name).to_pylist()
+    reasons = build_stage(LangStage, cfg_fr)(_batch(ENGLISH + OTHER)).column(F.REASONS.name).to_pylist()
     assert reasons == [[], [], [], [R.LANG_OTHER], [R.LANG_OTHER]]
 
 
@@ -129,7 +130,7 @@ def test_real_captions_keep_rates():
     def kept(name, n=1500):
         with open(folder / name, encoding="utf-8") as fh:
             caps = [r["caption"] for _, r in zip(range(n), csv.DictReader(fh))]
-        out = LangStage(cfg)(_batch(caps))
+        out = build_stage(LangStage, cfg)(_batch(caps))
         return sum(not r for r in out.column(F.REASONS.name).to_pylist()) / len(caps)
 
     assert kept("coco_val2017_captions.csv") > 0.97

@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw, ImageFont
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.dag import Node
 from vlcurate.pipeline.runner import run
@@ -44,7 +45,7 @@ def batch(captions, images=None) -> pa.Table:
 
 @needs_ud
 def test_cat_stage_outputs_and_reasons():
-    out = CatStage(cfg())(batch(["A black cat is chasing a small brown bird", "a red square",
+    out = build_stage(CatStage, cfg())(batch(["A black cat is chasing a small brown bird", "a red square",
                                  "Bravo Apple Juice", "two dogs playing in the snow"]))
     assert out.schema == S.CAT
     rows = out.to_pylist()
@@ -58,7 +59,7 @@ def test_cat_stage_outputs_and_reasons():
     assert rows[0][S.CAT_MODEL.name] == "en_ud_ewt_sm 0.2.0 (ud)"
     assert rows[0][S.CAT_SKIPPED.name] is None
     # the keep rule is configurable: C2 without the action requirement
-    out = CatStage(cfg(**{"cat.min_complexity": 2, "cat.require_action": False}))(
+    out = build_stage(CatStage, cfg(**{"cat.min_complexity": 2, "cat.require_action": False}))(
         batch(["a red square", "a big red square", "two dogs playing in the snow"]))
     assert out.column(F.REASONS.name).to_pylist() == [[R.CAT_LOW_COMPLEXITY], [],
                                                       [R.CAT_LOW_COMPLEXITY]]
@@ -67,15 +68,13 @@ def test_cat_stage_outputs_and_reasons():
 def test_cat_without_a_pipeline_errors_or_skips_as_configured():
     missing = {"cat.spacy_model": "en_core_web_nonexistent"}
     with pytest.raises(P.PipelineMissing, match="python -m spacy download en_core_web_sm"):
-        CatStage(cfg(**missing))
-    with pytest.raises(P.PipelineMissing):
-        CatStage.prepare(cfg(**missing), None, 1, "")
+        build_stage(CatStage, cfg(**missing))
     skip = cfg(**missing, **{"cat.if_missing": "skip"})
-    state = CatStage.prepare(skip, None, 1, "")
-    assert state["skipped"].startswith("parse skipped: cat.spacy_model='en_core_web_nonexistent'")
-    out = CatStage(skip, state)(batch(["a dog", "a cat"]))
+    stage = build_stage(CatStage, skip)        # setup() decides, on the worker
+    assert stage.skipped.startswith("parse skipped: cat.spacy_model='en_core_web_nonexistent'")
+    out = stage(batch(["a dog", "a cat"]))
     assert out.schema == S.CAT
-    assert out.column(S.CAT_SKIPPED.name).to_pylist() == [state["skipped"]] * 2
+    assert out.column(S.CAT_SKIPPED.name).to_pylist() == [stage.skipped] * 2
     assert out.column(F.REASONS.name).to_pylist() == [[], []]
     assert out.column(S.CAT_COMPLEXITY.name).null_count == 2
 
@@ -91,7 +90,7 @@ def jpeg(text: str = "", size=(360, 120)) -> bytes:
 
 
 def test_textspot_stage_flags_text_that_repeats_the_caption():
-    stage = TextSpotStage(cfg())
+    stage = build_stage(TextSpotStage, cfg())
     out = stage(batch(["a sign that says coffee", "a sign that says coffee",
                        "a dog chasing a ball"], [jpeg("COFFEE"), jpeg(""), jpeg("HELLO")]))
     assert out.schema == S.TEXTSPOT
@@ -107,7 +106,7 @@ def test_textspot_stage_flags_text_that_repeats_the_caption():
 
 def test_textspot_reads_each_distinct_image_once_and_matches_each_caption():
     """Five captions of one image: one OCR pass, five matches (issue 17)."""
-    stage = TextSpotStage(cfg())
+    stage = build_stage(TextSpotStage, cfg())
     seen: list[int] = []
     ocr = stage.ocr
     stage.ocr = lambda ims: (seen.append(len(ims)), ocr(ims))[1]
@@ -124,10 +123,9 @@ def test_textspot_backend_missing_errors_or_skips():
     if mmocr_importable():
         pytest.skip("mmocr is importable here")
     with pytest.raises(Exception, match="mmcv"):
-        TextSpotStage(cfg(**{"textspot.backend": "mmocr"}))
+        build_stage(TextSpotStage, cfg(**{"textspot.backend": "mmocr"}))
     skip = cfg(**{"textspot.backend": "mmocr", "textspot.if_missing": "skip"})
-    state = TextSpotStage.prepare(skip, None, 1, "")
-    out = TextSpotStage(skip, state)(batch(["a sign"], [jpeg("SIGN")]))
+    out = build_stage(TextSpotStage, skip)(batch(["a sign"], [jpeg("SIGN")]))
     note = out.column(S.TEXTSPOT_SKIPPED.name)[0].as_py()
     assert note.startswith("text spotting (mmocr) skipped")
     assert out.column(F.REASONS.name).to_pylist() == [[]]

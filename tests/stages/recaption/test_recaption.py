@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.schemas import F
 from vlcurate.schemas import recaption as R
@@ -76,7 +77,7 @@ def batch(n=3) -> pa.Table:
 
 
 def test_five_score_ordered_beams_per_image_deterministically(blip2_dir):
-    stage = RecaptionStage(cfg(blip2_dir, batch_size=2))
+    stage = build_stage(RecaptionStage, cfg(blip2_dir, batch_size=2))
     assert stage.captioner.loaded.source == str(blip2_dir) and not stage.captioner.loaded.random
     out = stage(batch())
     assert out.schema == R.RECAPTION
@@ -91,7 +92,7 @@ def test_five_score_ordered_beams_per_image_deterministically(blip2_dir):
         [sum(f is None for f in fl) for fl in flags]
     assert out.column(R.RECAPTION_RANDOM.name).to_pylist() == [False] * 3
     # deterministic, and independent of how images are batched
-    again = RecaptionStage(cfg(blip2_dir, batch_size=3))(batch())
+    again = build_stage(RecaptionStage, cfg(blip2_dir, batch_size=3))(batch())
     assert again.column(R.RECAPTIONS.name).equals(out.column(R.RECAPTIONS.name))
     flat = [x for s in again.column(R.RECAPTION_SCORES.name).to_pylist() for x in s]
     assert flat == pytest.approx([x for s in scores for x in s], abs=1e-4)
@@ -134,7 +135,7 @@ def test_degenerate_captions_are_flagged_not_dropped(blip2_dir):
 def test_random_init_builds_offline_and_says_so():
     spec = C.ModelSpec(id="Salesforce/blip2-opt-2.7b", random_init=True)
     c = C.from_dict({"recaption": {"model": C.to_dict(spec), "max_new_tokens": 5}})
-    out = RecaptionStage(c)(batch(2))
+    out = build_stage(RecaptionStage, c)(batch(2))
     assert out.column(R.RECAPTION_RANDOM.name).to_pylist() == [True, True]
     assert [len(x) for x in out.column(R.RECAPTIONS.name).to_pylist()] == [5, 5]
     assert RecaptionStage.notes(c) and "RANDOM" in RecaptionStage.notes(c)[0]
@@ -158,7 +159,7 @@ def test_missing_weights_error_names_what_to_provide(tmp_path):
 
 def test_each_distinct_image_is_captioned_once(blip2_dir):
     """Rows that show the same image (five captions per COCO image) share one BLIP-2 pass."""
-    stage = RecaptionStage(cfg(blip2_dir, batch_size=8))
+    stage = build_stage(RecaptionStage, cfg(blip2_dir, batch_size=8))
     seen: list[int] = []
     generate = stage.captioner.generate
     stage.captioner.generate = lambda ims: (seen.append(len(ims)), generate(ims))[1]
@@ -167,5 +168,5 @@ def test_each_distinct_image_is_captioned_once(blip2_dir):
     out = stage(t).column(R.RECAPTIONS.name).to_pylist()
     assert seen == [2]
     assert out[0] == out[2] == out[3] and out[1] == out[4]
-    alone = RecaptionStage(cfg(blip2_dir, batch_size=8))(t.slice(0, 2))
+    alone = build_stage(RecaptionStage, cfg(blip2_dir, batch_size=8))(t.slice(0, 2))
     assert alone.column(R.RECAPTIONS.name).to_pylist() == out[:2]

@@ -1,0 +1,81 @@
+"""Embedding widths from the models' configurations, never their weights: the driver computes
+embed's output schema from these (issue 16: no model loads on the driver). ``models.locate``
+still runs, so missing weights fail here, before any actor starts."""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from vlcurate.stages import models
+
+# sentence-transformers Pooling modes; the pooled width is the token width times the modes on
+_POOL_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+               "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+               "pooling_mode_lasttoken")
+
+
+def meta_timm(spec: Any) -> Any:
+    """The timm architecture on torch's meta device: its config and widths, no memory, no
+    weights."""
+    import timm
+    import torch
+    with torch.device("meta"):
+        return timm.create_model(spec.id, pretrained=False, **dict(spec.options or {}))
+
+
+@functools.lru_cache(maxsize=8)
+def image_width(spec: Any) -> int:
+    models.locate(spec, "timm", "image encoder")
+    return int(meta_timm(spec).num_features)
+
+
+def _folder(loc: models.Located, spec: Any) -> Optional[Path]:
+    """The local folder holding the model's files (a path, a packaged model, the HF cache)."""
+    if loc.source == "cache":
+        from huggingface_hub import try_to_load_from_cache
+        name = spec.id if "/" in spec.id else f"sentence-transformers/{spec.id}"
+        hit = try_to_load_from_cache(name, "modules.json")
+        return Path(hit).parent if isinstance(hit, str) else None
+    return Path(loc.where) if loc.where else None
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def sentence_width(folder: Path) -> Optional[int]:
+    """The output width a sentence-transformers folder declares: its last Dense module's
+    ``out_features``, else its Pooling module's token width times the pooling modes on."""
+    for module in reversed(_read(folder / "modules.json") or []):
+        cfg = _read(folder / module.get("path", "") / "config.json")
+        if module.get("type", "").endswith("Dense") and "out_features" in cfg:
+            return int(cfg["out_features"])
+        if module.get("type", "").endswith("Pooling") and "word_embedding_dimension" in cfg:
+            modes = sum(bool(cfg.get(m)) for m in _POOL_MODES) or 1
+            return int(cfg["word_embedding_dimension"]) * modes
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def text_width(spec: Any) -> int:
+    loc = models.locate(spec, "sentence_transformer", "caption encoder")
+    if loc.source == "random":             # models._random_sentence_transformer: mean pooling
+        return int(dict(spec.options or {}).get("hidden_size", 64))
+    folder = _folder(loc, spec)
+    width = sentence_width(folder) if folder is not None else None
+    if width is None:   # a layout without the usual module configs (or the hub): ask the model
+        from .encoders import TextEncoder
+        width = TextEncoder(spec).dim
+    return width
+
+
+@functools.lru_cache(maxsize=8)
+def cross_width(spec: Any) -> int:
+    loc = models.locate(spec, "clip", "cross-modal encoder")
+    if loc.source == "random":             # models._random_clip: TINY_CLIP under the options
+        return int({**models.TINY_CLIP, **dict(spec.options or {})}["projection_dim"])
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(loc.where or spec.id, local_files_only=loc.source != "hub")
+    return int(cfg.projection_dim)
