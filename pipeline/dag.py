@@ -51,17 +51,16 @@ def default_dag() -> list[Node]:
         # near-duplicate groups keep their first row (the others: dedup.near_duplicate)
         Node(DedupStage, after=("positives",)),
         Node(ConceptsStage, after=("dedup",)),
-        Node(ExportStage, after=("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm",
-                                 "recaption", "recaption_embed", "positives", "dedup",
-                                 "concepts")),
+        Node(ExportStage),   # a sink: after every stage declared before it
     ]
 
 
 def select(dag: list[Node], names: "tuple[str, ...] | None") -> list[Node]:
     """The DAG restricted to ``names`` (``run.stages``); a kept stage that ran after a dropped one
     now runs after that stage's own dependencies. The source and export are always kept."""
+    dag = with_sinks(dag)
     if not names:
-        return list(dag)
+        return dag
     known = {n.name for n in dag}
     unknown = sorted(set(names) - known)
     if unknown:
@@ -76,6 +75,17 @@ def select(dag: list[Node], names: "tuple[str, ...] | None") -> list[Node]:
         return out
 
     return [Node(n.stage, tuple(dict.fromkeys(deps(n.name)))) for n in dag if n.name in keep]
+
+
+def with_sinks(dag: list[Node]) -> list[Node]:
+    """A sink declared with no ``after`` runs after every stage declared before it (so a new
+    stage is one line: export sees its reasons and columns)."""
+    out: list[Node] = []
+    for n in dag:
+        if n.stage.kind == Kind.SINK and not n.after:
+            n = Node(n.stage, tuple(m.name for m in out))
+        out.append(n)
+    return out
 
 
 def topo_order(dag: list[Node]) -> list[Node]:

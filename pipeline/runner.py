@@ -209,9 +209,9 @@ class Runner:
         env = stage.environment(view)   # e.g. which spaCy pipeline / OCR backend is installed
         if env:
             extra["environment"] = env
-        for k, default in _NUMERICS.items():   # only when changed: default fingerprints stay
-            if getattr(self.config.run, k) != default:
-                extra[k] = getattr(self.config.run, k)
+        run = C.to_dict(self.config.run)
+        extra.update({k: run[k] for k, default in _NUMERICS.items() if run[k] != default})
+        # (only when changed: default fingerprints stay)
         return fingerprint(node.name, stage.version, stage_config(stage, self.config, self.speed),
                            upstream, extra), upstream
 

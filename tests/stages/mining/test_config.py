@@ -15,7 +15,7 @@ def test_defaults_follow_the_papers():
     ({"hpm": {"k": 0}}, r"hpm\.k: must be an int > 0"),
     ({"hpm": {"tau_image": 1.5}}, r"hpm\.tau_image: must be in \[0, 1\]"),
     ({"hpm": {"dup_threshold": -0.1}}, r"hpm\.dup_threshold: must be in \[0, 1\]"),
-    ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in 1\.\.16"),
+    ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in \[1, 16\]"),
     ({"hpm": {"widen": "some"}}, r"hpm\.widen: expected one of"),
     ({"hpm": {"noise_action": "delete"}}, r"hpm\.noise_action: expected one of"),
     ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[-1, 1\]"),
