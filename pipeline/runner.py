@@ -28,7 +28,7 @@ from . import config as C
 from . import executors, guards, storage
 from .dag import Node, ancestors, default_dag, select, topo_order
 from .executors import Work, work_items
-from .executors.tasks import TableReader, prepare_step
+from .executors.tasks import TableReader, Workdir, prepare_step, workdir_for
 from .params import DEFAULT_RESOURCES, Resources
 from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
     write_null_part
@@ -112,11 +112,28 @@ def stage_config(stage: type[Stage], config: Any, speed: Optional[dict] = None) 
 
 @dataclass
 class FinalizeCtx:
+    """What a stage's ``finalize`` gets: the parts' counts, a reader of committed parts, a
+    parallel ``map`` (Ray tasks), the stage's folder (``root``, a path or a URI), a scratch
+    folder beside it that workers see (``tmp_dir``), and its global step's files on this node
+    (``workdir``, a local path)."""
     counts: list[dict]
     read: TableReader
     map: Callable
-    root: Path
-    tmp_dir: Path
+    root: str
+    tmp_dir: str
+    workdir: str
+
+    def uri(self, name: str) -> str:
+        return storage.join(self.root, name)
+
+    def write_bytes(self, name: str, data: bytes) -> str:
+        storage.write_bytes(self.uri(name), data)
+        return self.uri(name)
+
+    def publish(self, local_file: str, name: str) -> str:
+        """Copy a local file (from ``workdir``) into the stage's folder, as ``name``."""
+        with open(local_file, "rb") as fh:
+            return self.write_bytes(name, fh.read())
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -344,8 +361,9 @@ class Runner:
         state, state_uri = self.global_step(node, sd, io, n_parts, res)
         sizes = None if specs is not None else {
             p: self.stage_dir(io.ancestors[0]).part_counts(p)["rows"] for p in pending}
-        work = Work(io, stage, view, state, state_uri, res, work_items(pending, sizes, rows),
-                    specs, out_schema)
+        work = Work(io, stage, view, state, state_uri,
+                    self.workdir(sd) if stage.kind == Kind.GLOBAL else None, res,
+                    work_items(pending, sizes, rows), specs, out_schema)
         bar, in_rows = self._progress(name, pending, node)
         committer = Committer(sd, on_commit=lambda p, c: bar.update(c["rows"] if in_rows else 1))
         try:
@@ -362,17 +380,22 @@ class Runner:
         if node.stage.kind != Kind.GLOBAL:
             return None, None
         state = self.executor.call(prepare_step, node.stage, self.view(node.stage), io, n_parts,
-                                   str(sd.root / "_prepare"), num_gpus=res.num_gpus)
+                                   self.workdir(sd), num_gpus=res.num_gpus)
         uri = storage.join(str(sd.root), "_state.pkl")
         storage.write_bytes(uri, pickle.dumps(state))
         return state, uri
 
+    def workdir(self, sd: StageDir) -> Workdir:
+        return workdir_for(str(sd.root), (sd.attempt() or {}).get("fingerprint", "none"))
+
     def finalize(self, stage: type[Stage], sd: StageDir, counts: list[dict]) -> dict:
-        tmp = sd.tmp / "finalize"
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp = storage.join(str(sd.root), "_tmp", "finalize")
+        storage.makedirs(tmp)
+        workdir = self.workdir(sd)
         ctx = FinalizeCtx(counts=counts, read=TableReader(str(self.run_dir),
                                                           tuple(self.roots.items())),
-                          map=self.executor.map, root=sd.root, tmp_dir=tmp)
+                          map=self.executor.map, root=str(sd.root), tmp_dir=tmp,
+                          workdir=workdir.fetch() if stage.kind == Kind.GLOBAL else workdir.local)
         with pinned_threads(self.config.run.intra_op_threads):
             return stage.finalize(self.view(stage), ctx) or {}
 

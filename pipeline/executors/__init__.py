@@ -25,6 +25,7 @@ class Work:
     cfg: Any
     state: Any
     state_uri: Optional[str]          # where the pickled state is, for workers (Ray)
+    workdir: Any                      # tasks.Workdir of a global step's files, or None
     res: Resources
     items: list[tuple[int, int, Optional[int]]]
     specs: Optional[list[dict]]

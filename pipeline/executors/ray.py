@@ -47,7 +47,8 @@ class RayExecutor:
         stage_cpus = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus or None}
         # beside a pool, reading and writing are light tasks; fused, they share the stage's
         io_cpus = {"num_cpus": 0.1} if w.stage.on_actors else stage_cpus
-        kw = {"stage_cls": w.stage, "cfg": w.cfg, "state_uri": w.state_uri, "schema": w.schema}
+        kw = {"stage_cls": w.stage, "cfg": w.cfg, "state_uri": w.state_uri, "schema": w.schema,
+              "workdir": w.workdir}
         ds = ds.map_batches(read_batch, fn_kwargs={"io": w.io}, batch_size=1,
                             batch_format="pyarrow", **io_cpus)
         if w.stage.on_actors:

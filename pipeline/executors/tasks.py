@@ -4,9 +4,12 @@ Kept apart from the runner so that a worker unpickling these functions imports o
 and the stage it runs, not the whole DAG (every stage's heavy libraries)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -39,13 +42,13 @@ _INSTANCES: dict = {}
 
 
 def stage_task(batch: pa.Table, stage_cls: type, cfg: Any, state_uri: Optional[str],
-               schema: pa.Schema) -> pa.Table:
+               schema: pa.Schema, workdir: Optional["Workdir"] = None) -> pa.Table:
     """A stage in a Ray task: one instance per worker process, reused across tasks."""
     key = (stage_cls, cfg, state_uri)
     call = _INSTANCES.get(key)
     if call is None:
         _INSTANCES.clear()
-        call = _INSTANCES[key] = StageActor(stage_cls, cfg, state_uri, schema)
+        call = _INSTANCES[key] = StageActor(stage_cls, cfg, state_uri, schema, workdir)
     return call(batch)
 
 
@@ -54,7 +57,9 @@ class StageActor(StageCall):
     store), so that Ray can restart a lost actor on any node that sees the run dir."""
 
     def __init__(self, stage_cls: type, cfg: Any, state_uri: Optional[str] = None,
-                 schema: Optional[pa.Schema] = None) -> None:
+                 schema: Optional[pa.Schema] = None, workdir: Optional[Workdir] = None) -> None:
+        if workdir is not None:
+            workdir.fetch()
         state = pickle.loads(storage.read_bytes(state_uri)) if state_uri else None
         super().__init__(stage_cls, cfg, state, schema)
 
@@ -64,14 +69,50 @@ def apply(fn: Callable, x: Any, threads: int = 1) -> Any:
         return fn(x)
 
 
-def prepare_step(stage: type, cfg: Any, io: PartIO, n_parts: int, workdir: str) -> Any:
+@dataclass(frozen=True)
+class Workdir:
+    """A global step's files (an index, memmapped vectors): ``local``, a folder at the same path
+    on every node that uses them, so the paths in the step's state hold everywhere. With a run
+    directory on an object store, ``remote`` is their copy under the stage's folder: the node
+    that ran the step publishes it, any other node fetches it once."""
+    local: str
+    remote: Optional[str] = None
+
+    def fetch(self) -> str:
+        done = os.path.join(self.local, ".complete")
+        if self.remote and not os.path.exists(done):
+            storage.download_dir(self.remote, self.local)
+            open(done, "w").close()
+        return self.local
+
+    def publish(self) -> None:
+        if self.remote:
+            storage.upload_dir(self.local, self.remote)
+            open(os.path.join(self.local, ".complete"), "w").close()
+
+
+def workdir_for(root: str, attempt: str) -> Workdir:
+    """``<root>/_prepare`` for a local run directory; for a remote one, a node-local scratch
+    folder named after the stage's folder and its attempt (a new attempt never sees old files)."""
+    if storage.is_local(root):
+        return Workdir(os.path.join(storage.local_path(root), "_prepare"))
+    key = hashlib.sha256(root.encode()).hexdigest()[:16]
+    local = os.path.join(tempfile.gettempdir(), "vlcurate-scratch", key, attempt, "_prepare")
+    return Workdir(local, storage.join(root, "_prepare"))
+
+
+def prepare_step(stage: type, cfg: Any, io: PartIO, n_parts: int, workdir: Workdir) -> Any:
     """A stage's global step, with the same fixed thread count wherever it runs."""
     def read(part: int) -> pa.Table:
         t = read_inputs(io, part)
         return t.filter(t.column(F.ACTIVE.name))
-    os.makedirs(workdir, exist_ok=True)
+    if workdir.remote:
+        shutil.rmtree(workdir.local, ignore_errors=True)
+    os.makedirs(workdir.local, exist_ok=True)
     with pinned_threads(cfg.run.intra_op_threads):
-        return stage.prepare(cfg, read, n_parts, workdir)
+        state = stage.prepare(cfg, read, n_parts, workdir.local)
+    workdir.publish()
+    return state
 
 
 @dataclass(frozen=True)

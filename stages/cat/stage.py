@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
@@ -59,7 +58,7 @@ def _status(ctx: Any, stage: str, column: str, extra: Optional[dict] = None) -> 
     notes = ctx.map(functools.partial(skip_notes, read=ctx.read, stage=stage, column=column),
                     list(range(len(ctx.counts))))
     info = {"skipped": sorted(set().union(*notes)), **(extra or {})}
-    (ctx.root / "status.json").write_text(json.dumps(info, indent=1))
+    ctx.write_bytes("status.json", json.dumps(info, indent=1).encode())
     return info
 
 
@@ -163,9 +162,9 @@ class CatStage(MapStage):
                           S.CONCEPT_KEPT.name: pa.array([kept[key] for key, _ in rows],
                                                         pa.int64())},
                          schema=S.CONCEPTS)
-        path = ctx.root / "concepts.parquet"
-        pq.write_table(table, str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf)
+        path = ctx.write_bytes("concepts.parquet", buf.getvalue().to_pybytes())
         n_kind = Counter(k for (k, _), _ in rows)
         return _status(ctx, CatStage.name, S.CAT_SKIPPED.name,
                        {"concepts": str(path), "objects": n_kind["object"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Optional
@@ -162,12 +161,12 @@ class ConceptsStage(GlobalStage):
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
-        src = Path(ctx.root) / "_prepare"
+        src = Path(ctx.workdir)
         for name in PUBLISHED:
             if (src / name).exists():
-                shutil.copyfile(src / name, Path(ctx.root) / name)
+                ctx.publish(str(src / name), name)
         empty = src / EMPTY_NOTE      # concepts.if_empty: warn; "skipped" reaches the summary
-        return {"vocab": str(Path(ctx.root) / "vocab.parquet"),
+        return {"vocab": ctx.uri("vocab.parquet"),
                 **({"skipped": [empty.read_text()]} if empty.exists() else {})}
 
     def setup(self) -> None:

@@ -44,7 +44,6 @@ from .store import Store, collect, lists, with_nulls
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
-PREPARE = "_prepare"      # the runner's workdir for prepare (pipeline/runner.py), under the root
 
 
 def set_threads(n: Optional[int]) -> None:
@@ -151,7 +150,7 @@ class HpmStage(GlobalStage):
     def finalize(cls, config: Any, ctx: Any) -> dict:
         """The pass's figures for the run summary (``_info.json``): pairs cut by hpm.max_pairs
         (with a note when any), clusters, probe, certified fraction."""
-        return pass_info(os.path.join(str(ctx.root), PREPARE))
+        return pass_info(ctx.workdir)
 
     def setup(self) -> None:
         config, state = self.config, self.state
