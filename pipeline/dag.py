@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlcurate.stages.base import Kind
-from vlcurate.stages.cat.stage import CatStage, TextSpotStage
+from vlcurate.stages.cat.cat_stage import CatStage
+from vlcurate.stages.cat.textspot_stage import TextSpotStage
 from vlcurate.stages.concepts import ConceptsStage
 from vlcurate.stages.dedup import DedupStage
 from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
@@ -14,8 +15,8 @@ from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.lang import LangStage
-from vlcurate.stages.mining.positives import PositivesStage
-from vlcurate.stages.mining.stage import HpmStage
+from vlcurate.stages.mining.positives_stage import PositivesStage
+from vlcurate.stages.mining.hpm_stage import HpmStage
 from vlcurate.stages.recaption import RecaptionStage
 
 

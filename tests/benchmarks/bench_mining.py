@@ -267,10 +267,10 @@ def gemm_rate(d: int = 768, reps: int = 5) -> float:
 
 
 def pass_config(a, k: int):
-    """The hpm config of the run: the defaults (stages/mining/stage.py HpmParams), k = the largest
+    """The hpm config of the run: the defaults (stages/mining/hpm_stage.py HpmParams), k = the largest
     measured k, and only what the command line overrides."""
     from dataclasses import replace
-    from vlcurate.stages.mining.stage import HpmParams as HpmConfig
+    from vlcurate.stages.mining.hpm_stage import HpmParams as HpmConfig
     over = {"tau_image": a.tau, "tau_text": a.tau, "probe": a.probe, "clusters": a.clusters,
             "pair_image": a.floor, "pair_text": a.floor, "exact_max_n": a.exact_max_n,
             "method": a.method}

@@ -32,7 +32,7 @@ def main() -> None:
     from vlcurate.pipeline import config as C
     from vlcurate.schemas import F
     from vlcurate.stages.cat import textspot as T
-    from vlcurate.stages.cat.stage import TextSpotStage
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
     caps, ims = rows(a.rows)
     stage = build_stage(TextSpotStage, C.load(None, {}))
     batch = pa.table({F.SAMPLE_ID.name: [str(i) for i in range(len(caps))], F.CAPTION.name: caps,

@@ -29,7 +29,7 @@ def test_speed_only_keys_exist():
 
 def test_a_speed_only_change_keeps_the_fingerprint_and_an_output_change_does_not():
     from vlcurate.pipeline.rundir import fingerprint
-    from vlcurate.stages.cat.stage import CatStage
+    from vlcurate.stages.cat.cat_stage import CatStage
 
     def fp(**over):
         return fingerprint("cat", CatStage.version, stage_config(CatStage, C.load(None, over)))

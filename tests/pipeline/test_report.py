@@ -47,13 +47,14 @@ TEACHER = {"id": "vit_tiny_patch16_224", "random_init": True,
 def full_dag() -> list[Node]:
     """The demo's stages plus the ones still being wired into the default DAG (hpm, cat,
     textspot, recaption, concepts): the report must show all of them."""
-    from vlcurate.stages.cat.stage import CatStage, TextSpotStage
+    from vlcurate.stages.cat.cat_stage import CatStage
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
     from vlcurate.stages.concepts import ConceptsStage
     from vlcurate.stages.embed import EmbedStage
     from vlcurate.stages.export import ExportStage
     from vlcurate.stages.ids import IdsStage
     from vlcurate.stages.ingest import IngestStage
-    from vlcurate.stages.mining.stage import HpmStage
+    from vlcurate.stages.mining.hpm_stage import HpmStage
     from vlcurate.stages.recaption import RecaptionStage
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(EmbedStage, after=("ids",)),
             Node(HpmStage, after=("embed",)), Node(CatStage, after=("ids",)),

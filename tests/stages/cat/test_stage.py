@@ -22,7 +22,8 @@ from vlcurate.schemas import F
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.cat import parser as P
-from vlcurate.stages.cat.stage import CatStage, TextSpotStage
+from vlcurate.stages.cat.cat_stage import CatStage
+from vlcurate.stages.cat.textspot_stage import TextSpotStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage

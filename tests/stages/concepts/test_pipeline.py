@@ -145,7 +145,7 @@ def test_exported_with_the_annotations(result):
 
 # --- issue 12: an empty vocabulary stops the run with the key to lower, or says so -------------
 def real_cat_dag():
-    from vlcurate.stages.cat.stage import CatStage
+    from vlcurate.stages.cat.cat_stage import CatStage
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(CatStage, after=("ids",)),
             Node(ConceptsStage, after=("cat",)),
             Node(ExportStage, after=("ingest", "ids", "cat", "concepts"))]

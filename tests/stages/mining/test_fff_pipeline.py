@@ -20,7 +20,7 @@ from vlcurate.schemas import recaption as RC
 from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
 from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.mining import fff, hpm
-from vlcurate.stages.mining.positives import PositivesStage
+from vlcurate.stages.mining.positives_stage import PositivesStage
 from vlcurate.stages.recaption import RecaptionStage
 
 from .. import corpus

@@ -22,8 +22,8 @@ from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.mining import blocks, fff, hpm
 from vlcurate.stages.mining.pass_io import small_data_error
-from vlcurate.stages.mining.positives import PositivesStage
-from vlcurate.stages.mining.stage import HpmStage
+from vlcurate.stages.mining.positives_stage import PositivesStage
+from vlcurate.stages.mining.hpm_stage import HpmStage
 
 from .. import corpus
 from .naive import pairs

@@ -32,10 +32,10 @@ from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline.params import Params, at_least, positive, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
-from vlcurate.stages.embed.recaptions import RecaptionEmbedStage
+from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import fff, hpm
-from .stage import EMBED, set_threads, use_fast
+from .hpm_stage import EMBED, set_threads, use_fast
 from .store import Store, collect, lists, vectors, with_nulls
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)

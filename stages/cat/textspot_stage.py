@@ -1,0 +1,95 @@
+"""DiHT's CAT filter, its second stage: ``textspot`` spots text in each image (OCR) and flags
+the rows whose image repeats its caption (``cat.text_spotted``). It runs after ``cat``
+(``cat_stage.py``), on the rows the parse kept."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import pyarrow as pa
+
+from vlcurate.pipeline.params import Params, at_least, positive, unit
+from vlcurate.schemas import F, conform
+from vlcurate.schemas import cat as S
+from vlcurate.schemas import reasons as R
+from vlcurate.stages.base import MapStage, Resources, once_per_image
+
+from . import textspot as T
+from .optional import decide, skip_status, skipped_table
+
+
+@dataclass(frozen=True)
+class TextSpotParams(Params):
+    """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
+    backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
+    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
+    min_conf: float = unit(0.8)           # DiHT: spotting confidence >= 0.8 ...
+    min_chars: int = positive(5)          # ... and >= 5 characters matching the caption
+    max_side: int = positive(1024)        # images are downscaled to this longer side before OCR
+    max_texts: int = positive(32)         # spotted lines kept per image (best confidence first)
+    threads: int = at_least(1, 0)         # OCR threads per stage instance (0: the backend's own)
+    tesseract_lang: str = "eng"
+    tesseract_psm: int = 11               # page segmentation mode 11: sparse text (scene text)
+    mmocr_det: str = "DBNet"
+    mmocr_rec: str = "SAR"
+    mmocr_det_weights: Optional[str] = None
+    mmocr_rec_weights: Optional[str] = None
+    resources: Resources = Resources()
+
+
+class TextSpotStage(MapStage):
+    """OCR text that repeats the caption (``cat.text_spotted``)."""
+    name = "textspot"
+    version = "1"
+    Params = TextSpotParams
+    speed_only = ("threads",)             # OCR threads
+    inputs = {"ingest": (F.CAPTION, F.IMAGE)}
+    output = S.TEXTSPOT
+    resources = Resources(num_cpus=1, batch_size=64)
+    on_actors = True
+
+    @classmethod
+    def environment(cls, config: Any) -> dict:
+        """What the output depends on beyond config (for the runner's fingerprint)."""
+        return {"ocr_backend": T.backend_identity(config.textspot)}
+
+    def setup(self) -> None:
+        c = self.config.textspot
+        self.ocr, self.skipped = decide(lambda: T.make_backend(c), c.if_missing,
+                                         f"text spotting ({c.backend})")
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ids = batch.column(F.SAMPLE_ID.name)
+        if self.ocr is None:
+            return skipped_table(ids, S.TEXTSPOT_SKIPPED, self.skipped, S.TEXTSPOT)
+        c = self.config.textspot
+        # each distinct image is read once (COCO, Flickr: five captions per image); the match is
+        # per caption
+        pairs = once_per_image(batch.column(F.IMAGE.name).to_pylist(),
+                               lambda ims: list(zip(*T.spot_all(self.ocr, ims, c.max_side))))
+        spots, errors = [p[0] for p in pairs], [p[1] for p in pairs]
+        spots = [None if s is None else sorted(s, key=lambda x: -x.conf)[:c.max_texts]
+                 for s in spots]
+        ms = [T.best_match(s or [], cap or "", c.min_conf)
+              for s, cap in zip(spots, batch.column(F.CAPTION.name).to_pylist())]
+        hit = [T.text_spotted(m, c.min_chars) for m in ms]
+        return conform(pa.table({
+            F.SAMPLE_ID.name: ids,
+            S.OCR_TEXTS.name: [None if s is None else [x.text for x in s] for s in spots],
+            S.OCR_CONFS.name: pa.array([None if s is None else [x.conf for x in s] for s in spots],
+                                       S.OCR_CONFS.type),
+            S.OCR_MATCH_CHARS.name: pa.array([None if s is None else m.chars
+                                              for s, m in zip(spots, ms)], pa.int16()),
+            S.OCR_MATCH.name: [m.match for m in ms],
+            S.OCR_MATCH_CONF.name: pa.array([m.conf for m in ms], pa.float32()),
+            S.TEXTSPOT_SKIPPED.name: errors,
+            F.REASONS.name: pa.array([[R.CAT_TEXT_SPOTTED] if h else [] for h in hit],
+                                     F.REASONS.type),
+            F.REASON_DETAIL.name: pa.array(
+                [f"spotted {m.text!r} (conf {m.conf:.2f}) repeats {m.chars} characters of the "
+                 f"caption ({m.match!r})" if h else None for m, h in zip(ms, hit)], pa.string())}),
+            S.TEXTSPOT)
+
+    @classmethod
+    def finalize(cls, config: Any, ctx: Any) -> dict:
+        return skip_status(ctx, TextSpotStage.name, S.TEXTSPOT_SKIPPED.name)
