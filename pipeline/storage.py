@@ -168,6 +168,36 @@ def delete(uri: str) -> None:
         fs.delete_file(path)
 
 
+def list_files(uri: str) -> list[pafs.FileInfo]:
+    """Every file under ``uri``, recursively (one paginated LIST on an object store); [] when it
+    is absent."""
+    fs, path = resolve(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+    return [i for i in infos if i.type == pafs.FileType.File]
+
+
+def upload_dir(local_dir: str, uri: str) -> None:
+    """Copy the folder ``local_dir`` (recursively) to ``uri``, a path or URI; nothing to do when
+    they are the same place."""
+    _copy_tree(local_dir, uri)
+
+
+def download_dir(uri: str, local_dir: str) -> None:
+    """Copy everything under ``uri`` to the local folder ``local_dir`` (created if needed)."""
+    _copy_tree(uri, local_dir)
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    sfs, spath = resolve(src)
+    dfs, dpath = resolve(dst)
+    if is_local(src) and is_local(dst) and os.path.realpath(spath) == os.path.realpath(dpath):
+        return
+    dfs.create_dir(dpath, recursive=True)
+    if not list_files(src):      # copy_files refuses an empty or missing source
+        return
+    pafs.copy_files(spath, dpath, source_filesystem=sfs, destination_filesystem=dfs)
+
+
 def forget_clients() -> None:
     """Drop the cached filesystem clients (after the endpoint or credentials in the environment
     changed, as in tests)."""
