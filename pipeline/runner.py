@@ -14,13 +14,13 @@ import json
 import logging
 import os
 import pickle
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from vlcurate.stages.base import Resources as StageResources
@@ -31,7 +31,8 @@ from . import guards
 from .dag import Node, ancestors, default_dag, select, topo_order
 from .parts import (Committer, PartIO, StageCall, add_counts, batch_rows, commit_empty,
                     empty_counts, pinned_threads, read_inputs, write_fragments, write_null_part)
-from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json
+from . import storage
+from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json, write_table
 from .worker import TableReader, _apply, _prepare, _RayStageCall, _read_batch, _stage_task
 from .versions import versions
 
@@ -162,9 +163,8 @@ class RayExecutor:
             return None
         # beside the stage's tables, not in _tmp: an actor still starting when the stage
         # finishes must find it (it is replaced by the next attempt of this stage)
-        path = str(w.io.dir().root / "_state.pkl")
-        with open(path, "wb") as fh:
-            pickle.dump(w.state, fh)
+        path = w.io.dir().uri("_state.pkl")
+        storage.write_bytes(path, pickle.dumps(w.state))
         return path
 
     def _stage(self, ds: Any, w: Work, state_path: Optional[str]) -> Any:
@@ -212,28 +212,27 @@ class FinalizeCtx:
     counts: list[dict]
     read: TableReader
     map: Callable
-    root: Path
+    root: Any          # the stage's folder: a Path when local, else its URI (str)
     tmp_dir: Path
 
 
 # --- the run ----------------------------------------------------------------------------------------
 class RunLock:
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.path = storage.join(run_dir, ".lock")
 
     def __enter__(self) -> "RunLock":
         other = read_json(self.path)
         if other and other.get("pid") != os.getpid() and _alive(other.get("pid")):
-            raise RunError(f"{self.path.parent} is in use by another vlcurate run (pid "
-                           f"{other['pid']}); wait for it or remove {self.path} if it is stale")
+            raise RunError(f"{storage.redact(self.run_dir)} is in use by another vlcurate run "
+                           f"(pid {other['pid']}); wait for it or remove "
+                           f"{storage.redact(self.path)} if it is stale")
         write_json(self.path, {"pid": os.getpid(), "since": now()})
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        storage.delete(self.path)
 
 
 def _alive(pid: Any) -> bool:
@@ -252,7 +251,7 @@ class Runner:
         self.executor_name = executor
         self._executor = None
         self.log = log
-        self.run_dir = Path(config.run.run_dir)
+        self.run_dir = str(config.run.run_dir)
         self.roots = {"export": config.export.out_dir} if config.export.out_dir else {}
 
     @property
@@ -267,16 +266,18 @@ class Runner:
         return StageDir(self.run_dir, name, self.roots.get(name))
 
     def run(self, only: Optional[set[str]] = None) -> list[StageResult]:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         # a re-export elsewhere (`vlcurate export --out DIR`) records itself in DIR: what the run
         # itself reports (its run.json and summary) never changes
-        meta = Path(self.roots["export"]) if only and "export" in self.roots else self.run_dir
-        meta.mkdir(parents=True, exist_ok=True)
-        record = {"config": C.to_dict(self.config), "dag": [n.name for n in self.dag],
+        meta = str(self.roots["export"]) if only and "export" in self.roots else self.run_dir
+        for d in {self.run_dir, meta}:
+            if storage.is_local(d):
+                storage.makedirs(d)
+        record = {"config": storage.redact_tree(C.to_dict(self.config)),
+                  "dag": [n.name for n in self.dag],
                   "started_at": now(), "versions": versions()}
         with RunLock(self.run_dir):
             if meta == self.run_dir:       # first, so that a run in progress can be inspected
-                write_json(meta / "run.json", record)
+                write_json(storage.join(meta, "run.json"), record)
             results: dict[str, StageResult] = {}
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
@@ -285,9 +286,9 @@ class Runner:
                 if stop:
                     raise RunError(stop)
             if meta != self.run_dir:       # after, since the export stage resets its folder
-                write_json(meta / "run.json", record)
+                write_json(storage.join(meta, "run.json"), record)
             ms = [r.manifest for r in results.values()]
-            pq.write_table(manifests_table(ms), meta / "summary.parquet")
+            write_table(storage.join(meta, "summary.parquet"), manifests_table(ms))
             return list(results.values())
 
     def fingerprint(self, node: Node, results: dict[str, StageResult]) -> tuple[str, dict]:
@@ -337,7 +338,7 @@ class Runner:
         redo = self.to_redo(node, sd, m["parts"], results) if complete else set()
         if complete and not redo:
             self.log(f"[{name}] up to date ({m['rows']} rows, fingerprint {fp}): skipped")
-            info = read_json(sd.root / "_info.json") or {}
+            info = sd.read_json("_info.json") or {}
             return StageResult(m, "skipped", _with_notes(info, notes))
         if only is not None and name not in only:
             raise RunError(f"stage {name!r} is not up to date with this config, and only "
@@ -371,7 +372,7 @@ class Runner:
         if warn:
             info["warnings"] = [warn]
             self.log(f"[{name}] WARNING: {warn}")
-        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
+        sd.write_json("_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
         self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
                  f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s "
@@ -394,8 +395,9 @@ class Runner:
              ) -> tuple[int, Optional[list[dict]]]:
         """How many parts (and, for the source, each part's spec)."""
         if getattr(node.stage, "source", False):
-            sd.root.mkdir(parents=True, exist_ok=True)
-            specs = node.stage.plan(self.config.source, sd.root / "_plan.parquet")
+            if storage.is_local(sd.root):
+                storage.makedirs(sd.root)
+            specs = node.stage.plan(self.config.source, sd.uri("_plan.parquet"))
             return len(specs), specs
         return results[ancestors(self.dag, node)[0]].manifest["parts"], None
 
@@ -434,7 +436,7 @@ class Runner:
         state = None
         if stage.prepare is not None:
             state = self.executor.call(_prepare, stage, self.config, io, n_parts,
-                                       str(sd.root / "_prepare"), num_gpus=res.num_gpus)
+                                       sd.uri("_prepare"), num_gpus=res.num_gpus)
         if state is None and getattr(stage, "output", None) is None:
             state = {"schema": out_schema}   # a stage whose columns depend on its upstream
         sizes = None if specs is not None else {
@@ -451,11 +453,13 @@ class Runner:
     def finalize(self, stage: type[Stage], sd: StageDir, counts: list[dict]) -> dict:
         if stage.finalize is None:
             return {}
-        tmp = sd.tmp / "finalize"
+        tmp = Path(storage.local_path(sd.tmp)) / "finalize" if storage.is_local(sd.tmp) else \
+            Path(tempfile.mkdtemp(prefix=f"vlcurate-{sd.name}-"))   # a local scratch folder
         tmp.mkdir(parents=True, exist_ok=True)
         ctx = FinalizeCtx(counts=counts, read=TableReader(str(self.run_dir),
                                                           tuple(self.roots.items())),
-                          map=self.executor.map, root=sd.root, tmp_dir=tmp)
+                          map=self.executor.map, tmp_dir=tmp,
+                          root=Path(sd.root) if storage.is_local(sd.root) else sd.root)
         with pinned_threads(self.config.run.intra_op_threads):
             return stage.finalize(self.config, ctx) or {}
 

@@ -66,6 +66,15 @@ def redact(uri: Any) -> Any:
     return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
+def redact_tree(obj: Any) -> Any:
+    """``obj`` (dicts, lists, strings: a config dump) with every URI in it redacted."""
+    if isinstance(obj, dict):
+        return {k: redact_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact_tree(v) for v in obj)
+    return redact(obj)
+
+
 @functools.lru_cache(maxsize=64)
 def _filesystem(key: str) -> pafs.FileSystem:
     if key == "":
@@ -118,10 +127,8 @@ def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: an object store's PUT is; locally a temporary file is
     renamed over the target, so a reader never sees half an object."""
     fs, path = resolve(uri)
-    parent = path.rsplit("/", 1)[0]
-    if parent:
-        fs.create_dir(parent, recursive=True)
     if isinstance(fs, pafs.LocalFileSystem):
+        ensure_parent(fs, path)
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         with fs.open_output_stream(tmp) as f:
             f.write(data)
@@ -129,6 +136,14 @@ def write_bytes(uri: str, data: bytes) -> None:
         return
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def ensure_parent(fs: pafs.FileSystem, path: str) -> None:
+    """Create the folder ``path`` goes in, on a local filesystem only: an object store has no
+    folders (pyarrow would PUT empty marker objects, one per level)."""
+    parent = path.rsplit("/", 1)[0]
+    if parent and isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(parent, recursive=True)
 
 
 def read_json(uri: str) -> Optional[dict]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import pyarrow as pa
 
 from .parts import PartIO, StageCall, commit_empty, pinned_threads, read_inputs
+from . import storage
 from .rundir import StageDir
 
 
@@ -51,8 +52,7 @@ class _RayStageCall(StageCall):
     def __init__(self, stage_cls: type, config: Any, state_path: Optional[str] = None) -> None:
         state = None
         if state_path:
-            with open(state_path, "rb") as fh:
-                state = pickle.load(fh)
+            state = pickle.loads(storage.read_bytes(state_path))
         super().__init__(stage_cls, config, state)
 
 
