@@ -208,18 +208,24 @@ class StageDir:
         return manifest
 
     def sweep(self, committed: set[int]) -> None:
-        """Delete the files of stale attempts: every part folder with no commit record, and, in a
-        committed part, files of another attempt than its record's (one recursive LIST a kind)."""
+        """Delete the files of stale attempts: every part folder with no commit record, and the
+        files its record does not name in a committed part that holds more than one file of a
+        kind (one recursive LIST a kind; a record is read only for such a part)."""
         found: dict[int, list[pafs.FileInfo]] = {}
+        crowded = set()
         for kind in KINDS:
+            seen = set()
             for info in storage.list_files(storage.join(self.root, kind)):
                 m = _PART.match(info.path.rstrip("/").split("/")[-2])
-                if m:
-                    found.setdefault(int(m.group(1)), []).append(info)
+                if m and _FILE.match(info.base_name):
+                    p = int(m.group(1))
+                    found.setdefault(p, []).append(info)
+                    crowded |= {p} & seen
+                    seen.add(p)
         for p, infos in found.items():
             if p not in committed:
                 self._drop(p)
-            elif len({_attempt_of(i.base_name) for i in infos}) > 1:
+            elif p in crowded:
                 named = {n for kind in KINDS for n in self.files(p, kind)} | {LEGACY_RECORD}
                 _delete_files([i for i in infos if i.base_name not in named], self.root)
 
