@@ -75,6 +75,8 @@ def _counting_server(port: int, log: list):
 def s3_server() -> Iterator[S3]:
     """Start moto's server, set the AWS environment for this process (child processes inherit
     it), and restore everything after."""
+    import logging
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port, log = free_port(), []
     server = _counting_server(port, log)
     server.start()
