@@ -468,7 +468,8 @@ class Runner:
         total = functools.reduce(add_counts, counts, empty_counts())
         return {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
-            "config": json.dumps(stage_config(stage, self.config), sort_keys=True),
+            "config": json.dumps(storage.redact_tree(stage_config(stage, self.config)),
+                                 sort_keys=True),
             "parts": len(counts), "parts_reused": reused, "rows": total["rows"],
             "rows_in": total["rows_in"], "rows_kept": total["rows_kept"],
             "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],

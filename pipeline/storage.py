@@ -44,6 +44,10 @@ def local_path(uri: str) -> str:
 
 
 def join(base: str, *parts: str) -> str:
+    """``base/part/...``; a URI's query (``?region=...``) stays at the end."""
+    if not is_local(base) and "?" in str(base):
+        u = urlsplit(str(base))
+        return urlunsplit((u.scheme, u.netloc, join(u.path or "/", *parts), u.query, ""))
     out = str(base).rstrip("/") if str(base) not in ("/", "") else str(base)
     for p in parts:
         p = str(p).strip("/")
@@ -80,7 +84,7 @@ def _filesystem(key: str) -> pafs.FileSystem:
     if key == "":
         return pafs.LocalFileSystem()
     try:
-        fs, _ = pafs.FileSystem.from_uri(key + "/")
+        fs, _ = pafs.FileSystem.from_uri(key)
         return fs
     except (ValueError, OSError) as e:    # pyarrow.ArrowInvalid is a ValueError
         arrow_error = e
@@ -100,8 +104,9 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_local(uri):
         return _filesystem(""), os.path.abspath(local_path(uri))
     u = urlsplit(uri)
-    key = urlunsplit((u.scheme, u.netloc, "", u.query, ""))
-    return _filesystem(key), (u.netloc + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
+    key = urlunsplit((u.scheme, u.netloc, "/", u.query, ""))
+    bucket = u.netloc.rsplit("@", 1)[-1]      # less any KEY:SECRET@ (the client has them)
+    return _filesystem(key), (bucket + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
         else u.path.rstrip("/")
 
 

@@ -90,20 +90,30 @@ def test_a_run_on_s3_then_inspect_and_report(s3, source, tmp_path):
     assert path == storage.join(run_dir, "report.html") and storage.size(path) > 1000
 
 
-def test_credentials_in_a_uri_are_never_recorded(s3, source):
-    """``s3://KEY:SECRET@bucket``: run.json, the manifests and the log carry the redacted URI."""
-    bucket = s3.bucket()
-    plain = f"{bucket}/runs/b"
+def test_credentials_in_a_uri_are_never_recorded(s3, source, capsys):
+    """``s3://KEY:SECRET@bucket``: run.json, the manifests, the log, inspect and report carry the
+    redacted URI."""
+    bucket = s3.bucket().split("//")[1]
+    secret = "SECRETxyz42"
+    run_dir = f"s3://testing:{secret}@{bucket}/runs/b"
     lines: list[str] = []
-    cfg = config(source, plain, **{"export.out_dir": "s3://AKIAXXX:hunter2@elsewhere/x?"
-                                                     "secret_key=hunter2&region=us-east-1"})
+    cfg = config(source, run_dir, **{"export.out_dir": f"s3://k:{secret}@{bucket}/x?region=us-east-1"})
     run(cfg, dag=dag(), executor="local", log=lines.append)
-    texts = [storage.read_bytes(i.path if i.path.startswith("s3://") else "s3://" + i.path)
-             for i in storage.list_files(plain) if i.base_name.endswith(".json")]
-    blob = b"\n".join(texts) + "\n".join(lines).encode()
-    assert b"hunter2" not in blob and b"AKIAXXX" not in blob
+    plain = f"s3://{bucket}/runs/b"
+    written = [storage.read_bytes(storage.join(plain, i.path.split("/runs/b/", 1)[1]))
+               for i in storage.list_files(plain) if i.base_name.endswith(".json")]
+    assert len(written) > 10
+    from vlcurate.pipeline.cli import main
+    assert main(["inspect", run_dir]) == 0
+    assert main(["report", run_dir]) == 0
+    shown = capsys.readouterr().out
+    assert f"s3://***@{bucket}/runs/b" in shown
+    page = storage.read_bytes(storage.join(plain, "report.html"))
+    for blob in (*written, "\n".join(lines).encode(), shown.encode(), page):
+        assert secret.encode() not in blob
     rec = storage.read_json(storage.join(plain, "run.json"))
-    assert rec["config"]["export"]["out_dir"].startswith("s3://***@elsewhere/x?")
+    assert rec["config"]["run"]["run_dir"] == f"s3://***@{bucket}/runs/b"
+    assert rec["config"]["export"]["out_dir"] == f"s3://***@{bucket}/x?region=us-east-1"
 
 
 KILL_SCRIPT = """

@@ -33,6 +33,9 @@ def test_redact_and_schemes():
     assert storage.redact("/local/path") == "/local/path"
     assert storage.is_local("file:///x") and storage.local_path("file:///x") == "/x"
     assert storage.scheme("gs://b/x") == "gs" and storage.join("s3://b/", "x", "y") == "s3://b/x/y"
+    assert storage.join("s3://b/r?region=eu", "x") == "s3://b/r/x?region=eu"
+    assert storage.redact_tree({"a": ["s3://K:S@b/x", 3], "b": "/p"}) == {"a": ["s3://***@b/x", 3],
+                                                                          "b": "/p"}
 
 
 def test_upload_and_download_a_folder(root, tmp_path):
