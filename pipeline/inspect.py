@@ -1,7 +1,6 @@
 """``vlcurate inspect RUN_DIR``: what happened in a run, for a person at a terminal."""
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -48,8 +47,9 @@ def inspect_run(run_dir: Any, examples: int = 3, rows: int = 5, export_dir: Any 
     run_dir = str(run_dir)
     if not is_run_dir(run_dir):
         raise SystemExit(f"error: {display(run_dir)} is not a vlcurate run directory (no run.json)")
-    if export_dir is not None and not storage.exists(storage.join(str(export_dir), "_manifest.json")):
-        raise SystemExit(f"error: {display(export_dir)} is not a finished export (no _manifest.json)")
+    if export_dir is not None and not StageDir(run_dir, "export", export_dir).manifest():
+        raise SystemExit(f"error: {display(export_dir)} is not a finished export "
+                         "(no _manifest.json)")
     cfg = run_config(run_dir)
     out = [f"run: {display(run_dir)}" + (f"  (export: {display(export_dir)})" if export_dir
                                          else "")]

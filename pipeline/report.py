@@ -589,7 +589,8 @@ def render(run_dir: Any, *, sample: int = 8, pairs: int = 8, per_reason: int = 6
          "no stage rejected any row"),
         ("recaptions", "Recaptions beside the original captions", recaptions(r),
          not_run(RC.RECAPTIONS.name, "recaption")),
-        ("concepts", "Concept targets", concepts(r), not_run(CO.CONCEPT_OBJECT_IDS.name, "concepts")),
+        ("concepts", "Concept targets", concepts(r),
+         not_run(CO.CONCEPT_OBJECT_IDS.name, "concepts")),
     ]
     planned, want = [], {}
     for anchor, title, gen, why in sections:

@@ -12,7 +12,7 @@ with no rename anywhere (an object store has none).
                                       ``attempt``, a random id chosen by ``begin``
         _commit/part-00007.json       the commit record of part 7, written last: rows, rows_in,
                                       rows_rejected, reason_counts, and the name and size of every
-                                      file of the part (``files``: {"data": {...}, "rejects": {...}})
+                                      file of the part (``files``: {"data": {..}, "rejects": {..}})
         data/part-00007/rows-000000000-000000999-<attempt>.parquet
                                       the whole part, one file (bytes independent of batch size,
                                       concurrency and executor; only the name carries the attempt)
@@ -32,8 +32,9 @@ counts as recorded) and redoes a damaged one.
 
 Listing: ``committed()`` is one LIST of ``_commit/``; ``read(part)`` is one GET of the record and
 the reads of the named files; ``damaged`` adds one recursive LIST per kind (data, rejects) for the
-sizes, never one per part. Run directories written before this protocol (``data/part-N/_counts.json``
-beside the files, committed by rename) are read as they are; ``begin`` writes their records.
+sizes, never one per part. Run directories written before this protocol
+(``data/part-N/_counts.json`` beside the files, committed by rename) are read as they are;
+``begin`` writes their records.
 """
 from __future__ import annotations
 
@@ -305,7 +306,8 @@ class StageDir:
         one recursive LIST a kind for the sizes, then each part's record and footers."""
         committed = set(self.committed())
         fs, _ = storage.resolve(self.root)
-        sizes = {i.path: i.size for k in KINDS for i in storage.list_files(storage.join(self.root, k))}
+        sizes = {i.path: i.size for k in KINDS
+                 for i in storage.list_files(storage.join(self.root, k))}
         return [p for p in range(n_parts) if p not in committed or not self._intact(p, fs, sizes)]
 
     def _intact(self, part: int, fs: pafs.FileSystem, sizes: dict[str, int]) -> bool:

@@ -4,7 +4,6 @@ stage then a rerun, byte-identical to a clean run with the committed parts reuse
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import subprocess
@@ -131,6 +130,7 @@ run(T.config(T.Path(sys.argv[1]), sys.argv[2], **{"source.rows_per_part": 4}), d
 """
 
 
+@pytest.mark.slow
 def test_killed_mid_stage_on_s3_resumes_identical_to_a_clean_run(s3, source):
     bucket = s3.bucket()
     run_dir, clean = f"{bucket}/runs/killed", f"{bucket}/runs/clean"
