@@ -85,7 +85,7 @@ def _filesystem(key: str) -> pafs.FileSystem:
         return pafs.LocalFileSystem()
     try:
         fs, _ = pafs.FileSystem.from_uri(key)
-        return fs
+        return _delayed_open(fs)
     except (ValueError, OSError) as e:    # pyarrow.ArrowInvalid is a ValueError
         arrow_error = e
     try:
@@ -95,6 +95,15 @@ def _filesystem(key: str) -> pafs.FileSystem:
     except (ImportError, ValueError) as e:
         raise ValueError(f"{redact(key)}: no filesystem opens this URI ({arrow_error}; "
                          f"fsspec: {e})") from None
+
+
+def _delayed_open(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """An S3 filesystem with the same options and ``allow_delayed_open``: a small object is then
+    written with one PUT, not a multipart upload (create, part, complete: three requests)."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    rebuild, (options,) = fs.__reduce__()
+    return rebuild({**options, "allow_delayed_open": True})
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
