@@ -82,12 +82,13 @@ def read_json(uri: Any) -> Optional[dict]:
     return storage.read_json(str(uri))
 
 
-def write_table(uri: Any, table: pa.Table) -> None:
-    """Write a Parquet file (``summary.parquet``) to a path or URI."""
+def write_table(uri: Any, table: pa.Table, **options: Any) -> int:
+    """Write a Parquet file (``summary.parquet``, a part's file) to a path or URI; its size."""
     fs, path = storage.resolve(str(uri))
     storage.ensure_parent(fs, path)
     with fs.open_output_stream(path) as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, **options)
+        return f.tell()
 
 
 def part_name(part: int) -> str:
@@ -407,11 +408,7 @@ def canonical(table: pa.Table) -> pa.Table:
 
 def _write_parquet(table: pa.Table, uri: str) -> int:
     """Write ``table`` (canonical chunks, zstd) to a path or URI; its size in bytes."""
-    fs, path = storage.resolve(uri)
-    storage.ensure_parent(fs, path)
-    with fs.open_output_stream(path) as f:
-        pq.write_table(canonical(table), f, compression="zstd")
-        return f.tell()
+    return write_table(uri, canonical(table), compression="zstd")
 
 
 def _read_parquet(fs: pafs.FileSystem, path: str, columns: Optional[list[str]] = None) -> pa.Table:
