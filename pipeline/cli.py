@@ -11,6 +11,7 @@ from typing import Optional
 from . import storage
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+RUN_DIR_HELP = "a run directory: a folder, or a URI (s3://bucket/prefix, gs://...)"
 
 EXAMPLES = """examples:
   vlcurate demo                                  # render a demo dataset and run the DAG on it
@@ -162,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     _common(d)
     d.set_defaults(fn=cmd_demo)
     i = sub.add_parser("inspect", help="per-stage counts, reject reasons with examples, schemas")
-    i.add_argument("run_dir")
+    i.add_argument("run_dir", help=RUN_DIR_HELP)
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
     i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
     i.add_argument("--export", default=None, metavar="DIR",
@@ -170,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.set_defaults(fn=cmd_inspect)
     rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
                         "of hard pairs, rejects by reason, recaptions")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", help=RUN_DIR_HELP)
     rp.add_argument("--out", default=None, help="HTML file to write (RUN_DIR/report.html)")
     rp.add_argument("--sample", type=int, default=8, help="random targets / rows per section (8)")
     rp.add_argument("--seed", type=int, default=0, help="seed of every random choice (0)")
@@ -179,7 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rp.set_defaults(fn=cmd_report)
     e = sub.add_parser("export", help="re-export a finished run with another keep policy "
                        "(no stage is recomputed)")
-    e.add_argument("run_dir")
+    e.add_argument("run_dir", help=RUN_DIR_HELP)
     e.add_argument("--out", default=None, help="write this export here instead of RUN_DIR/export")
     _common(e)
     e.set_defaults(fn=cmd_export)
