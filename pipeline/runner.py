@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -460,8 +461,12 @@ class Runner:
                                                           tuple(self.roots.items())),
                           map=self.executor.map, tmp_dir=tmp,
                           root=Path(sd.root) if storage.is_local(sd.root) else sd.root)
-        with pinned_threads(self.config.run.intra_op_threads):
-            return stage.finalize(self.config, ctx) or {}
+        try:
+            with pinned_threads(self.config.run.intra_op_threads):
+                return stage.finalize(self.config, ctx) or {}
+        finally:
+            if not storage.is_local(sd.tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def manifest(self, name: str, fp: str, upstream: dict, stage: type[Stage], counts: list[dict],
                  reused: int, t0: float, started: str) -> dict:
