@@ -115,7 +115,10 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     u = urlsplit(uri)
     key = urlunsplit((u.scheme, u.netloc, "/", u.query, ""))
     bucket = u.netloc.rsplit("@", 1)[-1]      # less any KEY:SECRET@ (the client has them)
-    return _filesystem(key), (bucket + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
+    fs = _filesystem(key)
+    if isinstance(fs, pafs.PyFileSystem):     # fsspec's: its own idea of the path
+        return fs, fs.handler.fs._strip_protocol(f"{u.scheme}://{bucket}{u.path}").rstrip("/")
+    return fs, (bucket + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
         else u.path.rstrip("/")
 
 

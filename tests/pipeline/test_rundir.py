@@ -1,5 +1,5 @@
-"""The commit protocol of pipeline/rundir.py on a local folder and on a real S3 HTTP endpoint
-(moto on loopback): attempt-unique files, commit records written last, stale attempts ignored and
+"""The commit protocol of pipeline/rundir.py on a local folder, on a real S3 HTTP endpoint
+(moto on loopback) and on an fsspec filesystem (``memory://``): attempt-unique files, commit records written last, stale attempts ignored and
 swept, idempotent re-commits, damage found from the records, and no LIST per part per read."""
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from vlcurate.pipeline.rundir import StageDir, fragment_name, without_attempt
 from vlcurate.schemas import F, tables
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "fsspec"])
 def run_dir(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "run")
+    if request.param == "fsspec":      # a filesystem pyarrow does not open: fsspec's in memory
+        return f"memory://{tmp_path.name}/runs/a"
     return request.getfixturevalue("s3").bucket() + "/runs/a"
 
 
