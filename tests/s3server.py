@@ -25,9 +25,9 @@ def free_port() -> int:
 class S3:
     def __init__(self, endpoint: str, log: list | None = None) -> None:
         self.endpoint = endpoint
-        self.log = log if log is not None else []   # (method, path, query) of every request
+        self.log = log if log is not None else []   # (method, path, query, range) a request
 
-    def lists(self, since: int = 0) -> list[tuple[str, str, str]]:
+    def lists(self, since: int = 0) -> list[tuple[str, ...]]:
         """The LIST requests (ListObjects/ListObjectsV2: a GET of a bucket) made since
         ``len(self.log)`` was ``since``."""
         return [r for r in self.log[since:] if r[0] == "GET" and r[1].strip("/").count("/") == 0
@@ -62,7 +62,7 @@ def _counting_server(port: int, log: list):
 
             def counted(environ, start_response):
                 log.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                            environ.get("QUERY_STRING", "")))
+                            environ.get("QUERY_STRING", ""), environ.get("HTTP_RANGE", "")))
                 return app(environ, start_response)
             self._server = make_server(self._ip_address, self._port, counted, True,
                                        request_handler=MotoRequestHandler)

@@ -58,8 +58,8 @@ def main() -> None:
     print("S3 requests of one run:", dict(sorted(reqs.items())))
 
 
-def _kind(r: tuple[str, str, str]) -> str:
-    method, path, _ = r
+def _kind(r: tuple[str, ...]) -> str:
+    method, path = r[0], r[1]
     if method == "GET" and path.strip("/").count("/") == 0:
         return "LIST"
     return method
