@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from . import storage
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+RUN_DIR_HELP = "a run directory: a folder, or a URI (s3://bucket/prefix, gs://...)"
 
 EXAMPLES = """examples:
   vlcurate demo                                  # render a demo dataset and run the DAG on it
@@ -56,10 +59,11 @@ def _run(config, executor: str, only=None) -> int:
     print(format_summary(results))
     for r in results:
         if r.info.get("shards") is not None:
-            root = Path(config.export.out_dir or Path(config.run.run_dir) / "export")
+            root = config.export.out_dir or storage.join(config.run.run_dir, "export")
             print(f"\n{r.info['samples']} samples in {r.info['shards']} WebDataset shards: "
-                  f"{root / 'shards'}\nannotated Parquet: {root / 'data'}\n"
-                  f"inspect: vlcurate inspect {config.run.run_dir}")
+                  f"{storage.redact(storage.join(root, 'shards'))}\nannotated Parquet: "
+                  f"{storage.redact(storage.join(root, 'data'))}\n"
+                  f"inspect: vlcurate inspect {storage.redact(config.run.run_dir)}")
     return 1 if problems(results) else 0
 
 
@@ -85,14 +89,17 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 def cmd_export(a: argparse.Namespace) -> int:
     from . import config as C
-    run_json = Path(a.run_dir) / "run.json"
-    if not run_json.exists():
-        print(f"error: {a.run_dir} is not a vlcurate run directory (no run.json)", file=sys.stderr)
+    run_json = storage.read_json(storage.join(a.run_dir, "run.json"))
+    if run_json is None:
+        print(f"error: {storage.redact(a.run_dir)} is not a vlcurate run directory (no run.json)",
+              file=sys.stderr)
         return 2
-    data = json.loads(run_json.read_text())["config"]
-    overrides = C.parse_overrides(a.overrides)
+    data = run_json["config"]
+    # the run directory as given here: run.json records it redacted (no credentials in it)
+    overrides = {"run.run_dir": a.run_dir, **C.parse_overrides(a.overrides)}
     if a.out:
-        overrides["export.out_dir"] = str(Path(a.out).resolve())
+        overrides["export.out_dir"] = str(Path(a.out).resolve()) if storage.is_local(a.out) \
+            else a.out
     cfg = C.from_dict(data)
     cfg = cfg.replace(**overrides) if overrides else cfg
     return _run(cfg, a.executor, only={"export"})
@@ -117,21 +124,21 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .inspect import inspect_run
-    print(inspect_run(Path(a.run_dir), examples=a.examples, rows=a.rows,
-                      export_dir=Path(a.export) if a.export else None))
+    print(inspect_run(a.run_dir, examples=a.examples, rows=a.rows, export_dir=a.export))
     return 0
 
 
 def cmd_report(a: argparse.Namespace) -> int:
     from .report import ReportError, write_report
     try:
-        path, info = write_report(Path(a.run_dir), a.out, sample=a.sample, seed=a.seed,
+        path, info = write_report(a.run_dir, a.out, sample=a.sample, seed=a.seed,
                                   stats_rows=a.stats_rows)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     absent = f"; not in this run: {', '.join(info['absent'])}" if info["absent"] else ""
-    print(f"report: {path} ({info['bytes'] / 1e3:.0f} kB, {info['seconds']:.1f}s){absent}")
+    print(f"report: {storage.redact(str(path))} ({info['bytes'] / 1e3:.0f} kB, "
+          f"{info['seconds']:.1f}s){absent}")
     return 0
 
 
@@ -156,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     _common(d)
     d.set_defaults(fn=cmd_demo)
     i = sub.add_parser("inspect", help="per-stage counts, reject reasons with examples, schemas")
-    i.add_argument("run_dir")
+    i.add_argument("run_dir", help=RUN_DIR_HELP)
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
     i.add_argument("--rows", type=int, default=5, help="rows of the annotated table to show (5)")
     i.add_argument("--export", default=None, metavar="DIR",
@@ -164,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.set_defaults(fn=cmd_inspect)
     rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
                         "of hard pairs, rejects by reason, recaptions")
-    rp.add_argument("run_dir")
+    rp.add_argument("run_dir", help=RUN_DIR_HELP)
     rp.add_argument("--out", default=None, help="HTML file to write (RUN_DIR/report.html)")
     rp.add_argument("--sample", type=int, default=8, help="random targets / rows per section (8)")
     rp.add_argument("--seed", type=int, default=0, help="seed of every random choice (0)")
@@ -173,7 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rp.set_defaults(fn=cmd_report)
     e = sub.add_parser("export", help="re-export a finished run with another keep policy "
                        "(no stage is recomputed)")
-    e.add_argument("run_dir")
+    e.add_argument("run_dir", help=RUN_DIR_HELP)
     e.add_argument("--out", default=None, help="write this export here instead of RUN_DIR/export")
     _common(e)
     e.set_defaults(fn=cmd_export)

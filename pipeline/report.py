@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from vlcurate.schemas import F
@@ -39,7 +40,8 @@ from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 
-from .inspect import run_config, stage_dir, stage_names
+from . import storage
+from .inspect import display, is_run_dir, run_config, stage_dir, stage_names
 from .rundir import StageDir, read_json
 
 PART_COL = "_report_part"
@@ -49,9 +51,9 @@ PART_COL = "_report_part"
 class RunData:
     """The run's stage folders, their schemas and manifests, and a seeded sample of parts."""
 
-    def __init__(self, run_dir: Path, stats_rows: int, seed: int) -> None:
-        if not (run_dir / "run.json").exists():
-            raise ReportError(f"{run_dir} is not a vlcurate run directory (no run.json)")
+    def __init__(self, run_dir: str, stats_rows: int, seed: int) -> None:
+        if not is_run_dir(run_dir):
+            raise ReportError(f"{display(run_dir)} is not a vlcurate run directory (no run.json)")
         self.run_dir = run_dir
         self.config = run_config(run_dir)
         self.names = stage_names(run_dir)
@@ -162,21 +164,22 @@ class Images:
 
     def _from_shards(self, ids: dict[str, Optional[int]]) -> None:
         exp = self.data.dirs.get("export")
-        index = exp.root / "shards" / "index" if exp else None
-        if index is None or not index.exists():
+        index = exp.uri("shards", "index") if exp else None
+        if index is None or not storage.exists(index):
             return
+        fs, index_path = storage.resolve(index)
         cols = [F.SAMPLE_ID.name, F.SH_NAME.name, "jpg_offset", "jpg_size", "txt_offset",
                 "txt_size"]
-        t = ds.dataset(index, format="parquet").to_table(
+        t = ds.dataset(index_path, format="parquet", filesystem=fs).to_table(
             columns=cols, filter=pc.field(F.SAMPLE_ID.name).isin(list(ids)))
         by_shard: dict[str, list[dict]] = defaultdict(list)
         for r in t.to_pylist():
             by_shard[r[F.SH_NAME.name]].append(r)
         for shard, rows in by_shard.items():
-            path = exp.root / "shards" / shard
-            if not path.exists():
+            path = storage.resolve(exp.uri("shards", shard))[1]
+            if fs.get_file_info(path).type != pafs.FileType.File:
                 continue
-            with open(path, "rb") as fh:
+            with fs.open_input_file(path) as fh:     # byte ranges: never the whole shard
                 for r in sorted(rows, key=lambda r: r["jpg_offset"]):
                     fh.seek(r["jpg_offset"])
                     jpg = fh.read(r["jpg_size"])
@@ -454,20 +457,19 @@ def neighbour_grid(r: Report, ids_f: pa.Field, scores_f: pa.Field, extra_f: Opti
 
 def rejected_examples(r: Report, per_reason: int, max_rows: int = 200_000) -> Section:
     d = r.data
-    stages = [n for n in d.names if n != "export" and d.dirs[n].rejects.exists()
+    stages = [n for n in d.names if n != "export"
               and (d.manifests.get(n) or {}).get("rows_rejected")]
     if not stages:
         return None
     want = {(n, code): cnt for n in stages for code, cnt in d.manifests[n]["reason_counts"].items()}
     found: dict[tuple, list[dict]] = defaultdict(list)
     read = 0
-    order = [(n, p) for n in stages for p in sorted(d.dirs[n].rejects.glob("part-*"))]
+    order = [(n, p) for n in stages for p in _parts_with_rejects(d.dirs[n])]
     for k in d.rng.permutation(len(order)):
-        n, pdir = order[k]
-        t = ds.dataset(pdir, format="parquet").to_table(
-            columns=[F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name])
+        n, part = order[k]
+        t = d.dirs[n].read(part, [F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name],
+                           kind="rejects")
         read += t.num_rows
-        part = int(pdir.name.split("-")[1])
         rows = t.to_pylist()
         for j in d.rng.permutation(len(rows)):
             row = rows[j]
@@ -487,6 +489,12 @@ def rejected_examples(r: Report, per_reason: int, max_rows: int = 200_000) -> Se
                    f'stage {esc(n)})</span></h3>'
                    f'<div class="row">{cards}</div>')
     return "".join(out)
+
+
+def _parts_with_rejects(sd: StageDir) -> list[int]:
+    """The committed parts that have rejects (one LIST of the stage's rejects folder)."""
+    listed = {int(i.path.split("/")[-2].split("-")[1]) for i in storage.list_files(sd.rejects)}
+    return sorted(listed & set(sd.committed()))
 
 
 def recaptions(r: Report) -> Section:
@@ -522,10 +530,11 @@ def concepts(r: Report) -> Section:
     if t is None:
         return None
     stage = r.data.where(CO.CONCEPT_OBJECT_IDS)
-    vocab_path = r.data.dirs[stage].root / "vocab.parquet"
+    fs, vocab_path = storage.resolve(r.data.dirs[stage].uri("vocab.parquet"))
     names: dict[tuple[str, int], str] = {}
-    if vocab_path.exists():
-        v = pq.read_table(vocab_path, columns=[CO.V_KIND.name, CO.V_ID.name, CO.V_SYNSET.name])
+    if fs.get_file_info(vocab_path).type == pafs.FileType.File:
+        v = pq.read_table(vocab_path, filesystem=fs,
+                          columns=[CO.V_KIND.name, CO.V_ID.name, CO.V_SYNSET.name])
         names = {(k, i): s for k, i, s in zip(*(v.column(c).to_pylist() for c in v.column_names))}
     chosen = r.pick_nonempty(t, CO.CONCEPT_OBJECT_IDS)
     if not chosen:
@@ -560,28 +569,28 @@ def random_weight_notes(d: RunData) -> list[str]:
 
 
 # --- the page ----------------------------------------------------------------------------------
-def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: int = 6,
+def render(run_dir: Any, *, sample: int = 8, pairs: int = 8, per_reason: int = 6,
            thumb: int = 112, stats_rows: int = 200_000, seed: int = 0) -> tuple[str, dict]:
     """The report's HTML and a summary (sections shown and absent, rows sampled, timings)."""
     t0 = time.time()
-    d = RunData(Path(run_dir), stats_rows, seed)
+    d = RunData(str(run_dir), stats_rows, seed)
     r = Report(d, Images(d, thumb), sample, pairs, thumb)
     r.section("funnel", "Funnel", funnel(r), "no stage has a manifest")
     histograms(r)
+    not_run = "no stage table has the column {} (the {} stage did not run)".format
     sections = [
         ("hard-pairs", "Hard pairs of random targets",
          neighbour_grid(r, M.HARD_IDS, M.HARD_SCORES, None, "hard pairs"),
-         f"no stage table has the column {M.HARD_IDS.name} (the hpm stage did not run)"),
+         not_run(M.HARD_IDS.name, "hpm")),
         ("positives", "Positives of random targets (FFF / near-duplicates)",
          neighbour_grid(r, M.POSITIVE_IDS, M.POSITIVE_SCORES, M.POSITIVE_RELATIONS, "positives"),
-         f"no stage table has the column {M.POSITIVE_IDS.name} (the positives stage did not run)"),
+         not_run(M.POSITIVE_IDS.name, "positives")),
         ("rejected", "Rejected examples by reason", rejected_examples(r, per_reason),
          "no stage rejected any row"),
         ("recaptions", "Recaptions beside the original captions", recaptions(r),
-         f"no stage table has the column {RC.RECAPTIONS.name} (the recaption stage did not run)"),
+         not_run(RC.RECAPTIONS.name, "recaption")),
         ("concepts", "Concept targets", concepts(r),
-         f"no stage table has the column {CO.CONCEPT_OBJECT_IDS.name} "
-         "(the concepts stage did not run)"),
+         not_run(CO.CONCEPT_OBJECT_IDS.name, "concepts")),
     ]
     planned, want = [], {}
     for anchor, title, gen, why in sections:
@@ -590,20 +599,32 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
         except StopIteration as done:   # nothing to show, or nothing that needs an image
             planned.append((anchor, title, None, done.value, why))
             continue
-        for i, p in ids.items():
-            if want.get(i) is None:
-                want[i] = p
+        want.update({i: p for i, p in ids.items() if want.get(i) is None})
         planned.append((anchor, title, gen, None, why))
     items = r.images.fetch(want)
     for anchor, title, gen, content, why in planned:
-        if gen is not None:
-            try:
-                gen.send(items)
-                raise AssertionError(f"section {anchor} yielded twice")
-            except StopIteration as done:
-                content = done.value
-        r.section(anchor, title, content, why)
-    head = [f"<h1>vlcurate report</h1><div class='meta'>run <code>{esc(d.run_dir.resolve())}</code>"
+        r.section(anchor, title, content if gen is None else _finish(gen, items, anchor), why)
+    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>vlcurate report: "
+            f"{esc(d.run_dir.rstrip('/').rsplit('/', 1)[-1])}</title><style>{CSS}</style></head>"
+            "<body>" + "".join(_head(r, seed)) + "".join(r.body) + "</body></html>")
+    info = {"shown": r.shown, "absent": [t for t, _ in r.absent], "stat_parts": len(d.stat_parts),
+            "parts": len(d.parts), "ingest_parts_read": r.images.parts_read,
+            "seconds": round(time.time() - t0, 3)}
+    return page, info
+
+
+def _finish(gen: Generator, items: dict, anchor: str) -> Optional[str]:
+    """Send a section the images it asked for; its content."""
+    try:
+        gen.send(items)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError(f"section {anchor} yielded twice")
+
+
+def _head(r: Report, seed: int) -> list[str]:
+    d = r.data
+    head = [f"<h1>vlcurate report</h1><div class='meta'>run <code>{esc(display(d.run_dir))}</code>"
             f" · stages {esc(', '.join(d.names))} · generated "
             f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}</div>"]
     ing, exp = d.manifests.get("ingest"), d.manifests.get("export")
@@ -612,7 +633,7 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
         line.append(f"{ing['rows']} source rows")
     if exp:
         line.append(f"{exp['rows_kept']} kept by the export policy")
-        sm = read_json(d.dirs["export"].root / "shards" / "manifest.json")
+        sm = read_json(d.dirs["export"].uri("shards", "manifest.json"))
         if sm:
             line.append(f"{sm['samples']} samples in {sm['shards']} shards "
                         f"(drop={esc(sm['policy']['drop'])})")
@@ -625,25 +646,18 @@ def render(run_dir: str | Path, *, sample: int = 8, pairs: int = 8, per_reason: 
     if r.absent:
         head.append("<p class='absent'><b>Not in this run:</b></p><ul class='absent'>" + "".join(
             f"<li>{esc(t)}: {esc(w)}</li>" for t, w in r.absent) + "</ul>")
-    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>vlcurate report: "
-            f"{esc(d.run_dir.name)}</title><style>{CSS}</style></head><body>"
-            + "".join(head) + "".join(r.body) + "</body></html>")
-    info = {"shown": r.shown, "absent": [t for t, _ in r.absent], "stat_parts": len(d.stat_parts),
-            "parts": len(d.parts), "ingest_parts_read": r.images.parts_read,
-            "seconds": round(time.time() - t0, 3)}
-    return page, info
+    return head
 
 
-def write_report(run_dir: str | Path, out: Optional[str | Path] = None,
-                 **kw: Any) -> tuple[Path, dict]:
+def write_report(run_dir: Any, out: Any = None, **kw: Any) -> tuple[Any, dict]:
+    """Render and write the report (a path or URI; default: report.html in the run directory);
+    (where it went: a Path when local, else the URI, and the summary with its size)."""
     page, info = render(run_dir, **kw)
-    path = Path(out) if out else Path(run_dir) / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    info["bytes"] = path.stat().st_size
-    return path, info
+    uri = str(out) if out else storage.join(str(run_dir), "report.html")
+    data = page.encode("utf-8")
+    storage.write_bytes(uri, data)
+    info["bytes"] = len(data)
+    return (Path(storage.local_path(uri)) if storage.is_local(uri) else uri), info
 
 
 __all__ = ["render", "write_report", "svg_histogram", "thumbnail", "ReportError"]

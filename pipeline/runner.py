@@ -16,10 +16,8 @@ import os
 import pickle
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from vlcurate.stages.base import Kind, Stage, StageConfig
@@ -32,7 +30,7 @@ from .executors.tasks import TableReader, Workdir, prepare_step, workdir_for
 from .params import DEFAULT_RESOURCES, Resources
 from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
     write_null_part
-from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json
+from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json, write_table
 from .versions import versions
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -138,22 +136,21 @@ class FinalizeCtx:
 
 # --- the run ----------------------------------------------------------------------------------------
 class RunLock:
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.path = storage.join(run_dir, ".lock")
 
     def __enter__(self) -> "RunLock":
         other = read_json(self.path)
         if other and other.get("pid") != os.getpid() and _alive(other.get("pid")):
-            raise RunError(f"{self.path.parent} is in use by another vlcurate run (pid "
-                           f"{other['pid']}); wait for it or remove {self.path} if it is stale")
+            raise RunError(f"{storage.redact(self.run_dir)} is in use by another vlcurate run "
+                           f"(pid {other['pid']}); wait for it or remove "
+                           f"{storage.redact(self.path)} if it is stale")
         write_json(self.path, {"pid": os.getpid(), "since": now()})
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        storage.delete(self.path)
 
 
 def _alive(pid: Any) -> bool:
@@ -172,7 +169,7 @@ class Runner:
         self.executor_name = executor
         self._executor = None
         self.log = log
-        self.run_dir = Path(config.run.run_dir)
+        self.run_dir = str(config.run.run_dir)
         self.roots = {"export": config.export.out_dir} if config.export.out_dir else {}
         self.speed = C.speed_only(self.dag)
 
@@ -190,16 +187,18 @@ class Runner:
         return StageDir(self.run_dir, name, self.roots.get(name))
 
     def run(self, only: Optional[set[str]] = None) -> list[StageResult]:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         # a re-export elsewhere (`vlcurate export --out DIR`) records itself in DIR: what the run
         # itself reports (its run.json and summary) never changes
-        meta = Path(self.roots["export"]) if only and "export" in self.roots else self.run_dir
-        meta.mkdir(parents=True, exist_ok=True)
-        record = {"config": C.to_dict(self.config), "dag": [n.name for n in self.dag],
+        meta = str(self.roots["export"]) if only and "export" in self.roots else self.run_dir
+        for d in {self.run_dir, meta}:
+            if storage.is_local(d):
+                storage.makedirs(d)
+        record = {"config": storage.redact_tree(C.to_dict(self.config)),
+                  "dag": [n.name for n in self.dag],
                   "started_at": now(), "versions": versions()}
         with RunLock(self.run_dir):
             if meta == self.run_dir:       # first, so that a run in progress can be inspected
-                write_json(meta / "run.json", record)
+                write_json(storage.join(meta, "run.json"), record)
             results: dict[str, StageResult] = {}
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
@@ -208,9 +207,9 @@ class Runner:
                 if stop:
                     raise RunError(stop)
             if meta != self.run_dir:       # after, since the export stage resets its folder
-                write_json(meta / "run.json", record)
+                write_json(storage.join(meta, "run.json"), record)
             ms = [r.manifest for r in results.values()]
-            pq.write_table(manifests_table(ms), meta / "summary.parquet")
+            write_table(storage.join(meta, "summary.parquet"), manifests_table(ms))
             return list(results.values())
 
     def fingerprint(self, node: Node, results: dict[str, StageResult]) -> tuple[str, dict]:
@@ -262,7 +261,7 @@ class Runner:
         redo = self.to_redo(node, sd, m["parts"], results) if complete else set()
         if complete and not redo:
             self.log(f"[{name}] up to date ({m['rows']} rows, fingerprint {fp}): skipped")
-            info = read_json(sd.root / "_info.json") or {}
+            info = sd.read_json("_info.json") or {}
             return StageResult(m, "skipped", _with_notes(info, notes))
         if only is not None and name not in only:
             raise RunError(f"stage {name!r} is not up to date with this config, and only "
@@ -296,7 +295,7 @@ class Runner:
         if warn:
             info["warnings"] = [warn]
             self.log(f"[{name}] WARNING: {warn}")
-        write_json(sd.root / "_info.json", info)   # what finalize said, for later up-to-date runs
+        sd.write_json("_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
         self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
                  f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s "
@@ -319,9 +318,9 @@ class Runner:
              ) -> tuple[int, Optional[list[dict]]]:
         """How many parts (and, for the source, each part's spec)."""
         if node.stage.kind == Kind.SOURCE:
-            storage.makedirs(str(sd.root))
-            specs = node.stage.plan(self.view(node.stage),
-                                    storage.join(str(sd.root), "_plan.parquet"))
+            if storage.is_local(sd.root):
+                storage.makedirs(sd.root)
+            specs = node.stage.plan(self.view(node.stage), sd.uri("_plan.parquet"))
             return len(specs), specs
         return results[ancestors(self.dag, node)[0]].manifest["parts"], None
 
@@ -381,7 +380,7 @@ class Runner:
             return None, None
         state = self.executor.call(prepare_step, node.stage, self.view(node.stage), io, n_parts,
                                    self.workdir(sd), num_gpus=res.num_gpus)
-        uri = storage.join(str(sd.root), "_state.pkl")
+        uri = sd.uri("_state.pkl")
         storage.write_bytes(uri, pickle.dumps(state))
         return state, uri
 
@@ -389,8 +388,9 @@ class Runner:
         return workdir_for(str(sd.root), (sd.attempt() or {}).get("fingerprint", "none"))
 
     def finalize(self, stage: type[Stage], sd: StageDir, counts: list[dict]) -> dict:
-        tmp = storage.join(str(sd.root), "_tmp", "finalize")
-        storage.makedirs(tmp)
+        tmp = sd.uri("_tmp/finalize")
+        if storage.is_local(tmp):
+            storage.makedirs(tmp)
         workdir = self.workdir(sd)
         ctx = FinalizeCtx(counts=counts, read=TableReader(str(self.run_dir),
                                                           tuple(self.roots.items())),
@@ -404,7 +404,8 @@ class Runner:
         total = functools.reduce(add_counts, counts, empty_counts())
         return {
             "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
-            "config": json.dumps(stage_config(stage, self.config, self.speed), sort_keys=True),
+            "config": json.dumps(storage.redact_tree(stage_config(stage, self.config, self.speed)),
+                                 sort_keys=True),
             "parts": len(counts), "parts_reused": reused, "rows": total["rows"],
             "rows_in": total["rows_in"], "rows_kept": total["rows_kept"],
             "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],

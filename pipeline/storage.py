@@ -44,6 +44,10 @@ def local_path(uri: str) -> str:
 
 
 def join(base: str, *parts: str) -> str:
+    """``base/part/...``; a URI's query (``?region=...``) stays at the end."""
+    if not is_local(base) and "?" in str(base):
+        u = urlsplit(str(base))
+        return urlunsplit((u.scheme, u.netloc, join(u.path or "/", *parts), u.query, ""))
     out = str(base).rstrip("/") if str(base) not in ("/", "") else str(base)
     for p in parts:
         p = str(p).strip("/")
@@ -66,13 +70,22 @@ def redact(uri: Any) -> Any:
     return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
+def redact_tree(obj: Any) -> Any:
+    """``obj`` (dicts, lists, strings: a config dump) with every URI in it redacted."""
+    if isinstance(obj, dict):
+        return {k: redact_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact_tree(v) for v in obj)
+    return redact(obj)
+
+
 @functools.lru_cache(maxsize=64)
 def _filesystem(key: str) -> pafs.FileSystem:
     if key == "":
         return pafs.LocalFileSystem()
     try:
-        fs, _ = pafs.FileSystem.from_uri(key + "/")
-        return fs
+        fs, _ = pafs.FileSystem.from_uri(key)
+        return _delayed_open(fs)
     except (ValueError, OSError) as e:    # pyarrow.ArrowInvalid is a ValueError
         arrow_error = e
     try:
@@ -84,6 +97,15 @@ def _filesystem(key: str) -> pafs.FileSystem:
                          f"fsspec: {e})") from None
 
 
+def _delayed_open(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """An S3 filesystem with the same options and ``allow_delayed_open``: a small object is then
+    written with one PUT, not a multipart upload (create, part, complete: three requests)."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    rebuild, (options,) = fs.__reduce__()
+    return rebuild({**options, "allow_delayed_open": True})
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a path or URI. Filesystems are cached per scheme and
     authority (bucket), so resolving many paths of one bucket makes one client."""
@@ -91,8 +113,12 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_local(uri):
         return _filesystem(""), os.path.abspath(local_path(uri))
     u = urlsplit(uri)
-    key = urlunsplit((u.scheme, u.netloc, "", u.query, ""))
-    return _filesystem(key), (u.netloc + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
+    key = urlunsplit((u.scheme, u.netloc, "/", u.query, ""))
+    bucket = u.netloc.rsplit("@", 1)[-1]      # less any KEY:SECRET@ (the client has them)
+    fs = _filesystem(key)
+    if isinstance(fs, pafs.PyFileSystem):     # fsspec's: its own idea of the path
+        return fs, fs.handler.fs._strip_protocol(f"{u.scheme}://{bucket}{u.path}").rstrip("/")
+    return fs, (bucket + u.path).rstrip("/") if scheme(uri) in ("s3", "gs", "gcs") \
         else u.path.rstrip("/")
 
 
@@ -118,10 +144,8 @@ def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: an object store's PUT is; locally a temporary file is
     renamed over the target, so a reader never sees half an object."""
     fs, path = resolve(uri)
-    parent = path.rsplit("/", 1)[0]
-    if parent:
-        fs.create_dir(parent, recursive=True)
     if isinstance(fs, pafs.LocalFileSystem):
+        ensure_parent(fs, path)
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         with fs.open_output_stream(tmp) as f:
             f.write(data)
@@ -129,6 +153,14 @@ def write_bytes(uri: str, data: bytes) -> None:
         return
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def ensure_parent(fs: pafs.FileSystem, path: str) -> None:
+    """Create the folder ``path`` goes in, on a local filesystem only: an object store has no
+    folders (pyarrow would PUT empty marker objects, one per level)."""
+    parent = path.rsplit("/", 1)[0]
+    if parent and isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(parent, recursive=True)
 
 
 def read_json(uri: str) -> Optional[dict]:
@@ -166,6 +198,36 @@ def delete(uri: str) -> None:
         fs.delete_dir(path)
     elif info.type == pafs.FileType.File:
         fs.delete_file(path)
+
+
+def list_files(uri: str) -> list[pafs.FileInfo]:
+    """Every file under ``uri``, recursively (one paginated LIST on an object store); [] when it
+    is absent."""
+    fs, path = resolve(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+    return [i for i in infos if i.type == pafs.FileType.File]
+
+
+def upload_dir(local_dir: str, uri: str) -> None:
+    """Copy the folder ``local_dir`` (recursively) to ``uri``, a path or URI; nothing to do when
+    they are the same place."""
+    _copy_tree(local_dir, uri)
+
+
+def download_dir(uri: str, local_dir: str) -> None:
+    """Copy everything under ``uri`` to the local folder ``local_dir`` (created if needed)."""
+    _copy_tree(uri, local_dir)
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    sfs, spath = resolve(src)
+    dfs, dpath = resolve(dst)
+    if is_local(src) and is_local(dst) and os.path.realpath(spath) == os.path.realpath(dpath):
+        return
+    dfs.create_dir(dpath, recursive=True)
+    if not list_files(src):      # copy_files refuses an empty or missing source
+        return
+    pafs.copy_files(spath, dpath, source_filesystem=sfs, destination_filesystem=dfs)
 
 
 def forget_clients() -> None:

@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from vlcurate.pipeline.rundir import StageDir
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "deploy" / "local_cluster.sh"
 SUBMIT = REPO / "deploy" / "submit.sh"
@@ -119,8 +121,7 @@ def test_demo_job_on_a_two_node_cluster(cluster, tmp_path):
         assert m["rows"] == n_records                               # co-partitioned: every row
         assert m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
         assert m["parts"] == n_parts
-        parts = sorted((run_dir / row["stage"] / "data").glob("part-*"))
-        assert len(parts) == n_parts and all((p / "_counts.json").exists() for p in parts)
+        assert StageDir(str(run_dir), row["stage"]).committed() == list(range(n_parts))
     ingest = json.loads((run_dir / "ingest" / "_manifest.json").read_text())
     assert set(ingest["reason_counts"]) == {
         "ingest.missing_file", "ingest.truncated_image", "ingest.undecodable_image",

@@ -30,6 +30,7 @@ from vlcurate.pipeline import config as C
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBE = DEPLOY / "kuberay"
+KUBE_S3 = DEPLOY / "kuberay-s3"
 
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)"
                       r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(\d+(\.\d*)?|\.\d+)))?$")
@@ -39,12 +40,12 @@ VOLUME_SOURCES = {"persistentVolumeClaim", "configMap", "emptyDir", "secret", "h
                   "csi", "projected", "ephemeral"}
 
 
-def docs(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((KUBE / name).read_text()) if d]
+def docs(name: str, folder: Path = KUBE) -> list[dict]:
+    return [d for d in yaml.safe_load_all((folder / name).read_text()) if d]
 
 
-def kind(name: str, k: str) -> dict:
-    found = [d for d in docs(name) if d.get("kind") == k]
+def kind(name: str, k: str, folder: Path = KUBE) -> dict:
+    found = [d for d in docs(name, folder) if d.get("kind") == k]
     assert len(found) == 1, f"{name}: expected one {k}"
     return found[0]
 
@@ -317,6 +318,64 @@ def test_core_objects_against_the_kubernetes_schemas():
         bad["containers"][0]["resources"]["limits"]["cpu"] = {"many": 8}
         kv.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": bad},
                     version, strict=True)
+
+
+# --- the variant whose run directory is a bucket (deploy/kuberay-s3) ----------------------------
+def s3_job() -> dict:
+    return kind("rayjob.yaml", "RayJob", KUBE_S3)
+
+
+def test_the_s3_rayjob_is_the_same_cluster_without_a_shared_volume():
+    job = s3_job()
+    assert check_rayjob(job) == []
+    assert job["spec"]["entrypoint"] == "vlcurate run /config/config.yaml"
+    posix = kind("rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]
+    spec = job["spec"]["rayClusterSpec"]
+    assert {k: v for k, v in spec.items() if k not in ("headGroupSpec", "workerGroupSpecs")} == \
+        {k: v for k, v in posix.items() if k not in ("headGroupSpec", "workerGroupSpecs")}
+    config = {d["kind"]: d for d in docs("config.yaml", KUBE_S3)}
+    sa, cm = config["ServiceAccount"], config["ConfigMap"]
+    for group, pod in pods(spec).items():
+        twin = pods(posix)[group]
+        c, tc = pod["containers"][0], twin["containers"][0]
+        assert (c["image"], c["resources"], pod.get("tolerations")) == \
+            (tc["image"], tc["resources"], twin.get("tolerations")), group
+        assert not any("persistentVolumeClaim" in v for v in pod["volumes"]), group
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert set(mounts) == {"/config", "/dev/shm"}, group
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols[mounts["/config"]]["configMap"]["name"] == cm["metadata"]["name"]
+        # credentials only from the standard chains: the pod identity, or an optional Secret
+        assert pod["serviceAccountName"] == sa["metadata"]["name"], group
+        assert c["envFrom"] == [{"secretRef": {"name": "vlcurate-s3", "optional": True}}], group
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["AWS_REGION"] and not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"} & set(env)
+
+
+def test_the_s3_config_loads_with_its_run_directory_in_a_bucket(tmp_path):
+    from vlcurate.pipeline import storage
+    cm = next(d for d in docs("config.yaml", KUBE_S3) if d["kind"] == "ConfigMap")
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    cfg = C.load(path, [])
+    assert storage.scheme(cfg.run.run_dir) == "s3" and storage.scheme(cfg.source.path) == "s3"
+    assert storage.redact(cfg.run.run_dir) == cfg.run.run_dir      # no credentials in it
+    posix = next(d for d in docs("shared.yaml") if d["kind"] == "ConfigMap")
+    (tmp_path / "posix.yaml").write_text(posix["data"]["config.yaml"])
+    base = C.to_dict(C.load(tmp_path / "posix.yaml", []))
+    mine = C.to_dict(cfg)
+    for d in (base, mine):          # the same config but for where the data lives
+        d["run"].pop("run_dir"), d["source"].pop("path")
+    assert mine == base
+
+
+def test_s3_objects_against_the_kubernetes_schemas():
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    for d in docs("config.yaml", KUBE_S3):
+        kv.validate(d, "1.30.0", strict=True)
+    for group, pod in pods(s3_job()["spec"]["rayClusterSpec"]).items():
+        kv.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"s3-{group}"},
+                     "spec": pod}, "1.30.0", strict=True)
 
 
 # --- the Dockerfile ------------------------------------------------------------------------------

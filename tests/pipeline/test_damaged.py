@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.test_determinism import VOLATILE, differing
+from tests.pipeline.test_determinism import differing, snapshot
 from tests.pipeline.test_runner import by_stage, cfg_for, dag_with_filter, quiet
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
@@ -25,11 +25,6 @@ def clean(data, tmp_path_factory):
     d = tmp_path_factory.mktemp("clean") / "run"
     run(cfg_for(data, d), dag=dag_with_filter(), executor="local", log=quiet)
     return snapshot(d)
-
-
-def snapshot(run_dir: Path) -> dict:
-    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
-            if f.is_file() and f.name not in VOLATILE and "_prepare" not in f.parts}
 
 
 def part_files(run_dir: Path) -> dict:

@@ -2,12 +2,15 @@
 two concurrencies and both executors writes identical tables, commit records and shards."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.pipeline.test_runner import cfg_for, quiet
+from vlcurate.pipeline import storage
 from vlcurate.pipeline.demo import make_demo
+from vlcurate.pipeline.rundir import KINDS, StageDir, without_attempt
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
 
@@ -38,8 +41,34 @@ def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurre
                                     **resources(batch_size, concurrency)})
     res = run(cfg, executor=executor, log=quiet)
     assert not problems(res) and [r.manifest["stage"] for r in res] == list(STAGES)
-    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
-            if f.is_file() and f.name not in VOLATILE and "_prepare" not in f.parts}
+    return snapshot(run_dir)
+
+
+def snapshot(run_dir) -> dict:
+    """{relative path: bytes} of every output of a run (a folder or a URI), less the volatile
+    files: the committed files of each part under their names less the attempt id (the files a
+    commit record names; any other file in a part folder is not an output), and the records with
+    those names."""
+    root = storage.resolve(str(run_dir))[1].rstrip("/")
+    out = {}
+    for info in storage.list_files(str(run_dir)):
+        rel = info.path[len(root) + 1:]
+        bits = rel.split("/")
+        if info.base_name in VOLATILE or "_prepare" in bits:
+            continue
+        uri = storage.join(str(run_dir), rel)
+        if len(bits) == 4 and bits[1] in KINDS:          # <stage>/<kind>/part-N/<file>
+            sd = StageDir(run_dir, bits[0])
+            if info.base_name in sd.files(int(bits[2].split("-")[1]), bits[1]):
+                out["/".join(bits[:3] + [without_attempt(bits[3])])] = storage.read_bytes(uri)
+        elif len(bits) == 3 and bits[1] == "_commit":
+            rec = storage.read_json(uri)
+            rec["files"] = {k: {without_attempt(n): v for n, v in f.items()}
+                            for k, f in rec["files"].items()}
+            out[rel] = json.dumps(rec, sort_keys=True).encode()
+        else:
+            out[rel] = storage.read_bytes(uri)
+    return out
 
 
 def differing(a: dict, b: dict) -> list[str]:

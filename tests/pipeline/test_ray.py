@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import shared_data
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.demo import DEMO_MODELS, demo_overrides, make_demo
+from vlcurate.pipeline.rundir import StageDir
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
 from vlcurate.schemas import F, tables
@@ -132,8 +133,9 @@ def test_every_stage_of_the_dag_runs_on_ray(ray_local, tmp_path):
 
 
 def _committed(stage_dir: Path) -> list[Path]:
-    d = stage_dir / "data"
-    return sorted(p for p in d.iterdir() if (p / "_counts.json").exists()) if d.exists() else []
+    """The folders of the committed parts (those with a commit record)."""
+    sd = StageDir(stage_dir.parent, stage_dir.name)
+    return [Path(sd.part_uri("data", p)) for p in sd.committed()]
 
 
 def test_killed_mid_stage_resumes_without_redoing_committed_parts(tmp_path):

@@ -33,3 +33,22 @@ def test_redact_and_schemes():
     assert storage.redact("/local/path") == "/local/path"
     assert storage.is_local("file:///x") and storage.local_path("file:///x") == "/x"
     assert storage.scheme("gs://b/x") == "gs" and storage.join("s3://b/", "x", "y") == "s3://b/x/y"
+    assert storage.join("s3://b/r?region=eu", "x") == "s3://b/r/x?region=eu"
+    assert storage.redact_tree({"a": ["s3://K:S@b/x", 3], "b": "/p"}) == {"a": ["s3://***@b/x", 3],
+                                                                          "b": "/p"}
+
+
+def test_upload_and_download_a_folder(root, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"a" * 10)
+    (src / "sub" / "b.txt").write_text("bee")
+    dst = storage.join(root, "work")
+    storage.upload_dir(str(src), dst)
+    assert sorted(storage.join(dst, i.path.rsplit("/work/", 1)[1]) for i in storage.list_files(dst)) \
+        == [storage.join(dst, "a.bin"), storage.join(dst, "sub", "b.txt")]
+    back = tmp_path / "back"
+    storage.download_dir(dst, str(back))
+    assert (back / "a.bin").read_bytes() == b"a" * 10 and (back / "sub" / "b.txt").read_text() == "bee"
+    storage.download_dir(storage.join(root, "nothing"), str(tmp_path / "empty"))
+    assert (tmp_path / "empty").is_dir() and not list((tmp_path / "empty").iterdir())
