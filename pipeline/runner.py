@@ -26,7 +26,7 @@ from . import config as C
 from . import executors, guards, storage
 from .dag import Node, ancestors, default_dag, select, topo_order
 from .executors import Work, work_items
-from .executors.tasks import TableReader, Workdir, prepare_step, workdir_for
+from .executors.tasks import TableReader, Upstream, Workdir, prepare_step, workdir_for
 from .params import DEFAULT_RESOURCES, Resources
 from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
     write_null_part
@@ -378,7 +378,9 @@ class Runner:
         starting when the stage finishes finds it (the next attempt replaces it)."""
         if node.stage.kind != Kind.GLOBAL:
             return None, None
-        state = self.executor.call(prepare_step, node.stage, self.view(node.stage), io, n_parts,
+        read = Upstream(io, self.executor.name, self.config.run.intra_op_threads,
+                        sd.uri("_tmp/prepare"))
+        state = self.executor.call(prepare_step, node.stage, self.view(node.stage), read, n_parts,
                                    self.workdir(sd), num_gpus=res.num_gpus)
         uri = sd.uri("_state.pkl")
         storage.write_bytes(uri, pickle.dumps(state))

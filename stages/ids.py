@@ -2,23 +2,36 @@
 
 Two records whose (source, key) collide get the same ``sample_id``; the first in part/row order
 is kept and every later one is flagged ``ingest.duplicate_id`` with the position of the first.
+
+The step is hash-partitioned (issue 14): one task per part writes its ids into buckets by a hash
+of the id, then one task per bucket finds the repeats among the ids that hash there. Equal ids
+always share a bucket, so the result is ``find_duplicates``' (the naive one-pass reference);
+a task holds one part, or one bucket (about a part's ids), never the dataset.
 """
 from __future__ import annotations
 
+import functools
+import zlib
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlcurate.pipeline import storage
 
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 
-def find_duplicates(read: Callable[[int], pa.Table], n_parts: int) -> dict[int, dict[int, str]]:
-    """{part: {row: detail}} for every row whose sample_id appeared earlier."""
+def find_duplicates(read: Callable[[int], pa.Table], n_parts: int = 0,
+                    order: "list[int] | None" = None) -> dict[int, dict[int, str]]:
+    """{part: {row: detail}} for every row whose sample_id appeared earlier (parts in ``order``,
+    default 0 .. n_parts - 1)."""
     first: dict[str, tuple[int, int]] = {}
     dups: dict[int, dict[int, str]] = {}
-    for part in range(n_parts):
+    for part in (order if order is not None else range(n_parts)):
         t = read(part)
         for sid, row in zip(t.column(F.SAMPLE_ID.name).to_pylist(), t.column(F.ROW.name).to_pylist()):
             if sid in first:
@@ -27,6 +40,59 @@ def find_duplicates(read: Callable[[int], pa.Table], n_parts: int) -> dict[int, 
             else:
                 first[sid] = (part, row)
     return dups
+
+
+def bucket_of(ids: list[str], n_buckets: int) -> np.ndarray:
+    """A stable hash of each id (crc32, the same on every machine), modulo ``n_buckets``."""
+    return np.array([zlib.crc32(s.encode("utf-8", "surrogateescape")) % n_buckets for s in ids],
+                    np.int64)
+
+
+def _bucket_uri(scratch: str, bucket: int, part: int) -> str:
+    return storage.join(scratch, f"bucket-{bucket:05d}", f"part-{part:05d}.parquet")
+
+
+def scatter_ids(part: int, read: Callable[[int], pa.Table], scratch: str, n_buckets: int) -> int:
+    """Write part ``part``'s (id, part, row) into one file per bucket it has ids in."""
+    t = read(part)
+    ids = t.column(F.SAMPLE_ID.name).to_pylist()
+    b = bucket_of(ids, n_buckets)
+    rows = pa.table({F.SAMPLE_ID.name: pa.array(ids, pa.string()),
+                     F.PART.name: pa.array(np.full(len(ids), part, np.int64)),
+                     F.ROW.name: t.column(F.ROW.name)})
+    for bucket in np.unique(b):
+        buf = pa.BufferOutputStream()
+        pq.write_table(rows.filter(pa.array(b == bucket)), buf)
+        storage.write_bytes(_bucket_uri(scratch, int(bucket), part), buf.getvalue().to_pybytes())
+    return len(ids)
+
+
+def bucket_duplicates(bucket: int, scratch: str) -> dict[int, dict[int, str]]:
+    """``find_duplicates`` over one bucket's ids (read back in part order: first occurrence
+    by part, then row)."""
+    files = sorted(i.path for i in storage.list_files(storage.join(scratch, f"bucket-{bucket:05d}")))
+    fs, _ = storage.resolve(scratch)
+    tables = [pq.read_table(f, filesystem=fs) for f in files]
+    if not tables:
+        return {}
+    t = pa.concat_tables(tables)
+    by_part = {p: t.filter(pa.compute.equal(t.column(F.PART.name), p))
+               for p in sorted(set(t.column(F.PART.name).to_pylist()))}
+    return find_duplicates(lambda i: by_part[i], order=list(by_part))
+
+
+def distributed_duplicates(read: Any, n_parts: int, scratch: str) -> dict[int, dict[int, str]]:
+    """``find_duplicates``, hash-partitioned over ``read.map``'s tasks (one bucket a part)."""
+    n_buckets = max(1, n_parts)
+    read.map(functools.partial(scatter_ids, read=read, scratch=scratch, n_buckets=n_buckets),
+             list(range(n_parts)))
+    dups: dict[int, dict[int, str]] = {}
+    for found in read.map(functools.partial(bucket_duplicates, scratch=scratch),
+                          list(range(n_buckets))):
+        for part, rows in found.items():
+            dups.setdefault(part, {}).update(rows)
+    storage.delete(scratch)
+    return {p: dict(sorted(dups[p].items())) for p in sorted(dups)}
 
 
 class IdsStage(GlobalStage):
@@ -38,7 +104,7 @@ class IdsStage(GlobalStage):
 
     @classmethod
     def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:
-        return find_duplicates(read, n_parts)
+        return distributed_duplicates(read, n_parts, storage.join(read.scratch, "ids"))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         dups = self.state or {}

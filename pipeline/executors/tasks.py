@@ -101,11 +101,31 @@ def workdir_for(root: str, attempt: str) -> Workdir:
     return Workdir(local, storage.join(root, "_prepare"))
 
 
-def prepare_step(stage: type, cfg: Any, io: PartIO, n_parts: int, workdir: Workdir) -> Any:
-    """A stage's global step, with the same fixed thread count wherever it runs."""
-    def read(part: int) -> pa.Table:
-        t = read_inputs(io, part)
+@dataclass(frozen=True)
+class Upstream:
+    """What a global step gets as ``read``: ``read(part)`` is a part's still-kept rows (with
+    ``F.PART``/``F.ROW``); ``read.map(fn, items)`` runs ``fn`` over ``items`` in parallel (Ray
+    tasks under the ray executor, so a step can spread its work: ids does); ``read.scratch``
+    is a folder every such task sees (under the stage's folder: a URI on an object store)."""
+    io: PartIO
+    parallel: str           # "ray" | "local"
+    threads: int
+    scratch: str
+
+    def __call__(self, part: int) -> pa.Table:
+        t = read_inputs(self.io, part)
         return t.filter(t.column(F.ACTIVE.name))
+
+    def map(self, fn: Callable, items: list) -> list:
+        if self.parallel != "ray":
+            return [apply(fn, x, self.threads) for x in items]
+        import ray      # inside the step's own task: Ray lends its CPU while it waits
+        task = ray.remote(num_cpus=1)(apply)
+        return ray.get([task.remote(fn, x, self.threads) for x in items])
+
+
+def prepare_step(stage: type, cfg: Any, read: Upstream, n_parts: int, workdir: Workdir) -> Any:
+    """A stage's global step, with the same fixed thread count wherever it runs."""
     if workdir.remote:
         shutil.rmtree(workdir.local, ignore_errors=True)
     os.makedirs(workdir.local, exist_ok=True)
