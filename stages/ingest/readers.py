@@ -25,6 +25,7 @@ from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 
 from . import safe, tars, textfiles
+from .objpath import ObjPath, forget_listings, src_path
 from .safe import clean_text
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -46,11 +47,13 @@ def source_name(cfg: Any) -> str:
     return cfg.name or Path(cfg.path.rstrip("/")).name or "source"
 
 
-def _files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
+def _files(root: Path | ObjPath, suffixes: tuple[str, ...]) -> list[Path]:
     """Every entry under ``root`` named ``*<suffix>`` that is not a directory (FIFOs and other
     special files included: they become reject rows, never silently missing)."""
     if not root.is_dir():
         return [root] if root.name.endswith(suffixes) else []
+    if isinstance(root, ObjPath):            # the source's one LIST
+        return [p for p in root.walk_files() if p.name.endswith(suffixes)]
     out = []
     for d, dirs, names in os.walk(root):
         dirs.sort()
@@ -106,11 +109,11 @@ def _with_error(extra: Optional[str], error: str) -> str:
 
 
 # --- a folder of images with a captions CSV/TSV/JSONL -------------------------------------------
-def _captions_path(cfg: Any) -> Path:
-    root = Path(cfg.path)
+def _captions_path(cfg: Any) -> Path | ObjPath:
+    root = src_path(cfg.path)
     if cfg.captions_file:
-        p = Path(cfg.captions_file)
-        p = p if p.is_absolute() else root / p
+        p = src_path(cfg.captions_file, cfg.path)
+        p = p if p.is_absolute() else root / cfg.captions_file
         if not p.exists():
             raise SourceError(f"source.captions_file not found: {p}")
         return p
@@ -193,11 +196,12 @@ def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
 
 def _read_folder(cfg: Any, spec: dict) -> pa.Table:
     rows = pq.ParquetFile(spec["plan"]).read_row_group(spec["row_group"]).to_pylist()
-    base = Path(cfg.path) / cfg.images_dir
+    root = src_path(cfg.path)
+    base = root / cfg.images_dir
     for r in rows:
         path, error = r.pop("image_path"), r.pop("error")
         if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION):
-            data, reason, detail = safe.read_member(base, path, Path(cfg.path),
+            data, reason, detail = safe.read_member(base, path, root,
                                                     limit=cfg.max_image_bytes,
                                                     allow_outside=cfg.allow_outside_source)
             r[F.RAW_IMAGE.name] = data
@@ -241,7 +245,7 @@ def _parquet_columns(cfg: Any, f: Path, schema: pa.Schema, i2d: bool) -> dict:
 
 
 def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
-    root = Path(cfg.path)
+    root = src_path(cfg.path)
     files = _files(root, (".parquet",))
     if not files:
         raise SourceError(f"no .parquet files in {root}{_hint(root, 'parquet')}")
@@ -251,7 +255,7 @@ def _plan_parquet(cfg: Any, i2d: bool = False) -> list[dict]:
             with safe.open_regular(f) as fh:
                 pf = pq.ParquetFile(fh)
                 meta, schema = pf.metadata, pf.schema_arrow
-                disk = os.fstat(fh.fileno()).st_size
+                disk = safe.size_of(fh)
                 cols, offset = _parquet_columns(cfg, f, schema, i2d), 0
         except SourceError:
             raise
@@ -290,7 +294,8 @@ def _image_cell(v: Any, base: Path,
             return None, None, R.FILE_TOO_LARGE, f"{len(v)} bytes > max_image_bytes"
         return bytes(v), None, None, ""
     if isinstance(v, str) and v:
-        root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+        source = src_path(cfg.path)
+        root = source if source.is_dir() else source.parent
         data, reason, detail = safe.read_member(base, v, root, limit=cfg.max_image_bytes,
                                                 allow_outside=cfg.allow_outside_source)
         return data, v, reason, detail
@@ -298,7 +303,7 @@ def _image_cell(v: Any, base: Path,
 
 
 def _parquet_rows(cfg: Any, spec: dict) -> Iterable[dict]:
-    with safe.open_regular(spec["file"]) as fh:
+    with safe.open_regular(src_path(spec["file"], cfg.path)) as fh:
         pf = pq.ParquetFile(fh)
         for batch in pf.iter_batches(batch_size=64, row_groups=[spec["row_group"]],
                                      columns=spec["columns"]):
@@ -328,7 +333,7 @@ def _parquet_record(cfg: Any, spec: dict, f: Path, i: int, r: dict) -> dict:
 
 
 def _read_parquet(cfg: Any, spec: dict) -> pa.Table:
-    f = Path(spec["file"])
+    f = src_path(spec["file"], cfg.path)
     if "bad_file" in spec:
         return _records(cfg, [_reject(f"{f.name}:<bad_file>", f.name, spec["reason"],
                                       spec["bad_file"])])
@@ -395,30 +400,32 @@ def _failed_downloads(parquet: Path) -> list[dict]:
 
 
 def _read_tar(cfg: Any, spec: dict) -> pa.Table:
-    path = Path(spec["file"])
+    path = src_path(spec["file"], cfg.path)
     end = tars.TarEnd()
     rows = [_record_from_group(g, f"{path.name}:")
-            for g in tars.groups(tars.read(spec["file"], cfg.max_image_bytes, end))]
+            for g in tars.groups(tars.read(path if isinstance(path, ObjPath) else spec["file"],
+                                           cfg.max_image_bytes, end))]
     if end.error:  # a truncated or corrupt tar: keep what was read, and say what was not
         rows.append(_reject(f"{path.name}:<unreadable>", path.name, end.error, end.detail))
     if spec.get("statuses"):
-        rows.extend(_failed_downloads(Path(str(path).removesuffix(".gz").removesuffix(".tgz"))
-                                      .with_suffix(".parquet")))
+        rows.extend(_failed_downloads(src_path(str(path).removesuffix(".gz").removesuffix(".tgz"),
+                                               cfg.path).with_suffix(".parquet")))
     return _records(cfg, rows)
 
 
-def _dir_members(cfg: Any, d: Path) -> Iterable[tars.Member]:
-    for e in sorted(os.scandir(d), key=lambda e: e.name):
+def _dir_members(cfg: Any, d: Path | ObjPath) -> Iterable[tars.Member]:
+    entries = d.iterdir() if isinstance(d, ObjPath) else os.scandir(d)
+    for e in sorted(entries, key=lambda e: e.name):
         if e.name.endswith((".parquet", "_stats.json")) or e.is_dir():
             continue
-        data, reason, detail = safe.read_member(d, e.name, Path(cfg.path),
+        data, reason, detail = safe.read_member(d, e.name, src_path(cfg.path),
                                                 limit=cfg.max_image_bytes,
                                                 allow_outside=cfg.allow_outside_source)
         yield tars.Member(clean_text(e.name), data, reason, detail)
 
 
 def _read_files_dir(cfg: Any, spec: dict) -> pa.Table:
-    d = Path(spec["dir"])
+    d = src_path(spec["dir"], cfg.path)
     rows = [_record_from_group(g, f"{d.name}/") for g in tars.groups(_dir_members(cfg, d))]
     rows.extend(_failed_downloads(d.with_suffix(".parquet")))
     return _records(cfg, rows)
@@ -458,8 +465,8 @@ def _img2dataset_layout(root: Path) -> str:
                       f".parquet files){_hint(root, 'img2dataset')}")
 
 
-def _root(cfg: Any) -> Path:
-    root = Path(cfg.path)
+def _root(cfg: Any) -> Path | ObjPath:
+    root = src_path(cfg.path)
     if not cfg.path or not root.exists():
         raise SourceError(f"source.path does not exist: {cfg.path!r}")
     return root
@@ -478,11 +485,13 @@ def _plan_tars(cfg: Any, root: Path) -> list[dict]:
 def _empty_tar(path: Path) -> bool:
     """An archive with only its end-of-archive block (a 0-byte file is a bad file instead)."""
     end = tars.TarEnd()
-    return next(tars.read(str(path), 1 << 20, end), None) is None and end.error is None
+    where = path if isinstance(path, ObjPath) else str(path)
+    return next(tars.read(where, 1 << 20, end), None) is None and end.error is None
 
 
 def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
     """The parts of the source, each a JSON-able dict with a ``part`` index."""
+    forget_listings()         # a bucket source: list it afresh
     root = _root(cfg)
     if cfg.kind == "folder":
         return _plan_folder(cfg, Path(plan_path))
@@ -507,7 +516,9 @@ def read_part(cfg: Any, spec: dict) -> pa.Table:
     return _read_parquet(cfg, spec)
 
 
-def _stat(p: Path) -> str:
+def _stat(p: Path | ObjPath) -> str:
+    if isinstance(p, ObjPath):       # from the source's one LIST
+        return p.signature()
     try:
         st = p.stat()
     except OSError:  # a dangling link: its own mtime still changes when it is replaced
@@ -517,11 +528,14 @@ def _stat(p: Path) -> str:
 
 def signature(cfg: Any) -> str:
     """A cheap fingerprint of the source's content: names, sizes and mtimes of its index files."""
+    forget_listings()
     root = _root(cfg)
     if cfg.kind == "folder":
         files = [_captions_path(cfg)]
     elif root.is_file():
         files = [root]
+    elif isinstance(root, ObjPath):   # an object store has no folder mtimes: every object
+        files = root.walk_files()
     else:  # shards and metadata files; a files-layout folder changes its own mtime
         files = [p for p in sorted(root.rglob("*")) if p.name.endswith((*TAR_SUFFIXES, ".parquet"))
                  or (p.is_dir() and p.parent == root)]

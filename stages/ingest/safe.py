@@ -11,7 +11,11 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+import pyarrow.fs as pafs
+
 from vlcurate.schemas import reasons as R
+
+from .objpath import ObjPath, RangeFile
 
 MAX_DETAIL = 200      # characters of an error message kept in a row (never file contents)
 # A compression bomb: a tar member (of a gzip shard) or a Parquet row group that declares more
@@ -110,10 +114,44 @@ def _read_fd(fd: int, limit: int) -> tuple[Optional[bytes], Optional[str], str]:
     return None, R.FILE_TOO_LARGE, f"more than max_image_bytes {limit} bytes (file grew)"
 
 
-def read_member(base: Path, ref: str | bytes, root: Path, *, limit: int,
+def read_object(p: ObjPath, limit: int) -> tuple[Optional[bytes], Optional[str], str]:
+    """``read_file`` for an object in a bucket: its listed size is checked before any byte is
+    read, and at most ``limit`` + 1 bytes are read."""
+    info = p.info()
+    if info is None:
+        return None, R.MISSING_FILE, "no such file"
+    if info.type != pafs.FileType.File:
+        return None, R.MISSING_FILE, "is a directory"
+    if info.size > limit:
+        return None, R.FILE_TOO_LARGE, f"{info.size} bytes > max_image_bytes {limit}"
+    try:
+        with p.open() as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        return None, R.MISSING_FILE, detail(e)
+    if len(data) > limit:
+        return None, R.FILE_TOO_LARGE, f"more than max_image_bytes {limit} bytes (file grew)"
+    return data, None, ""
+
+
+def _read_in_bucket(base: ObjPath, ref: str | bytes, root: ObjPath, limit: int,
+                    allow_outside: bool) -> tuple[Optional[bytes], Optional[str], str]:
+    ref = ref.decode("utf-8", "surrogateescape") if isinstance(ref, bytes) else ref
+    if "\0" in ref:
+        return None, R.MISSING_FILE, "path has a NUL byte"
+    p = ObjPath(ref, root.root) if "://" in ref else base / ref
+    if not allow_outside and not p.inside(root):
+        return None, R.OUTSIDE_SOURCE, ("resolves outside the source folder "
+                                        "(source.allow_outside_source: false)")
+    return read_object(p, limit)
+
+
+def read_member(base: Path | ObjPath, ref: str | bytes, root: Path | ObjPath, *, limit: int,
                 allow_outside: bool) -> tuple[Optional[bytes], Optional[str], str]:
     """An image file named in a record: ``ref`` relative to ``base`` (or absolute), which must
     resolve inside ``root`` unless ``allow_outside``."""
+    if isinstance(base, ObjPath):
+        return _read_in_bucket(base, ref, root, limit, allow_outside)
     try:
         p = os.path.join(os.fsencode(base), ref if isinstance(ref, bytes) else os.fsencode(ref))
     except (UnicodeError, ValueError, TypeError) as e:
@@ -130,9 +168,16 @@ class NotRegular(OSError):
     """A FIFO, device, socket or directory where a regular file was expected."""
 
 
-def open_regular(path: str | Path):
+def open_regular(path: str | Path | ObjPath):
     """A binary file object for ``path`` if it is a regular file; OSError otherwise. Never
-    blocks (a FIFO is refused, not waited on); a device is never opened."""
+    blocks (a FIFO is refused, not waited on); a device is never opened. An object in a bucket
+    opens as a seekable file read by range."""
+    if isinstance(path, ObjPath):
+        if not path.is_file():
+            if path.is_dir():
+                raise NotRegular(f"{path.name} is a directory")
+            raise FileNotFoundError(f"no such object: {path.name}")
+        return path.open()
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise NotRegular(f"{Path(os.fsdecode(path)).name} is {kind_of(mode)}")
@@ -146,3 +191,9 @@ def open_regular(path: str | Path):
     except BaseException:
         os.close(fd)
         raise
+
+
+def size_of(fh) -> int:
+    """The size of an open file: a local one's (fstat), or an object's (``ObjPath.open``)."""
+    raw = getattr(fh, "raw", None)
+    return raw.size if isinstance(raw, RangeFile) else os.fstat(fh.fileno()).st_size

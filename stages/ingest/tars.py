@@ -15,11 +15,11 @@ import os
 import tarfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from vlcurate.schemas import reasons as R
 
-from .safe import NotRegular, bomb, clean_text, detail, open_regular
+from .safe import NotRegular, bomb, clean_text, detail, open_regular, size_of
 
 BLOCK = tarfile.BLOCKSIZE
 _ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, ValueError, OverflowError)
@@ -113,15 +113,15 @@ def _end_of(f: _Bounded, tf: tarfile.TarFile) -> tuple[Optional[int], str]:
     return _next_archive(f.f, tf.offset + BLOCK)
 
 
-def read(path: str, limit: int, end: TarEnd) -> Iterator[Member]:
-    """Every non-directory member of every archive in the file, in order; ``end`` says how the
-    reading ended."""
+def read(path: Any, limit: int, end: TarEnd) -> Iterator[Member]:
+    """Every non-directory member of every archive in the file (a path, or an object in a
+    bucket, ``objpath.ObjPath``: read by range), in order; ``end`` says how the reading ended."""
     try:
         with open_regular(path) as raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             f = gzip.GzipFile(fileobj=raw) if gz else raw
-            yield from _archives(_Bounded(f, limit), limit, end, os.fstat(raw.fileno()).st_size)
+            yield from _archives(_Bounded(f, limit), limit, end, size_of(raw))
     except NotRegular as e:
         end.error, end.detail = R.SPECIAL_FILE, detail(e)
     except _ERRORS as e:
