@@ -57,7 +57,7 @@ class RayConfig(Params):
 
 @dataclass(frozen=True)
 class FinetuneConfig(Params):
-    """The thin DDP trainer over the exported shards (stages/finetune/)."""
+    """The thin DDP trainer over the exported shards (trainer/)."""
     section: ClassVar[str] = "finetune"
     shards: Optional[str] = None         # default: <run_dir>/export/shards
     out_dir: Optional[str] = None        # default: <run_dir>/finetune

@@ -1,4 +1,4 @@
-"""``vlcurate finetune``: launch the trainer (stages/finetune/) under torchrun.
+"""``vlcurate finetune``: launch the trainer (trainer/) under torchrun.
 
 The launcher resolves the config (from a YAML config, or from a run dir's run.json), checks it
 against the shards and the out_dir, then runs ``python -m vlcurate.pipeline.finetune --nproc N``,
@@ -59,9 +59,9 @@ def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
     """Check on the driver, then torchrun. A failure a rank reports (``USER_ERRORS``) comes back
     as ONE line on stderr and exit code 2, whichever rank hit it (each rank writes its line to a
     file of a fresh folder; the launcher prints the lowest rank's)."""
-    from vlcurate.stages.finetune.data import ShardSet
-    from vlcurate.stages.finetune.outdir import check_out_dir
-    from vlcurate.stages.finetune.train import check_config
+    from vlcurate.trainer.data import ShardSet
+    from vlcurate.trainer.outdir import check_out_dir
+    from vlcurate.trainer.train import check_config
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
         n = nproc or ft.nproc
@@ -124,7 +124,7 @@ def worker(payload: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from vlcurate.stages.finetune.train import train
+    from vlcurate.trainer.train import train
     data = json.loads(payload)
     ft = C.from_dict({"finetune": data["finetune"]}).finetune
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -65,8 +65,8 @@ def main() -> int:
     from vlcurate.schemas import F, tables
     from vlcurate.stages.base import Stage
     from vlcurate.stages.export import ExportStage
-    from vlcurate.stages.finetune.compose import Composer, batches
-    from vlcurate.stages.finetune.data import A, ShardSet
+    from vlcurate.trainer.compose import Composer, batches
+    from vlcurate.trainer.data import A, ShardSet
     from vlcurate.stages.ids import IdsStage
     from vlcurate.stages.ingest import IngestStage
     from vlcurate.stages.models import load_clip

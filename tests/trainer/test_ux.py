@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from tests.stages.finetune.test_trainer import clip, composer, dag, shards  # noqa: F401 (fixtures)
+from tests.trainer.test_trainer import clip, composer, dag, shards  # noqa: F401 (fixtures)
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.finetune import launch
 from vlcurate.pipeline.runner import run
-from vlcurate.stages.finetune import index as IX
-from vlcurate.stages.finetune.compose import batches
-from vlcurate.stages.finetune.data import ShardSet
-from vlcurate.stages.finetune.outdir import OutDirInUse, check_out_dir
-from vlcurate.stages.finetune.train import train
+from vlcurate.schemas import F
+from vlcurate.trainer import index as IX
+from vlcurate.trainer.compose import batches
+from vlcurate.trainer.data import ShardSet
+from vlcurate.trainer.outdir import OutDirInUse, check_out_dir
+from vlcurate.trainer.train import train
 
 TINY = {"id": "tiny", "random_init": True}
 
@@ -96,7 +97,7 @@ def test_index_is_memory_mapped_and_finds_every_sample(shards):
     idx = shards.index
     cache = list(shards.dir.glob(".index-*.arrow"))
     assert len(cache) == 1                                        # built once, beside the shards
-    for arr in (idx.code, idx.id_hash, idx.num["jpg_offset"]):
+    for arr in (idx.code, idx.id_hash, idx.num[F.SH_JPG_OFFSET.name]):
         assert isinstance(arr, np.ndarray) and not arr.flags.owndata   # views of the mapped file
     for s in shards.stream(epoch=0, seed=0, rank=0, world=1):
         got = shards.fetch(s.key)

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
-from .index import ShardIndex, id_hash
+from .index import PARTS, ShardIndex, id_hash
+
+JPG, TXT, JSON = PARTS      # a sample's tar members (schemas.fields.SHARD_MEMBERS)
 
 
 @dataclass
@@ -112,14 +114,14 @@ class ShardSet:
 
     def sample(self, row: int) -> Sample:
         parts = self.index.read(row)
-        return Sample(self.index.ids[row].as_py(), parts["jpg"], parts["txt"].decode("utf-8"),
-                      json.loads(parts["json"]))
+        return Sample(self.index.ids[row].as_py(), parts[JPG], parts[TXT].decode("utf-8"),
+                      json.loads(parts[JSON]))
 
     def first_meta(self) -> dict:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
             raise ValueError(f"{self.dir}: the shards hold no sample")
-        return json.loads(self.index.read(0, ("json",))["json"])
+        return json.loads(self.index.read(0, (JSON,))[JSON])
 
     # --- random access -------------------------------------------------------------------------
     def fetch(self, sample_id: str) -> Optional[Sample]:

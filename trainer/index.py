@@ -26,8 +26,8 @@ import numpy as np
 
 from vlcurate.schemas import F
 
-PARTS = ("jpg", "txt", "json")
-_NUM = tuple(f"{ext}_{what}" for ext in PARTS for what in ("offset", "size"))
+PARTS = F.SHARD_MEMBERS                                       # jpg, txt, json
+_NUM = tuple(f.name for ext in PARTS for f in F.SH_RANGES[ext])
 _SID, _SHARD = F.SAMPLE_ID.name, F.SH_NAME.name
 
 
@@ -51,7 +51,7 @@ def build(shard_dir: Path, dest: Path) -> None:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
     t = ds.dataset(shard_dir / "index", format="parquet").to_table()
-    t = t.take(pc.sort_indices(t, [(_SHARD, "ascending"), ("jpg_offset", "ascending")]))
+    t = t.take(pc.sort_indices(t, [(_SHARD, "ascending"), (F.SH_JPG_OFFSET.name, "ascending")]))
     names = sorted(set(pc.unique(t.column(_SHARD)).to_pylist()))
     codes = pc.index_in(t.column(_SHARD), value_set=pa.array(names)).cast(pa.int32())
     hashes = np.fromiter((id_hash(s) for s in t.column(_SID).to_pylist()), np.uint64, len(t))
@@ -117,8 +117,8 @@ class ShardIndex:
         the loader thread and the evaluation may share the open files)."""
         with self._lock:
             fd = self._fd(int(self.code[row]))
-            return {ext: os.pread(fd, int(self.num[f"{ext}_size"][row]),
-                                  int(self.num[f"{ext}_offset"][row])) for ext in parts}
+            return {ext: os.pread(fd, int(self.num[F.SH_RANGES[ext][1].name][row]),
+                                  int(self.num[F.SH_RANGES[ext][0].name][row])) for ext in parts}
 
     def close(self) -> None:
         with self._lock:
