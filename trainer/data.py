@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
-from .index import PARTS, ShardIndex, id_hash
+from vlcurate.pipeline import storage
+
+from .index import MANIFEST, PARTS, ShardIndex, id_hash
 
 JPG, TXT, JSON = PARTS      # a sample's tar members (schemas.fields.SHARD_MEMBERS)
 
@@ -46,13 +48,14 @@ class ShardSet:
     """The exported shards (``manifest.json``), or a subset of their samples (``rows`` of the
     memory-mapped index, in file order), streamed and read through ``index.ShardIndex``."""
 
-    def __init__(self, shard_dir: str | Path, rows: Optional[np.ndarray] = None,
+    def __init__(self, shard_uri: str | Path, rows: Optional[np.ndarray] = None,
                  index: Optional[ShardIndex] = None) -> None:
-        self.dir = Path(shard_dir)
-        if not (self.dir / "manifest.json").exists():
-            raise FileNotFoundError(f"{self.dir}: no manifest.json; point finetune.shards at the "
-                                    "shards folder that `vlcurate run` exported")
-        self.index = index or ShardIndex(self.dir)
+        self.uri = str(shard_uri)          # a local path or a URI (s3://, gs://, ...)
+        if index is None and not storage.exists(storage.join(self.uri, MANIFEST)):
+            raise FileNotFoundError(f"{storage.redact(self.uri)}: no {MANIFEST}; point "
+                                    "finetune.shards at the shards folder that `vlcurate run` "
+                                    "exported")
+        self.index = index or ShardIndex(self.uri)
         self.rows = np.arange(len(self.index)) if rows is None else rows
         self._member: Optional[np.ndarray] = None
         self._runs: Optional[tuple[np.ndarray, np.ndarray]] = None
@@ -67,8 +70,8 @@ class ShardSet:
         if not 0 <= fraction < 1:
             raise ValueError(f"finetune.eval_fraction must be in [0, 1), got {fraction}")
         held = held_out(self.index.id_hash[self.rows], fraction, seed)
-        return (ShardSet(self.dir, self.rows[~held], self.index),
-                ShardSet(self.dir, self.rows[held], self.index))
+        return (ShardSet(self.uri, self.rows[~held], self.index),
+                ShardSet(self.uri, self.rows[held], self.index))
 
     # --- streaming --------------------------------------------------------------------------
     def _shard_runs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +123,7 @@ class ShardSet:
     def first_meta(self) -> dict:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
-            raise ValueError(f"{self.dir}: the shards hold no sample")
+            raise ValueError(f"{storage.redact(self.uri)}: the shards hold no sample")
         return json.loads(self.index.read(0, (JSON,))[JSON])
 
     # --- random access -------------------------------------------------------------------------

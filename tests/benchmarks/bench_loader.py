@@ -24,7 +24,7 @@ def old_stream(shards, rank: int, world: int):
     every sample of every shard (WebDataset) and keeps every ``world``-th."""
     import json
     import webdataset as wds
-    urls = [str(shards.dir / n) for n in shards.index.shards]
+    urls = [str(Path(shards.uri) / n) for n in shards.index.shards]
     per_rank = len(shards) // world
     for i, (key, jpg, txt, meta) in enumerate(
             wds.WebDataset(urls, shardshuffle=False, nodesplitter=lambda s: s)

@@ -203,7 +203,7 @@ def test_missing_annotation_stops_the_trainer(shards):
 
 
 def test_launch_stops_with_the_reason(shards, capsys):
-    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.loss": "sigmoid",
+    cfg = C.load(None, {"finetune.shards": shards.uri, "finetune.loss": "sigmoid",
                         "finetune.concept_weight": 0.5, "finetune.n_objects": 2,
                         "finetune.n_attributes": 2})
     assert launch(cfg) == 2                        # before torchrun starts
@@ -301,7 +301,7 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
 def test_ddp_multi_positive_losses_two_processes(shards, tmp_path, loss):
     """UniCLIP's views and positive sets (and FFF's M) across 2 gloo ranks: the global masks line
     up with the gathered embeddings, the loss is finite and the ranks stay identical."""
-    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.out_dir": str(tmp_path),
+    cfg = C.load(None, {"finetune.shards": shards.uri, "finetune.out_dir": str(tmp_path),
                         "finetune.model": {"id": "tiny", "random_init": True},
                         "finetune.loss": loss, "finetune.mp_views": 2, "finetune.batch_size": 4,
                         "finetune.steps": 3, "finetune.eval_fraction": 0, "finetune.lr": 1e-3,
