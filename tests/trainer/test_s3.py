@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from tests.trainer.test_trainer import shards  # noqa: F401 (fixture)
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline import storage
+from vlcurate.schemas import F
 from vlcurate.trainer.data import ShardSet
 from vlcurate.trainer.outdir import OutDirInUse, check_out_dir
 from vlcurate.trainer.train import load_checkpoint, train
@@ -130,3 +132,42 @@ def test_train_from_s3_to_s3_then_resume_equals_a_local_run(s3, shards, bucket_s
     # another training config is refused on S3 too, naming the out_dir
     with pytest.raises(OutDirInUse, match=f"finetune.out_dir {out} holds a run of another"):
         check_out_dir(ft(bucket_shards, out, loss="clip"), bucket_shards, out, 1, write=False)
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_read_their_own_samples_from_s3(s3, shards, bucket_shards,  # noqa: F811
+                                                                  capfd):
+    """``vlcurate finetune`` (launch: the driver's checks, then torchrun with 2 gloo ranks) with
+    the shards and out_dir given as URIs that carry credentials: each rank streams its own
+    samples (no sample's byte range is asked for twice), and the secret is never shown or
+    written."""
+    from vlcurate.pipeline.finetune import launch
+    bucket, secret = bucket_shards.split("/")[2], "SECRETxyz42"
+    src = f"s3://testing:{secret}@{bucket}/export/shards"
+    out_plain = f"{s3.bucket()}/ft/ddp"
+    out = out_plain.replace("s3://", f"s3://testing:{secret}@")
+    cfg = C.load(None, {f"finetune.{k}": v for k, v in C.to_dict(
+        ft(src, out, loss="clip", steps=2, ckpt_every=1)).items()})
+    at = len(s3.log)
+    assert launch(cfg, nproc=2) == 0
+    spans = [(p, r) for m, p, _, r in s3.log[at:] if m == "GET" and p.endswith(".tar")
+             and r.startswith("bytes=") and _is_full_span(shards, r)]
+    assert len(spans) >= 2 * 2 * 4 and len(set(spans)) == len(spans)   # 2 ranks x 2 steps x 4
+    log = [json.loads(x) for x in storage.read_bytes(f"{out_plain}/log.jsonl").decode().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and log[0]["images"] == 2 * 4
+    ranks = [json.loads(storage.read_bytes(f"{out_plain}/params-rank{r}.json")) for r in (0, 1)]
+    assert ranks[0]["param_sum"] == ranks[1]["param_sum"]
+    shown = capfd.readouterr()
+    assert f"s3://***@{bucket}/export/shards" in shown.out
+    written = [storage.read_bytes(f"{out_plain}/{i.base_name}")
+               for i in storage.list_files(out_plain) if not i.base_name.endswith(".pt")]
+    for blob in (*written, shown.out.encode(), shown.err.encode()):
+        assert secret.encode() not in blob
+
+
+def _is_full_span(shards, rng: str) -> bool:   # noqa: F811
+    """A Range header that covers one whole sample (its jpg, txt and json): a streamed read."""
+    a, b = (int(x) for x in rng[len("bytes="):].split("-"))
+    starts = shards.index.num[F.SH_JPG_OFFSET.name]
+    hit = np.nonzero(starts == a)[0]
+    return len(hit) > 0 and any(shards.index.span(int(r)) == (a, b - a + 1) for r in hit)
