@@ -9,6 +9,11 @@ offsets inside its tar), so for a seed the composer reads its p hard pairs strai
 tars (one ``pread`` each). The shards stay plain open_clip shards, nothing is duplicated, and
 any subset of seeds can draw any of its k mined pairs; hard pairs the export dropped are skipped.
 
+Reads overlap: ``READ_AHEAD`` samples are in flight per rank (the stream's next ones, or a batch's
+hard pairs), each one ranged read, so an object store's latency is hidden without reading ahead
+by whole shards (memory stays ``READ_AHEAD`` samples) or fetching a byte twice. Order and bytes
+do not depend on it.
+
 Determinism: the stream order (shard order, shuffle buffer, the split across ranks) and every
 random choice of a step (seeds, hard pairs, composites, crops) come from RNGs seeded by
 (seed, epoch, step, rank), so a resumed run sees exactly the batches an uninterrupted one does.
@@ -18,9 +23,11 @@ from __future__ import annotations
 import io
 import json
 import random
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -31,6 +38,8 @@ from vlcurate.pipeline import storage
 from .index import MANIFEST, PARTS, ShardIndex, id_hash
 
 JPG, TXT, JSON = PARTS      # a sample's tar members (schemas.fields.SHARD_MEMBERS)
+READ_AHEAD = 32             # sample reads in flight per rank (one ranged GET each on S3/GCS)
+_POOL: Optional[ThreadPoolExecutor] = None
 
 
 @dataclass
@@ -111,9 +120,8 @@ class ShardSet:
         buffer shuffles row numbers, so ``skip`` (resume) drops the first ones without reading
         anything, and a rank reads and decodes only its own samples."""
         rows = self.rank_rows(epoch, seed, rank, world)
-        for n, row in enumerate(buffered(rows, random.Random(f"{seed}/{epoch}/{rank}"), buffer)):
-            if n >= skip:
-                yield self.sample(row)
+        order = buffered(rows, random.Random(f"{seed}/{epoch}/{rank}"), buffer)
+        yield from read_ahead(self.sample, (r for n, r in enumerate(order) if n >= skip))
 
     def sample(self, row: int) -> Sample:
         parts = self.index.read(row)
@@ -137,6 +145,26 @@ class ShardSet:
             self._member = np.zeros(len(self.index), bool)
             self._member[self.rows] = True
         return self.sample(row) if self._member[row] else None
+
+    def fetch_many(self, sample_ids: list[str]) -> list[Optional[Sample]]:
+        """``fetch`` of each id, the reads overlapping (``read_ahead``), in the given order."""
+        return list(read_ahead(self.fetch, sample_ids))
+
+
+def read_ahead(read: Callable[[Any], Any], items: Iterable[Any],
+               depth: int = READ_AHEAD) -> Iterator[Any]:
+    """``read(item)`` for each item, in order, with up to ``depth`` reads running at once on a
+    shared thread pool (reads are leaves: they never wait on the pool, so sharing it is safe)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="vlcurate-read")
+    pending: deque = deque()
+    for item in items:
+        pending.append(_POOL.submit(read, item))
+        if len(pending) >= depth:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def buffered(rows: np.ndarray, rng: random.Random, buffer: int) -> Iterator[int]:

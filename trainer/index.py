@@ -124,13 +124,17 @@ class ShardIndex:
         return None
 
     def _file(self, code: int) -> Any:
-        """The shard's random-access file (a few open at a time): ``read_at`` is a ``pread``
-        locally and a ranged GET on an object store."""
-        if code not in self._files:
-            if len(self._files) >= 16:
-                self._files.pop(next(iter(self._files))).close()
-            self._files[code] = self.fs.open_input_file(f"{self.path}/{self.shards[code]}")
-        return self._files[code]
+        """The shard's random-access file (a few kept open): ``read_at`` is a ``pread`` locally
+        and a ranged GET on an object store, and safe to call from several threads at once. One
+        dropped from the cache closes when its last reader lets go of it."""
+        with self._lock:
+            f = self._files.get(code)
+            if f is None:
+                if len(self._files) >= 16:
+                    self._files.pop(next(iter(self._files)))
+                f = self._files[code] = self.fs.open_input_file(
+                    f"{self.path}/{self.shards[code]}")
+            return f
 
     def span(self, row: int, parts: tuple[str, ...] = PARTS) -> tuple[int, int]:
         """(offset, size) of the one byte range that holds the sample's ``parts``."""
@@ -139,11 +143,10 @@ class ShardIndex:
         return min(starts), max(ends) - min(starts)
 
     def read(self, row: int, parts: tuple[str, ...] = PARTS) -> dict[str, bytes]:
-        """The tar members of one sample, by ONE ranged read of the span that holds them (under a
-        lock: the loader thread and the evaluation may share the open files)."""
+        """The tar members of one sample, by ONE ranged read of the span that holds them
+        (thread-safe: the loader's read-ahead and the evaluation share the open files)."""
         start, size = self.span(row, parts)
-        with self._lock:
-            blob = self._file(int(self.code[row])).read_at(size, start)
+        blob = self._file(int(self.code[row])).read_at(size, start)
         out = {}
         for ext in parts:
             off = int(self.num[F.SH_RANGES[ext][0].name][row]) - start
