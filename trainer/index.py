@@ -82,7 +82,8 @@ def build(shard_uri: str, dest: Path) -> None:
     with pa.OSFile(str(tmp), "wb") as fh, pa.ipc.new_file(fh, out.schema) as w:
         w.write_table(out, max_chunksize=max(1, len(out)))
     os.replace(tmp, dest)
-    for stale in dest.parent.glob(".index-*.arrow"):     # an older export's (another manifest)
+    prefix = dest.name.split(".index-")[0]             # "" beside the shards, else vlcurate-<where>
+    for stale in dest.parent.glob(f"{prefix}.index-*.arrow"):   # an older export's cache
         if stale != dest:
             stale.unlink(missing_ok=True)
 

@@ -206,7 +206,7 @@ def cross_stage():
 
 def test_cross_embeddings_are_the_clip_features_the_trainer_computes(cross_stage):
     """The cross-modal columns are the dual encoder's own normalised image and text features
-    (finetune.model.DualEncoder on the same random CLIP, the trainer's eval transform)."""
+    (trainer.model.DualEncoder on the same random CLIP, the trainer's eval transform)."""
     import torch
     from vlcurate.trainer.data import load_rgb, to_tensor
     from vlcurate.trainer.model import DualEncoder
