@@ -171,3 +171,23 @@ def _is_full_span(shards, rng: str) -> bool:   # noqa: F811
     starts = shards.index.num[F.SH_JPG_OFFSET.name]
     hit = np.nonzero(starts == a)[0]
     return len(hit) > 0 and any(shards.index.span(int(r)) == (a, b - a + 1) for r in hit)
+
+
+@pytest.mark.slow
+def test_cli_finetune_on_a_run_directory_in_a_bucket(s3, shards, capfd):  # noqa: F811
+    """``vlcurate finetune s3://bucket/run``: the config comes from the bucket's run.json, the
+    shards from ``<run>/export/shards`` there and the out_dir defaults to ``<run>/finetune``
+    there; a prefix with no run.json is refused with one line."""
+    from vlcurate.pipeline.cli import main
+    run_dir = f"{s3.bucket()}/runs/r1"
+    storage.upload_dir(str(Path(shards.uri).parents[1]), run_dir)
+    sets = [f"finetune.{k}={v}" for k, v in {
+        "model": json.dumps(TINY), "batch_size": 4, "steps": 2, "ckpt_every": 1,
+        "loss": "helip", "eval_fraction": 0.2, "progress": "false"}.items()]
+    assert main(["finetune", run_dir, "--nproc", "1", *sum((["--set", x] for x in sets), [])]) == 0
+    log = storage.read_bytes(f"{run_dir}/finetune/log.jsonl").decode().splitlines()
+    assert [json.loads(x)["step"] for x in log] == [1, 2]
+    assert load_checkpoint(f"{run_dir}/finetune/checkpoint.pt", "cpu")["step"] == 2
+    capfd.readouterr()
+    assert main(["finetune", f"{s3.bucket()}/nothing"]) == 2
+    assert "is not a vlcurate run directory (no run.json)" in capfd.readouterr().err
