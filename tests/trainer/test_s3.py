@@ -191,3 +191,12 @@ def test_cli_finetune_on_a_run_directory_in_a_bucket(s3, shards, capfd):  # noqa
     capfd.readouterr()
     assert main(["finetune", f"{s3.bucket()}/nothing"]) == 2
     assert "is not a vlcurate run directory (no run.json)" in capfd.readouterr().err
+
+
+def test_a_bucket_prefix_without_shards_is_refused_with_a_reason(s3):
+    bucket = s3.bucket().split("//")[1]
+    uri = f"s3://testing:SECRETxyz42@{bucket}/no/shards"
+    with pytest.raises(FileNotFoundError) as e:
+        ShardSet(uri)
+    assert str(e.value).startswith(f"s3://***@{bucket}/no/shards: no manifest.json; point "
+                                   "finetune.shards at the shards folder")
