@@ -108,6 +108,7 @@ def test_train_from_s3_to_s3_then_resume_equals_a_local_run(s3, shards, bucket_s
     biggest = max(shards.index.span(r)[1] for r in range(len(shards)))    # one sample's bytes
     assert gets and all(0 < n <= biggest for _, n in gets) and biggest < max(sizes.values()) / 10
     assert sum(n for _, n in gets) < sum(sizes.values())        # never a whole tar
+    assert len(s3.lists(at)) <= 4     # the index's folder once, the checkpoint's existence: none a step
     log = [json.loads(x) for x in storage.read_bytes(f"{out}/log.jsonl").decode().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and sum(r["hard_added"] for r in log) > 0
     assert load_checkpoint(f"{out}/checkpoint.pt", "cpu")["step"] == 3
