@@ -1,6 +1,7 @@
 """The trainer's stream from S3 (moto's server on loopback, ``tests/s3server.py``) with an added
 time to first byte per request, as a real object store has: samples/s with one read in flight
-(``READ_AHEAD = 1``) against the default read-ahead, in one run, printed as a ratio. Every read is
+(``READ_AHEAD = 1``) against the default read-ahead, and against the same shards in a local
+folder, in one run, printed as ratios. Every read is
 one ranged GET of one sample either way; only the overlap changes.
 
     .venv/bin/python tests/benchmarks/bench_s3_stream.py [--samples 200] [--latency-ms 20]
@@ -72,8 +73,11 @@ def main() -> None:
             n, s = timed(shards, depth, epoch)
             rates.setdefault(depth, []).append(n / s)
             print(f"read_ahead={depth:3d}: {n} samples in {s:.2f} s ({n / s:.0f} samples/s)")
+    n, s = timed(D.ShardSet(str(local)), default, 0)
+    print(f"local folder, read_ahead={default}: {n} samples in {s:.2f} s ({n / s:.0f} samples/s)")
     best = {d: max(r) for d, r in rates.items()}
-    print(f"ratio read_ahead={default} / read_ahead=1: {best[default] / best[1]:.1f}x "
+    print(f"ratio read_ahead={default} / read_ahead=1 on S3: {best[default] / best[1]:.1f}x; "
+          f"S3 / local: {best[default] / (n / s):.2f} "
           f"(latency {a.latency_ms:.0f} ms a request; load {os.getloadavg()[0]:.2f})")
 
 
