@@ -6,8 +6,9 @@ only, and no rank holds the index as Python objects (issue 14).
 HELIP (Alg. 3) needs each seed's hard pairs *in the same batch*, but shards are streamed. Choice:
 the trainer has random access. Export writes ``shards/index/*.parquet`` (each sample's byte
 offsets inside its tar), so for a seed the composer reads its p hard pairs straight from the
-tars (one ``pread`` each). The shards stay plain open_clip shards, nothing is duplicated, and
-any subset of seeds can draw any of its k mined pairs; hard pairs the export dropped are skipped.
+tars (one ranged read each: a ``pread`` locally, a ranged GET on an object store). The shards
+stay plain open_clip shards, nothing is duplicated, and any subset of seeds can draw any of its k
+mined pairs; hard pairs the export dropped are skipped.
 
 Reads overlap: ``READ_AHEAD`` samples are in flight per rank (the stream's next ones, or a batch's
 hard pairs), each one ranged read, so an object store's latency is hidden without reading ahead
@@ -23,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,14 +34,15 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from .fields import A  # noqa: F401  (re-exported: the annotation names)
 from vlcurate.pipeline import storage
 
+from .fields import A  # noqa: F401  (re-exported: the annotation names)
 from .index import MANIFEST, PARTS, ShardIndex, id_hash
 
 JPG, TXT, JSON = PARTS      # a sample's tar members (schemas.fields.SHARD_MEMBERS)
 READ_AHEAD = 32             # sample reads in flight per rank (one ranged GET each on S3/GCS)
 _POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
 
 
 @dataclass
@@ -141,9 +144,10 @@ class ShardSet:
         row = self.index.row(sample_id)
         if row is None:
             return None
-        if self._member is None:
-            self._member = np.zeros(len(self.index), bool)
-            self._member[self.rows] = True
+        if self._member is None:        # built whole before it is shared (fetch_many's threads)
+            member = np.zeros(len(self.index), bool)
+            member[self.rows] = True
+            self._member = member
         return self.sample(row) if self._member[row] else None
 
     def fetch_many(self, sample_ids: list[str]) -> list[Optional[Sample]]:
@@ -156,8 +160,9 @@ def read_ahead(read: Callable[[Any], Any], items: Iterable[Any],
     """``read(item)`` for each item, in order, with up to ``depth`` reads running at once on a
     shared thread pool (reads are leaves: they never wait on the pool, so sharing it is safe)."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="vlcurate-read")
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="vlcurate-read")
     pending: deque = deque()
     for item in items:
         pending.append(_POOL.submit(read, item))
