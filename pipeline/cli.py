@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -108,15 +107,18 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_finetune(a: argparse.Namespace) -> int:
     from . import config as C
     from .finetune import launch
-    target = Path(a.target)
-    if target.is_dir():
-        run_json = target / "run.json"
-        if not run_json.exists():
-            print(f"error: {target} is not a vlcurate run directory (no run.json)", file=sys.stderr)
+    target = a.target          # a run directory (a path or URI: s3://, gs://) or a config file
+    if not storage.is_local(target) or Path(target).is_dir():
+        run_json = storage.read_json(storage.join(target, "run.json"))
+        if run_json is None:
+            print(f"error: {storage.redact(target)} is not a vlcurate run directory (no run.json)",
+                  file=sys.stderr)
             return 2
-        cfg = C.from_dict(json.loads(run_json.read_text())["config"])
-        overrides = C.parse_overrides(a.overrides)
-        cfg = cfg.replace(**overrides) if overrides else cfg
+        cfg = C.from_dict(run_json["config"])
+        # the run directory as given here: run.json records it redacted (no credentials in it)
+        run_dir = str(Path(target).resolve()) if storage.is_local(target) else target
+        overrides = {"run.run_dir": run_dir, **C.parse_overrides(a.overrides)}
+        cfg = cfg.replace(**overrides)
     else:
         cfg = C.load(target, a.overrides)
     return launch(cfg, a.nproc)

@@ -57,10 +57,10 @@ class RayConfig(Params):
 
 @dataclass(frozen=True)
 class FinetuneConfig(Params):
-    """The thin DDP trainer over the exported shards (stages/finetune/)."""
+    """The thin DDP trainer over the exported shards (trainer/)."""
     section: ClassVar[str] = "finetune"
-    shards: Optional[str] = None         # default: <run_dir>/export/shards
-    out_dir: Optional[str] = None        # default: <run_dir>/finetune
+    shards: Optional[str] = None         # path or URI (s3://..); default: <run_dir>/export/shards
+    out_dir: Optional[str] = None        # a path or URI; default: <run_dir>/finetune
     model: ModelSpec = ModelSpec(id="openai/clip-vit-base-patch32")
     loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = "clip"
     helip_seed_fraction: float = 0.5     # HELIP Alg. 3: the share of B used as seeds B'

@@ -1,4 +1,4 @@
-"""``vlcurate finetune``: launch the trainer (stages/finetune/) under torchrun.
+"""``vlcurate finetune``: launch the trainer (trainer/) under torchrun.
 
 The launcher resolves the config (from a YAML config, or from a run dir's run.json), checks it
 against the shards and the out_dir, then runs ``python -m vlcurate.pipeline.finetune --nproc N``,
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import config as C
+from . import storage
 
 
 def _user_errors() -> tuple[type, ...]:
@@ -32,25 +33,34 @@ USER_ERRORS = _user_errors()
 
 
 def resolve(cfg: C.Config) -> tuple[C.FinetuneConfig, str, str]:
+    """(config, shards, out_dir): paths or URIs (s3://, gs://, ...); a local path made absolute
+    (the ranks may start elsewhere), a URI kept as given."""
     ft = cfg.finetune
-    run_dir = Path(cfg.run.run_dir)
-    shards = ft.shards or str(Path(cfg.export.out_dir or run_dir / "export") / "shards")
-    out = ft.out_dir or str(run_dir / "finetune")
-    return concept_heads(ft, run_dir), str(Path(shards).resolve()), str(Path(out).resolve())
+    run_dir = str(cfg.run.run_dir)
+    shards = ft.shards or storage.join(cfg.export.out_dir or storage.join(run_dir, "export"),
+                                       "shards")
+    out = ft.out_dir or storage.join(run_dir, "finetune")
+    return concept_heads(ft, run_dir), _absolute(shards), _absolute(out)
 
 
-def concept_heads(ft: C.FinetuneConfig, run_dir: Path) -> C.FinetuneConfig:
+def _absolute(uri: str) -> str:
+    return str(Path(storage.local_path(uri)).resolve()) if storage.is_local(uri) else str(uri)
+
+
+def concept_heads(ft: C.FinetuneConfig, run_dir: str) -> C.FinetuneConfig:
     """With ``concept_weight > 0``, a head size left at 0 is the number of concepts of that kind
     in the run's vocabulary (``<run>/concepts/vocab.parquet``), so the heads fit the targets."""
     if not ft.concept_weight or (ft.n_objects and ft.n_attributes):
         return ft
     from vlcurate.schemas import concepts as CO
-    path = run_dir / "concepts" / "vocab.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"finetune.concept_weight > 0: no concept vocabulary at {path}; "
-                                "run the concepts stage, or set finetune.n_objects/n_attributes")
+    path = storage.join(str(run_dir), "concepts", "vocab.parquet")
+    if not storage.exists(path):
+        raise FileNotFoundError(f"finetune.concept_weight > 0: no concept vocabulary at "
+                                f"{storage.redact(path)}; run the concepts stage, or set "
+                                "finetune.n_objects/n_attributes")
     import pyarrow.parquet as pq
-    kinds = pq.read_table(path, columns=[CO.V_KIND.name]).column(0).to_pylist()
+    fs, inner = storage.resolve(path)
+    kinds = pq.read_table(inner, columns=[CO.V_KIND.name], filesystem=fs).column(0).to_pylist()
     return dataclasses.replace(ft, n_objects=ft.n_objects or kinds.count("object"),
                                n_attributes=ft.n_attributes or kinds.count("attribute"))
 
@@ -59,21 +69,22 @@ def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
     """Check on the driver, then torchrun. A failure a rank reports (``USER_ERRORS``) comes back
     as ONE line on stderr and exit code 2, whichever rank hit it (each rank writes its line to a
     file of a fresh folder; the launcher prints the lowest rank's)."""
-    from vlcurate.stages.finetune.data import ShardSet
-    from vlcurate.stages.finetune.outdir import check_out_dir
-    from vlcurate.stages.finetune.train import check_config
+    from vlcurate.trainer.data import ShardSet
+    from vlcurate.trainer.outdir import check_out_dir
+    from vlcurate.trainer.train import check_config
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
         n = nproc or ft.nproc
         check_config(ft, ShardSet(shards))
-        check_out_dir(ft, Path(shards), Path(out), n, write=False)
+        check_out_dir(ft, shards, out, n, write=False)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="vlcurate-ft-") as errors:
         payload = json.dumps({"finetune": C.to_dict(ft), "shards": shards, "out": out,
                               "errors": errors})
-        print(f"finetune: {n} process(es), shards {shards} -> {out}")
+        print(f"finetune: {n} process(es), shards {storage.redact(shards)} -> "
+              f"{storage.redact(out)}")
         cmd = [sys.executable, "-m", "vlcurate.pipeline.finetune", "--nproc", str(n),
                "--resolved", payload]
         rc = subprocess.call(cmd, env={**os.environ,
@@ -108,10 +119,9 @@ def report(errors: Optional[str], out: str, rank: int, e: BaseException) -> None
     it, in ``<out>/error-rank<r>.log``."""
     line = " ".join(str(e).split()) or type(e).__name__
     try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        log = Path(out) / f"error-rank{rank}.log"
-        log.write_text("".join(traceback.format_exception(e)))
-        line += f" (traceback: {log})"
+        log = storage.join(out, f"error-rank{rank}.log")
+        storage.write_bytes(log, "".join(traceback.format_exception(e)).encode())
+        line += f" (traceback: {storage.redact(log)})"
     except OSError:
         pass
     if errors:
@@ -124,7 +134,7 @@ def worker(payload: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from vlcurate.stages.finetune.train import train
+    from vlcurate.trainer.train import train
     data = json.loads(payload)
     ft = C.from_dict({"finetune": data["finetune"]}).finetune
     world = int(os.environ.get("WORLD_SIZE", "1"))

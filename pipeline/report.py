@@ -168,8 +168,9 @@ class Images:
         if index is None or not storage.exists(index):
             return
         fs, index_path = storage.resolve(index)
-        cols = [F.SAMPLE_ID.name, F.SH_NAME.name, "jpg_offset", "jpg_size", "txt_offset",
-                "txt_size"]
+        jpg_at, jpg_n, txt_at, txt_n = (f.name for f in (F.SH_JPG_OFFSET, F.SH_JPG_SIZE,
+                                                         F.SH_TXT_OFFSET, F.SH_TXT_SIZE))
+        cols = [F.SAMPLE_ID.name, F.SH_NAME.name, jpg_at, jpg_n, txt_at, txt_n]
         t = ds.dataset(index_path, format="parquet", filesystem=fs).to_table(
             columns=cols, filter=pc.field(F.SAMPLE_ID.name).isin(list(ids)))
         by_shard: dict[str, list[dict]] = defaultdict(list)
@@ -180,11 +181,11 @@ class Images:
             if fs.get_file_info(path).type != pafs.FileType.File:
                 continue
             with fs.open_input_file(path) as fh:     # byte ranges: never the whole shard
-                for r in sorted(rows, key=lambda r: r["jpg_offset"]):
-                    fh.seek(r["jpg_offset"])
-                    jpg = fh.read(r["jpg_size"])
-                    fh.seek(r["txt_offset"])
-                    txt = fh.read(r["txt_size"]).decode("utf-8", "replace")
+                for r in sorted(rows, key=lambda r: r[jpg_at]):
+                    fh.seek(r[jpg_at])
+                    jpg = fh.read(r[jpg_n])
+                    fh.seek(r[txt_at])
+                    txt = fh.read(r[txt_n]).decode("utf-8", "replace")
                     self.items[r[F.SAMPLE_ID.name]] = Item(txt, None, thumbnail(jpg, self.size))
 
     def _from_ingest(self, ids: dict[str, Optional[int]]) -> None:

@@ -95,3 +95,15 @@ SH_SAMPLES = pa.field("samples", pa.int64(), nullable=False)
 SH_BYTES = pa.field("bytes", pa.int64(), nullable=False)
 SH_FIRST = pa.field("first_sample_id", pa.string())
 SH_LAST = pa.field("last_sample_id", pa.string())
+
+# --- shard index (shards/index/*.parquet): where each tar member of a sample lies -----------------
+SHARD_MEMBERS = ("jpg", "txt", "json")      # a sample's tar members, by extension
+SH_JPG_OFFSET = pa.field("jpg_offset", pa.int64(), nullable=False)
+SH_JPG_SIZE = pa.field("jpg_size", pa.int64(), nullable=False)
+SH_TXT_OFFSET = pa.field("txt_offset", pa.int64(), nullable=False)
+SH_TXT_SIZE = pa.field("txt_size", pa.int64(), nullable=False)
+SH_JSON_OFFSET = pa.field("json_offset", pa.int64(), nullable=False)
+SH_JSON_SIZE = pa.field("json_size", pa.int64(), nullable=False)
+# member extension -> (offset field, size field)
+SH_RANGES = {"jpg": (SH_JPG_OFFSET, SH_JPG_SIZE), "txt": (SH_TXT_OFFSET, SH_TXT_SIZE),
+             "json": (SH_JSON_OFFSET, SH_JSON_SIZE)}

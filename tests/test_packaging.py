@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_every_package_folder_is_listed_in_pyproject():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {"vlcurate." + ".".join(p.parent.relative_to(REPO).parts)
-             for top in ("schemas", "stages", "pipeline") for p in (REPO / top).rglob("__init__.py")}
+             for top in ("schemas", "stages", "pipeline", "trainer") for p in (REPO / top).rglob("__init__.py")}
     assert found == listed
 
 

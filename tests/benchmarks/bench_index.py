@@ -1,6 +1,6 @@
 """Memory and speed of the trainer's random-access index (HELIP hard pairs) on a synthetic
 1M-row export index (issue 14): the old per-rank Python lists + dict against the memory-mapped
-``stages/finetune/index.ShardIndex``. Each variant runs in a fresh process; RSS is read from
+``trainer/index.ShardIndex``. Each variant runs in a fresh process; RSS is read from
 /proc (resident set, and its private part: the pages a second rank on this machine would not
 share).
 
@@ -59,7 +59,7 @@ def old_index(d: Path):
 
 
 def new_index(d: Path):
-    from vlcurate.stages.finetune.index import ShardIndex
+    from vlcurate.trainer.index import ShardIndex
     idx = ShardIndex(d)
     return idx.row, (lambda i: int(idx.num["jpg_offset"][i]))
 
@@ -69,7 +69,7 @@ def child(kind: str, d: Path, lookups: int) -> None:
     import pyarrow.dataset  # noqa: F401
     import pyarrow.ipc  # noqa: F401
 
-    import vlcurate.stages.finetune.index  # noqa: F401
+    import vlcurate.trainer.index  # noqa: F401
     base, base_private = rss_mib()
     t0 = time.perf_counter()
     row, offset = (old_index if kind == "before" else new_index)(d)

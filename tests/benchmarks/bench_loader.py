@@ -24,7 +24,7 @@ def old_stream(shards, rank: int, world: int):
     every sample of every shard (WebDataset) and keeps every ``world``-th."""
     import json
     import webdataset as wds
-    urls = [str(shards.dir / n) for n in shards.index.shards]
+    urls = [str(Path(shards.uri) / n) for n in shards.index.shards]
     per_rank = len(shards) // world
     for i, (key, jpg, txt, meta) in enumerate(
             wds.WebDataset(urls, shardshuffle=False, nodesplitter=lambda s: s)
@@ -65,8 +65,8 @@ def main() -> int:
     from vlcurate.schemas import F, tables
     from vlcurate.stages.base import Stage
     from vlcurate.stages.export import ExportStage
-    from vlcurate.stages.finetune.compose import Composer, batches
-    from vlcurate.stages.finetune.data import A, ShardSet
+    from vlcurate.trainer.compose import Composer, batches
+    from vlcurate.trainer.data import A, ShardSet
     from vlcurate.stages.ids import IdsStage
     from vlcurate.stages.ingest import IngestStage
     from vlcurate.stages.models import load_clip

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vlcurate.stages.finetune import losses as L
+from vlcurate.trainer import losses as L
 
 N_OBJ, N_ATTR, TOPK, FEAT = 10_000, 1_200, 10, 768
 

@@ -206,10 +206,10 @@ def cross_stage():
 
 def test_cross_embeddings_are_the_clip_features_the_trainer_computes(cross_stage):
     """The cross-modal columns are the dual encoder's own normalised image and text features
-    (finetune.model.DualEncoder on the same random CLIP, the trainer's eval transform)."""
+    (trainer.model.DualEncoder on the same random CLIP, the trainer's eval transform)."""
     import torch
-    from vlcurate.stages.finetune.data import load_rgb, to_tensor
-    from vlcurate.stages.finetune.model import DualEncoder
+    from vlcurate.trainer.data import load_rgb, to_tensor
+    from vlcurate.trainer.model import DualEncoder
     out = cross_stage(batch())
     assert out.schema == cross_stage.schema
     assert out.schema.field(E.CROSS_IMAGE_EMB_NAME).type == pa.list_(pa.float32(), 32)

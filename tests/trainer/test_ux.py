@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from tests.stages.finetune.test_trainer import clip, composer, dag, shards  # noqa: F401 (fixtures)
+from tests.trainer.test_trainer import clip, composer, dag, shards  # noqa: F401 (fixtures)
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.finetune import launch
 from vlcurate.pipeline.runner import run
-from vlcurate.stages.finetune import index as IX
-from vlcurate.stages.finetune.compose import batches
-from vlcurate.stages.finetune.data import ShardSet
-from vlcurate.stages.finetune.outdir import OutDirInUse, check_out_dir
-from vlcurate.stages.finetune.train import train
+from vlcurate.schemas import F
+from vlcurate.trainer import index as IX
+from vlcurate.trainer.compose import batches
+from vlcurate.trainer.data import ShardSet
+from vlcurate.trainer.outdir import OutDirInUse, check_out_dir
+from vlcurate.trainer.train import train
 
 TINY = {"id": "tiny", "random_init": True}
 
@@ -47,8 +48,8 @@ def test_ranks_read_every_sample_exactly_once_per_epoch(shards, world):
     for epoch in (0, 1):
         seen, read = [], []
         for rank in range(world):
-            idx = CountingIndex(shards.dir)
-            part = ShardSet(shards.dir, train_set.rows, idx)
+            idx = CountingIndex(shards.uri)
+            part = ShardSet(shards.uri, train_set.rows, idx)
             keys = [s.key for s in part.stream(epoch=epoch, seed=4, rank=rank, world=world, buffer=8)]
             assert len(keys) == per_rank                          # equal samples per rank
             assert sorted(idx.read_rows) == sorted(part.rank_rows(epoch, 4, rank, world).tolist())
@@ -58,7 +59,7 @@ def test_ranks_read_every_sample_exactly_once_per_epoch(shards, world):
         assert len(read) == len(set(read))                       # no byte range read twice
         assert n - len(seen) == n % world                        # all but the remainder
     # with world dividing the count, two ranks together read every sample exactly once
-    even = ShardSet(shards.dir, train_set.rows[: len(train_set) // 2 * 2], shards.index)
+    even = ShardSet(shards.uri, train_set.rows[: len(train_set) // 2 * 2], shards.index)
     both = [s.key for r in (0, 1) for s in even.stream(epoch=3, seed=0, rank=r, world=2)]
     assert sorted(both) == sorted(shards.index.ids[int(r)].as_py() for r in even.rows)
 
@@ -94,9 +95,9 @@ def test_two_rank_batches_resume_exactly(shards, clip):   # noqa: F811
 
 def test_index_is_memory_mapped_and_finds_every_sample(shards):
     idx = shards.index
-    cache = list(shards.dir.glob(".index-*.arrow"))
+    cache = list(Path(shards.uri).glob(".index-*.arrow"))
     assert len(cache) == 1                                        # built once, beside the shards
-    for arr in (idx.code, idx.id_hash, idx.num["jpg_offset"]):
+    for arr in (idx.code, idx.id_hash, idx.num[F.SH_JPG_OFFSET.name]):
         assert isinstance(arr, np.ndarray) and not arr.flags.owndata   # views of the mapped file
     for s in shards.stream(epoch=0, seed=0, rank=0, world=1):
         got = shards.fetch(s.key)
@@ -106,7 +107,7 @@ def test_index_is_memory_mapped_and_finds_every_sample(shards):
 
 def test_index_lookup_survives_hash_collisions(shards, tmp_path, monkeypatch):
     d = tmp_path / "shards"
-    shutil.copytree(shards.dir, d, ignore=shutil.ignore_patterns(".index-*"))
+    shutil.copytree(shards.uri, d, ignore=shutil.ignore_patterns(".index-*"))
     monkeypatch.setattr(IX, "id_hash", lambda s: 7)               # every id collides
     idx = IX.ShardIndex(d)
     for r in (0, 17, len(idx) - 1):
@@ -137,29 +138,29 @@ def test_held_out_fraction_is_by_sample_id_hash(shards, tmp_path):
 
 # --- issue 17 (c): the fingerprinted out_dir, (b) the progress bar ------------------------------
 def ft(shards, out, **over) -> C.FinetuneConfig:
-    base = {"shards": str(shards.dir), "out_dir": str(out), "model": TINY, "batch_size": 4,
+    base = {"shards": shards.uri, "out_dir": str(out), "model": TINY, "batch_size": 4,
             "steps": 2, "ckpt_every": 1, "lr": 1e-3, "eval_fraction": 0.2}
     return C.from_dict({"finetune": {**base, **over}}).finetune
 
 
 def test_out_dir_refuses_another_config_and_resumes_the_same(shards, tmp_path, capsys):
     out = tmp_path / "ft"
-    train(ft(shards, out), str(shards.dir), str(out))
+    train(ft(shards, out), shards.uri, str(out))
     err = capsys.readouterr().err
     assert "8/8" in err and "samples/s" in err and "loss " in err      # the progress bar
     with pytest.raises(OutDirInUse) as e:                       # another loss: refused, no crash
-        train(ft(shards, out, loss="helip"), str(shards.dir), str(out))
+        train(ft(shards, out, loss="helip"), shards.uri, str(out))
     assert str(e.value) == (
         f"finetune.out_dir {out} holds a run of another training config (loss: \"clip\" -> "
         f"\"helip\"); resuming needs the same one: set a new finetune.out_dir, or delete {out} "
         "to start over")
     logs = []
     res = train(ft(shards, out, steps=3, ckpt_every=5, eval_batch_size=2, progress=False),
-                str(shards.dir), str(out), log=logs.append)          # not training settings
+                shards.uri, str(out), log=logs.append)          # not training settings
     assert res["steps"] == 3 and "resumed from step 2 (epoch 0, batch 2)" in logs
     assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [1, 2, 3]
     with pytest.raises(OutDirInUse, match=r"world_size: 1 -> 2"):    # the global batch changes
-        check_out_dir(ft(shards, out), shards.dir, out, 2, write=False)
+        check_out_dir(ft(shards, out), shards.uri, out, 2, write=False)
 
 
 def test_out_dir_with_an_old_checkpoint_is_refused(shards, tmp_path):
@@ -167,13 +168,13 @@ def test_out_dir_with_an_old_checkpoint_is_refused(shards, tmp_path):
     out.mkdir()
     torch.save({"step": 1}, out / "checkpoint.pt")
     with pytest.raises(OutDirInUse, match="holds a checkpoint with no config.json"):
-        check_out_dir(ft(shards, out), shards.dir, out, 1, write=False)
+        check_out_dir(ft(shards, out), shards.uri, out, 1, write=False)
 
 
 def test_launch_refuses_another_config_before_torchrun(shards, tmp_path, capsys):
     out = tmp_path / "ft"
-    check_out_dir(ft(shards, out), shards.dir, out, 1, write=True)
-    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.out_dir": str(out),
+    check_out_dir(ft(shards, out), shards.uri, out, 1, write=True)
+    cfg = C.load(None, {"finetune.shards": shards.uri, "finetune.out_dir": str(out),
                         "finetune.model": TINY, "finetune.batch_size": 4, "finetune.steps": 2,
                         "finetune.ckpt_every": 1, "finetune.lr": 1e-3,
                         "finetune.eval_fraction": 0.2, "finetune.loss": "sigmoid"})
@@ -189,7 +190,7 @@ def test_cli_missing_model_gives_one_error_line(shards, tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "ft"
     conf = tmp_path / "ft.yaml"            # JSON is YAML
-    conf.write_text(json.dumps({"finetune": {"shards": str(shards.dir), "out_dir": str(out),
+    conf.write_text(json.dumps({"finetune": {"shards": shards.uri, "out_dir": str(out),
                                              "model": {"id": "nobody/no-such-clip"}}}))
     p = subprocess.run([sys.executable, "-m", "vlcurate.pipeline.cli", "finetune", str(conf),
                         "--nproc", "2"], env=env, capture_output=True, text=True, timeout=300)

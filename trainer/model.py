@@ -7,7 +7,7 @@ import math
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as Fn
+import torch.nn.functional as TF
 from torch import nn
 
 
@@ -34,11 +34,11 @@ class DualEncoder(nn.Module):
         return self.clip.logit_scale.exp().clamp(max=100.0)
 
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        return Fn.normalize(_features(self.clip.get_image_features(pixel_values=pixels)).float(), dim=-1)
+        return TF.normalize(_features(self.clip.get_image_features(pixel_values=pixels)).float(), dim=-1)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.clip.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
-        return Fn.normalize(_features(out).float(), dim=-1)
+        return TF.normalize(_features(out).float(), dim=-1)
 
     def forward(self, pixels: torch.Tensor, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor) -> tuple:

@@ -19,9 +19,9 @@ from vlcurate.schemas import F, tables
 from vlcurate.schemas import mining as MI
 from vlcurate.stages.base import Stage
 from vlcurate.stages.export import ExportStage
-from vlcurate.stages.finetune.compose import Composer, batches, step_rng
-from vlcurate.stages.finetune.data import A, ShardSet
-from vlcurate.stages.finetune.train import retrieval_metrics
+from vlcurate.trainer.compose import Composer, batches, step_rng
+from vlcurate.trainer.data import A, ShardSet
+from vlcurate.trainer.train import retrieval_metrics
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.models import load_clip
@@ -101,7 +101,7 @@ def test_a_positive_is_never_drawn_as_a_hard_negative(shards, clip):
     """Issue 17: a near-duplicate twin mined as both a hard pair and a positive of the seed is a
     positive only."""
     import dataclasses
-    from vlcurate.stages.finetune.compose import hard_negatives
+    from vlcurate.trainer.compose import hard_negatives
     samples = list(shards.stream(epoch=0, seed=0, rank=0, world=1))[:8]
     twins = [dataclasses.replace(s, meta={**s.meta, A.positive_ids: [s.meta[A.hard_ids][0]]})
              for s in samples]
@@ -164,7 +164,7 @@ def test_mp_nce_domains_follow_the_relation(shards, clip):
 
 
 def test_clipc_composites(shards, clip):
-    from vlcurate.stages.finetune.data import composite
+    from vlcurate.trainer.data import composite
     from PIL import Image
     a, b = Image.new("RGB", (40, 40), (255, 0, 0)), Image.new("RGB", (40, 40), (0, 0, 255))
     c = composite(a, b, 32)
@@ -192,8 +192,8 @@ def test_clipc_composites(shards, clip):
 
 
 def test_missing_annotation_stops_the_trainer(shards):
-    from vlcurate.stages.finetune.fields import MissingAnnotation
-    from vlcurate.stages.finetune.train import check_config
+    from vlcurate.trainer.fields import MissingAnnotation
+    from vlcurate.trainer.train import check_config
     ok = C.from_dict({"finetune": {"loss": "mp_nce"}}).finetune
     check_config(ok, shards)                      # hard pairs, positives, recaptions: all there
     cfg = C.from_dict({"finetune": {"loss": "sigmoid", "concept_weight": 0.5, "n_objects": 3,
@@ -203,7 +203,7 @@ def test_missing_annotation_stops_the_trainer(shards):
 
 
 def test_launch_stops_with_the_reason(shards, capsys):
-    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.loss": "sigmoid",
+    cfg = C.load(None, {"finetune.shards": shards.uri, "finetune.loss": "sigmoid",
                         "finetune.concept_weight": 0.5, "finetune.n_objects": 2,
                         "finetune.n_attributes": 2})
     assert launch(cfg) == 2                        # before torchrun starts
@@ -211,7 +211,7 @@ def test_launch_stops_with_the_reason(shards, capsys):
 
 
 def test_concept_ids_must_fit_the_heads(shards, clip):
-    from vlcurate.stages.finetune.data import Sample
+    from vlcurate.trainer.data import Sample
     comp = composer(shards, clip, loss="clip", concept_weight=0.5, n_objects=2, n_attributes=2)
     s = next(iter(shards.stream(epoch=0, seed=0, rank=0, world=1)))
     meta = {**s.meta, A.object_ids: [0, 5], A.object_probs: [0.5, 0.5],
@@ -221,7 +221,7 @@ def test_concept_ids_must_fit_the_heads(shards, clip):
 
 
 def test_checkpoints_load_weights_only(tmp_path):
-    from vlcurate.stages.finetune.train import UnsafeCheckpoint, load_checkpoint
+    from vlcurate.trainer.train import UnsafeCheckpoint, load_checkpoint
     good = tmp_path / "good.pt"
     torch.save({"model": {"w": torch.ones(2)}, "step": 3}, good)
     assert load_checkpoint(good, "cpu")["step"] == 3
@@ -301,7 +301,7 @@ def test_ddp_gloo_two_processes_on_coco_shards_with_resume(tmp_path):
 def test_ddp_multi_positive_losses_two_processes(shards, tmp_path, loss):
     """UniCLIP's views and positive sets (and FFF's M) across 2 gloo ranks: the global masks line
     up with the gathered embeddings, the loss is finite and the ranks stay identical."""
-    cfg = C.load(None, {"finetune.shards": str(shards.dir), "finetune.out_dir": str(tmp_path),
+    cfg = C.load(None, {"finetune.shards": shards.uri, "finetune.out_dir": str(tmp_path),
                         "finetune.model": {"id": "tiny", "random_init": True},
                         "finetune.loss": loss, "finetune.mp_views": 2, "finetune.batch_size": 4,
                         "finetune.steps": 3, "finetune.eval_fraction": 0, "finetune.lr": 1e-3,

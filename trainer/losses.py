@@ -22,7 +22,7 @@ import math
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as TF
 from torch import Tensor
 
 __all__ = [
@@ -60,8 +60,8 @@ def indices_to_mask(index: Tensor, n_cols: int) -> Tensor:
 
 def _clip_from_logits(logits: Tensor, symmetric: bool) -> Tensor:
     labels = torch.arange(logits.shape[0], device=logits.device)
-    i2t = F.cross_entropy(logits, labels)
-    return (i2t + F.cross_entropy(logits.T, labels)) / 2 if symmetric else i2t
+    i2t = TF.cross_entropy(logits, labels)
+    return (i2t + TF.cross_entropy(logits.T, labels)) / 2 if symmetric else i2t
 
 
 def info_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float) -> Tensor:
@@ -315,7 +315,7 @@ def sigmoid_loss(image_emb: Tensor, text_emb: Tensor, t: Tensor | float, b: Tens
     normaliser ``1/|B|`` is read as the number of images (rows), as in SigLIP, whose loss this is.
     """
     logits = t * (image_emb @ text_emb.T) + b
-    return F.binary_cross_entropy_with_logits(
+    return TF.binary_cross_entropy_with_logits(
         logits, pos_mask.to(logits.dtype), reduction="sum") / logits.shape[0]
 
 
@@ -415,14 +415,14 @@ def mp_nce(emb: Tensor, domains: Tensor, pos_mask: Tensor, scale: Tensor, offset
     """
     m = emb.shape[0]
     pos = pos_mask | _eye(m, emb.device)
-    onehot = F.one_hot(domains.long(), scale.shape[0]).to(emb.dtype)              # [M, K]
+    onehot = TF.one_hot(domains.long(), scale.shape[0]).to(emb.dtype)              # [M, K]
     # per-pair scale_D and scale_D * offset_D as rank-K products: no [M, M] gathers
     logits = ((onehot @ scale @ onehot.T) * _Gram.apply(emb)
               - onehot @ (scale * offset) @ onehot.T)
     neg_lse = torch.logsumexp(logits.masked_fill(pos, _neg_inf(logits)), dim=1)
     # -log(s_ip / (s_ip + sum_n s_in)) = softplus(lse_n - log s_ip), only at the positives
     r, c = pos.nonzero(as_tuple=True)
-    term = F.softplus(neg_lse[r] - logits[r, c]) * weights[domains[r], domains[c]]
+    term = TF.softplus(neg_lse[r] - logits[r, c]) * weights[domains[r], domains[c]]
     per_anchor = torch.zeros(m, dtype=term.dtype, device=term.device).index_add(0, r, term)
     return (per_anchor / pos.sum(dim=1)).mean()
 

@@ -6,8 +6,14 @@ only, and no rank holds the index as Python objects (issue 14).
 HELIP (Alg. 3) needs each seed's hard pairs *in the same batch*, but shards are streamed. Choice:
 the trainer has random access. Export writes ``shards/index/*.parquet`` (each sample's byte
 offsets inside its tar), so for a seed the composer reads its p hard pairs straight from the
-tars (one ``pread`` each). The shards stay plain open_clip shards, nothing is duplicated, and
-any subset of seeds can draw any of its k mined pairs; hard pairs the export dropped are skipped.
+tars (one ranged read each: a ``pread`` locally, a ranged GET on an object store). The shards
+stay plain open_clip shards, nothing is duplicated, and any subset of seeds can draw any of its k
+mined pairs; hard pairs the export dropped are skipped.
+
+Reads overlap: ``READ_AHEAD`` samples are in flight per rank (the stream's next ones, or a batch's
+hard pairs), each one ranged read, so an object store's latency is hidden without reading ahead
+by whole shards (memory stays ``READ_AHEAD`` samples) or fetching a byte twice. Order and bytes
+do not depend on it.
 
 Determinism: the stream order (shard order, shuffle buffer, the split across ranks) and every
 random choice of a step (seeds, hard pairs, composites, crops) come from RNGs seeded by
@@ -18,15 +24,25 @@ from __future__ import annotations
 import io
 import json
 import random
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
+from vlcurate.pipeline import storage
+
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
-from .index import ShardIndex, id_hash
+from .index import MANIFEST, PARTS, ShardIndex, id_hash
+
+JPG, TXT, JSON = PARTS      # a sample's tar members (schemas.fields.SHARD_MEMBERS)
+READ_AHEAD = 32             # sample reads in flight per rank (one ranged GET each on S3/GCS)
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
 
 
 @dataclass
@@ -44,13 +60,14 @@ class ShardSet:
     """The exported shards (``manifest.json``), or a subset of their samples (``rows`` of the
     memory-mapped index, in file order), streamed and read through ``index.ShardIndex``."""
 
-    def __init__(self, shard_dir: str | Path, rows: Optional[np.ndarray] = None,
+    def __init__(self, shard_uri: str | Path, rows: Optional[np.ndarray] = None,
                  index: Optional[ShardIndex] = None) -> None:
-        self.dir = Path(shard_dir)
-        if not (self.dir / "manifest.json").exists():
-            raise FileNotFoundError(f"{self.dir}: no manifest.json; point finetune.shards at the "
-                                    "shards folder that `vlcurate run` exported")
-        self.index = index or ShardIndex(self.dir)
+        self.uri = str(shard_uri)          # a local path or a URI (s3://, gs://, ...)
+        if index is None and not storage.exists(storage.join(self.uri, MANIFEST)):
+            raise FileNotFoundError(f"{storage.redact(self.uri)}: no {MANIFEST}; point "
+                                    "finetune.shards at the shards folder that `vlcurate run` "
+                                    "exported")
+        self.index = index or ShardIndex(self.uri)
         self.rows = np.arange(len(self.index)) if rows is None else rows
         self._member: Optional[np.ndarray] = None
         self._runs: Optional[tuple[np.ndarray, np.ndarray]] = None
@@ -65,8 +82,8 @@ class ShardSet:
         if not 0 <= fraction < 1:
             raise ValueError(f"finetune.eval_fraction must be in [0, 1), got {fraction}")
         held = held_out(self.index.id_hash[self.rows], fraction, seed)
-        return (ShardSet(self.dir, self.rows[~held], self.index),
-                ShardSet(self.dir, self.rows[held], self.index))
+        return (ShardSet(self.uri, self.rows[~held], self.index),
+                ShardSet(self.uri, self.rows[held], self.index))
 
     # --- streaming --------------------------------------------------------------------------
     def _shard_runs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -106,20 +123,19 @@ class ShardSet:
         buffer shuffles row numbers, so ``skip`` (resume) drops the first ones without reading
         anything, and a rank reads and decodes only its own samples."""
         rows = self.rank_rows(epoch, seed, rank, world)
-        for n, row in enumerate(buffered(rows, random.Random(f"{seed}/{epoch}/{rank}"), buffer)):
-            if n >= skip:
-                yield self.sample(row)
+        order = buffered(rows, random.Random(f"{seed}/{epoch}/{rank}"), buffer)
+        yield from read_ahead(self.sample, (r for n, r in enumerate(order) if n >= skip))
 
     def sample(self, row: int) -> Sample:
         parts = self.index.read(row)
-        return Sample(self.index.ids[row].as_py(), parts["jpg"], parts["txt"].decode("utf-8"),
-                      json.loads(parts["json"]))
+        return Sample(self.index.ids[row].as_py(), parts[JPG], parts[TXT].decode("utf-8"),
+                      json.loads(parts[JSON]))
 
     def first_meta(self) -> dict:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
-            raise ValueError(f"{self.dir}: the shards hold no sample")
-        return json.loads(self.index.read(0, ("json",))["json"])
+            raise ValueError(f"{storage.redact(self.uri)}: the shards hold no sample")
+        return json.loads(self.index.read(0, (JSON,))[JSON])
 
     # --- random access -------------------------------------------------------------------------
     def fetch(self, sample_id: str) -> Optional[Sample]:
@@ -128,10 +144,32 @@ class ShardSet:
         row = self.index.row(sample_id)
         if row is None:
             return None
-        if self._member is None:
-            self._member = np.zeros(len(self.index), bool)
-            self._member[self.rows] = True
+        if self._member is None:        # built whole before it is shared (fetch_many's threads)
+            member = np.zeros(len(self.index), bool)
+            member[self.rows] = True
+            self._member = member
         return self.sample(row) if self._member[row] else None
+
+    def fetch_many(self, sample_ids: list[str]) -> list[Optional[Sample]]:
+        """``fetch`` of each id, the reads overlapping (``read_ahead``), in the given order."""
+        return list(read_ahead(self.fetch, sample_ids))
+
+
+def read_ahead(read: Callable[[Any], Any], items: Iterable[Any],
+               depth: int = READ_AHEAD) -> Iterator[Any]:
+    """``read(item)`` for each item, in order, with up to ``depth`` reads running at once on a
+    shared thread pool (reads are leaves: they never wait on the pool, so sharing it is safe)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="vlcurate-read")
+    pending: deque = deque()
+    for item in items:
+        pending.append(_POOL.submit(read, item))
+        if len(pending) >= depth:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def buffered(rows: np.ndarray, rng: random.Random, buffer: int) -> Iterator[int]:

@@ -16,9 +16,9 @@ from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.finetune import resolve
 from vlcurate.pipeline.runner import run
 from vlcurate.schemas import concepts as CO
-from vlcurate.stages.finetune import train as T
-from vlcurate.stages.finetune.compose import batches
-from vlcurate.stages.finetune.fields import A
+from vlcurate.trainer import train as T
+from vlcurate.trainer.compose import batches
+from vlcurate.trainer.fields import A
 
 TINY = {"id": "tiny", "random_init": True}
 

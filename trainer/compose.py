@@ -114,13 +114,14 @@ class Composer:
             return samples, hard
         n_seeds = round(len(samples) * c.helip_seed_fraction)
         out = list(samples)
+        picks: list[tuple[int, str]] = []            # (seed row, hard pair id), drawn in order
         for i in sorted(rng.sample(range(len(samples)), n_seeds)):
             pool = hard_negatives(samples[i].meta)
-            for hid in ([rng.choice(pool) for _ in range(c.helip_p)] if pool else []):
-                got = self.shards.fetch(hid)
-                if got is not None:
-                    hard[i].append(len(out))
-                    out.append(got)
+            picks += [(i, rng.choice(pool)) for _ in range(c.helip_p)] if pool else []
+        for (i, _), got in zip(picks, self.shards.fetch_many([h for _, h in picks])):
+            if got is not None:                      # random access, the reads overlapping
+                hard[i].append(len(out))
+                out.append(got)
         hard += [[] for _ in range(len(out) - len(samples))]
         return out, hard
 

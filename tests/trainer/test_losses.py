@@ -12,17 +12,17 @@ import math
 import pytest
 import torch
 import torch.multiprocessing as mp
-import torch.nn.functional as F
+import torch.nn.functional as TF
 
-from vlcurate.stages.finetune import distributed as D
-from vlcurate.stages.finetune import losses as L
+from vlcurate.trainer import distributed as D
+from vlcurate.trainer import losses as L
 
 DT = torch.float64
 
 
 def unit(n: int, d: int = 8, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return F.normalize(torch.randn(n, d, generator=g, dtype=DT), dim=1).requires_grad_()
+    return TF.normalize(torch.randn(n, d, generator=g, dtype=DT), dim=1).requires_grad_()
 
 
 def rand_mask(n: int, m: int, p: float, seed: int) -> torch.Tensor:
@@ -169,7 +169,7 @@ def test_info_nce_parity(n):
 
 
 def test_info_nce_chance_level_is_log_n():
-    X = F.normalize(torch.ones(5, 4, dtype=DT), dim=1)
+    X = TF.normalize(torch.ones(5, 4, dtype=DT), dim=1)
     assert L.info_nce(X, X, 10.0).item() == pytest.approx(math.log(5))
 
 
@@ -290,7 +290,7 @@ def test_concept_ce_matches_dense_soft_cross_entropy():
     val = torch.softmax(torch.randn(4, 3, generator=g, dtype=DT), dim=1)
     dense = torch.zeros(4, 6, dtype=DT).scatter(1, idx, val)
     assert L.soft_target_cross_entropy(logits, idx, val).item() == pytest.approx(
-        F.cross_entropy(logits, dense).item(), rel=1e-12)
+        TF.cross_entropy(logits, dense).item(), rel=1e-12)
 
 
 def test_concept_ce_all_padding_is_zero():
@@ -342,7 +342,7 @@ def test_sigmoid_decreases_when_positives_get_closer():
     X, T = unit(n, seed=25).detach(), unit(n, seed=26).detach()
     M = torch.eye(n, dtype=torch.bool)
     before = L.sigmoid_loss(X, T, 10.0, -5.0, M)
-    closer = F.normalize(T + 0.5 * X, dim=1)
+    closer = TF.normalize(T + 0.5 * X, dim=1)
     assert L.sigmoid_loss(X, closer, 10.0, -5.0, M) < before
 
 
@@ -433,7 +433,7 @@ def test_mp_nce_single_positive_is_info_nce():
     one = torch.ones(1, 1, dtype=DT)
     out = L.mp_nce(Z, torch.zeros(6, dtype=torch.long), torch.zeros(6, 6, dtype=torch.bool),
                    3.0 * one, 0.4 * one, one)
-    ref = F.cross_entropy(3.0 * (Z @ Z.T), torch.arange(6))
+    ref = TF.cross_entropy(3.0 * (Z @ Z.T), torch.arange(6))
     assert_parity(out, ref, [Z])
 
 

@@ -4,9 +4,16 @@ Each step gathers the embeddings of every rank with gradients and computes the c
 the global batch (the same value on every rank); DDP then averages the gradients, which gives the
 gradient of the global loss (see distributed.gather_with_grad). Checkpoints hold the model,
 optimiser, step and data position; a resumed run replays exactly the batches it would have seen.
+
+``finetune.out_dir`` may be a URI (issue 13): every file there (checkpoint, ``log.jsonl``,
+``eval.json``, ``params-rank<r>.json``) is written as finished bytes in one atomic write through
+``pipeline.storage`` (one PUT on an object store, a rename locally), never appended or renamed, so
+a reader never sees half a checkpoint. The log is therefore kept in memory and rewritten whole
+(``StepLog``) at each checkpoint, at most every ``StepLog.every_s`` seconds, and at the end.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -18,6 +25,7 @@ from typing import Any, Optional
 
 import torch
 
+from vlcurate.pipeline import storage
 from vlcurate.stages import models
 
 from . import distributed as D
@@ -26,7 +34,7 @@ from .compose import Batch, Composer, batches, prefetch, step_rng
 from .data import ShardSet
 from .fields import require
 from .model import DualEncoder
-from .outdir import OutDirInUse, check_out_dir
+from .outdir import CHECKPOINT, OutDirInUse, check_out_dir
 
 LOSSES = ("clip", "helip", "hn_nce", "sigmoid", "mp_nce")
 
@@ -159,7 +167,7 @@ class Setup:
 
 def check_config(cfg: Any, shards: ShardSet) -> None:
     """Stop with a reason before training on annotations or settings that cannot work."""
-    require(cfg, shards.first_meta(), str(shards.dir))
+    require(cfg, shards.first_meta(), storage.redact(shards.uri))
     if cfg.concept_weight and not (cfg.n_objects > 0 and cfg.n_attributes > 0):
         raise ValueError("finetune.concept_weight > 0 needs concept heads: set finetune.n_objects "
                          "and n_attributes to the vocabulary sizes (<run>/concepts/vocab.parquet)")
@@ -187,14 +195,16 @@ class UnsafeCheckpoint(ValueError):
     """A checkpoint that holds more than tensors and plain containers."""
 
 
-def load_checkpoint(path: Path, device: str) -> dict:
-    """``torch.load(weights_only=True)``: checkpoints may come from elsewhere (issue 11), and
-    unpickling arbitrary objects runs arbitrary code. Anything else is refused with a reason."""
+def load_checkpoint(uri: str | Path, device: str) -> dict:
+    """``torch.load(weights_only=True)`` of the checkpoint's bytes (a path or URI: one read):
+    checkpoints may come from elsewhere (issue 11), and unpickling arbitrary objects runs
+    arbitrary code. Anything else is refused with a reason."""
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(io.BytesIO(storage.read_bytes(str(uri))), map_location=device,
+                          weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpoint(
-            f"{path}: refused: it holds objects other than tensors and plain containers, which "
+            f"{storage.redact(str(uri))}: refused: it holds objects other than tensors and plain containers, which "
             f"only a full unpickle (able to run code) could load. Trainer checkpoints never do; "
             f"delete it or point finetune.out_dir elsewhere. ({str(e).splitlines()[0]})") from e
 
@@ -205,14 +215,14 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.manual_seed(cfg.seed)
-    out = Path(out_dir)
-    check_out_dir(cfg, Path(shards_dir), out, world, write=rank == 0)
+    out = str(out_dir)
+    check_out_dir(cfg, shards_dir, out, world, write=rank == 0)
     setup = prepare(cfg, shards_dir, device)
     model, train_set = setup.model, setup.train_set
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    step, epoch, in_epoch = resume(out / "checkpoint.pt", model, opt, device, log)
+    step, epoch, in_epoch = resume(storage.join(out, CHECKPOINT), model, opt, device, log)
     gen = prefetch(batches(train_set, setup.composer, batch_size=cfg.batch_size, seed=cfg.seed,
                            rank=rank, world=world, start_epoch=epoch, start_step=in_epoch,
                            buffer=cfg.shuffle_buffer))
@@ -223,7 +233,7 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
     log(f"train {len(train_set)} samples, held out {len(setup.eval_set)} "
         f"(finetune.eval_fraction {cfg.eval_fraction})")
-    logf = open(out / "log.jsonl", "a") if rank == 0 else None
+    logf = StepLog(out, step) if rank == 0 else None
     bar = progress_bar(cfg, step, world, enabled=rank == 0 and cfg.progress)
     t0 = time.time()
     while step < cfg.steps:
@@ -231,16 +241,15 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         loss, parts = train_step(cfg, model, ddp, opt, _to(b, device), device)
         step += 1
         if logf is not None:
-            logf.write(json.dumps({"step": step, "epoch": epoch, "loss": loss, **parts,
-                                   "images": int(b.pixels.shape[0]) * world,
-                                   "hard_added": b.n_hard_added, "composites": b.n_composites,
-                                   "elapsed_s": round(time.time() - t0, 3)}) + "\n")
-            logf.flush()
+            logf.add({"step": step, "epoch": epoch, "loss": loss, **parts,
+                      "images": int(b.pixels.shape[0]) * world, "hard_added": b.n_hard_added,
+                      "composites": b.n_composites, "elapsed_s": round(time.time() - t0, 3)})
             bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
             bar.update(cfg.batch_size * world)
         if rank == 0 and (step % cfg.ckpt_every == 0 or step == cfg.steps):
-            save(out / "checkpoint.pt", model, opt, step, epoch, in_epoch + 1,
+            save(storage.join(out, CHECKPOINT), model, opt, step, epoch, in_epoch + 1,
                  _per_epoch(train_set, cfg, world))
+            logf.flush()
     bar.close()
     return finish(cfg, setup, out, rank, step, device, log, logf)
 
@@ -265,9 +274,9 @@ def progress_bar(cfg: Any, step: int, world: int, enabled: bool, file: Any = Non
                 desc="finetune", disable=not enabled, file=file or sys.stderr, dynamic_ncols=True)
 
 
-def resume(ckpt: Path, model: DualEncoder, opt: Any, device: str, log: Any) -> tuple[int, int, int]:
+def resume(ckpt: str, model: DualEncoder, opt: Any, device: str, log: Any) -> tuple[int, int, int]:
     """(step, epoch, batch in epoch) of the checkpoint in ``out_dir``; (0, 0, 0) without one."""
-    if not ckpt.exists():
+    if not storage.exists(ckpt):
         return 0, 0, 0
     state = load_checkpoint(ckpt, device)
     model.load_state_dict(state["model"])
@@ -277,27 +286,56 @@ def resume(ckpt: Path, model: DualEncoder, opt: Any, device: str, log: Any) -> t
     return step, epoch, in_epoch
 
 
-def save(ckpt: Path, model: DualEncoder, opt: Any, step: int, epoch: int, next_in_epoch: int,
+def save(ckpt: str, model: DualEncoder, opt: Any, step: int, epoch: int, next_in_epoch: int,
          per_epoch: int) -> None:
-    """Atomically: the model, the optimiser and the position of the next batch."""
-    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    """The model, the optimiser and the position of the next batch, serialised in memory and
+    written as finished bytes (``storage.write_bytes``: one PUT, or a rename locally)."""
+    buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                 "epoch": epoch if next_in_epoch < per_epoch else epoch + 1,
-                "step_in_epoch": next_in_epoch % per_epoch}, tmp)
-    os.replace(tmp, ckpt)
+                "step_in_epoch": next_in_epoch % per_epoch}, buf)
+    storage.write_bytes(ckpt, buf.getvalue())
 
 
-def finish(cfg: Any, setup: Setup, out: Path, rank: int, step: int, device: str, log: Any,
-           logf: Any) -> dict:
+class StepLog:
+    """Rank 0's ``<out_dir>/log.jsonl``, one JSON line a step. An object store cannot append, so
+    the lines are kept and the whole object is rewritten (``flush``). On resume from step ``s``
+    the lines of steps <= s are kept: steps a crash logged past the checkpoint are redone."""
+    every_s = 30.0
+
+    def __init__(self, out: str, resumed_step: int) -> None:
+        self.uri = storage.join(out, "log.jsonl")
+        old = storage.read_bytes(self.uri).decode().splitlines() \
+            if resumed_step and storage.exists(self.uri) else []
+        self.lines = [x for x in old if x.strip() and json.loads(x)["step"] <= resumed_step]
+        self.flushed = time.time()
+
+    def add(self, record: dict) -> None:
+        self.lines.append(json.dumps(record))
+        if time.time() - self.flushed > self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        storage.write_bytes(self.uri, "".join(x + "\n" for x in self.lines).encode())
+        self.flushed = time.time()
+
+    def close(self) -> None:
+        self.flush()
+
+
+def finish(cfg: Any, setup: Setup, out: str, rank: int, step: int, device: str, log: Any,
+           logf: Optional[StepLog]) -> dict:
     """A checksum of the parameters on every rank (DDP keeps them identical; this shows it), then
     rank 0's retrieval on the held-out samples."""
     digest = float(sum(p.detach().double().sum() for p in setup.model.parameters()))
-    (out / f"params-rank{rank}.json").write_text(json.dumps({"step": step, "param_sum": digest}))
+    storage.write_bytes(storage.join(out, f"params-rank{rank}.json"),
+                        json.dumps({"step": step, "param_sum": digest}).encode())
     result: dict = {"steps": step}
     if rank == 0 and len(setup.eval_set):
         result["eval"] = evaluate(setup.model, setup.eval_set, setup.composer, device,
                                   cfg.eval_batch_size)
-        (out / "eval.json").write_text(json.dumps(result["eval"], indent=1))
+        storage.write_bytes(storage.join(out, "eval.json"),
+                            json.dumps(result["eval"], indent=1).encode())
         log(f"eval: {result['eval']}")
     if logf is not None:
         logf.close()

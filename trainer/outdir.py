@@ -14,26 +14,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from vlcurate.pipeline import config as C
+from vlcurate.pipeline import storage
+
+from .index import MANIFEST
 
 NOT_FINGERPRINTED = ("steps", "ckpt_every", "eval_batch_size", "progress", "shards", "out_dir",
                      "nproc")
 CONFIG_FILE = "config.json"
+CHECKPOINT = "checkpoint.pt"
 
 
 class OutDirInUse(ValueError):
     """``finetune.out_dir`` holds a run of another training config."""
 
 
-def training_config(cfg: Any, shard_dir: Path, world: int) -> dict:
+def training_config(cfg: Any, shard_uri: str, world: int) -> dict:
     """What the fingerprint covers (see the module docstring)."""
     keep = {k: v for k, v in C.to_dict(cfg).items() if k not in NOT_FINGERPRINTED}
-    manifest = hashlib.sha256((Path(shard_dir) / "manifest.json").read_bytes()).hexdigest()
-    return {**keep, "world_size": world, "shards_manifest": manifest[:16]}
+    manifest = hashlib.sha256(storage.read_bytes(storage.join(str(shard_uri), MANIFEST)))
+    return {**keep, "world_size": world, "shards_manifest": manifest.hexdigest()[:16]}
 
 
 def fingerprint(training: dict) -> str:
@@ -45,26 +47,24 @@ def _changes(old: dict, new: dict) -> str:
     return ", ".join(f"{k}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in keys)
 
 
-def check_out_dir(cfg: Any, shard_dir: Path, out: Path, world: int, write: bool) -> str:
-    """Refuse an ``out`` that holds another training config's run (``OutDirInUse``); with
-    ``write``, record this config there (atomically). Returns the fingerprint."""
-    training = training_config(cfg, shard_dir, world)
+def check_out_dir(cfg: Any, shard_uri: str, out_uri: str, world: int, write: bool) -> str:
+    """Refuse an ``out_uri`` (a path or URI) that holds another training config's run
+    (``OutDirInUse``); with ``write``, record this config there (one atomic write). Returns the
+    fingerprint. Messages name the out_dir redacted (``storage.redact``)."""
+    training = training_config(cfg, shard_uri, world)
     fp = fingerprint(training)
-    rec = out / CONFIG_FILE
-    if rec.exists():
-        old = json.loads(rec.read_text())
+    out, shown = str(out_uri), storage.redact(str(out_uri))
+    old = storage.read_json(storage.join(out, CONFIG_FILE))
+    if old is not None:
         if old["fingerprint"] != fp:
             raise OutDirInUse(
-                f"finetune.out_dir {out} holds a run of another training config "
+                f"finetune.out_dir {shown} holds a run of another training config "
                 f"({_changes(old['training'], training)}); resuming needs the same one: set a new "
-                f"finetune.out_dir, or delete {out} to start over")
-    elif (out / "checkpoint.pt").exists():
-        raise OutDirInUse(f"finetune.out_dir {out} holds a checkpoint with no {CONFIG_FILE} (an "
-                          "older trainer's): set a new finetune.out_dir, or delete it")
-    if write and not rec.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f"{CONFIG_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"fingerprint": fp, "training": training}, indent=1,
-                                  sort_keys=True))
-        os.replace(tmp, rec)
+                f"finetune.out_dir, or delete {shown} to start over")
+    elif storage.exists(storage.join(out, CHECKPOINT)):
+        raise OutDirInUse(f"finetune.out_dir {shown} holds a checkpoint with no {CONFIG_FILE} "
+                          "(an older trainer's): set a new finetune.out_dir, or delete it")
+    if write and old is None:
+        storage.write_bytes(storage.join(out, CONFIG_FILE), json.dumps(
+            {"fingerprint": fp, "training": training}, indent=1, sort_keys=True).encode())
     return fp
