@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
+from vlcurate.pipeline import storage
 from vlcurate.pipeline.params import Params, positive
 from vlcurate.stages.base import Resources, SinkStage
 
@@ -98,10 +99,16 @@ class ExportStage(SinkStage):
     def finalize(cls, config: Any, ctx: "FinalizeContext") -> dict:
         kept = [c["rows_kept"] for c in ctx.counts]
         specs = plan_shards(kept, config.export.samples_per_shard, config.export.shard_prefix)
-        tmp = Path(ctx.tmp_dir) / "shards"
-        tmp.mkdir(parents=True, exist_ok=True)
-        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=str(tmp)), specs)
-        return publish_shards(tmp, Path(ctx.root) / "shards", rows, list(config.export.drop))
+        final = storage.join(ctx.root, "shards")
+        if storage.is_local(final):    # written aside, then the folder swapped in whole
+            out = storage.join(ctx.tmp_dir, "shards")
+            storage.makedirs(out)
+        else:                          # no rename on an object store: see publish_in_place
+            out = final
+            storage.delete(storage.join(final, "manifest.json"))
+        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out), specs)
+        publish = publish_shards if storage.is_local(final) else publish_in_place
+        return publish(out, final, rows, list(config.export.drop))
 
 
 # --- shards ---------------------------------------------------------------------------------------
@@ -157,10 +164,15 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> int:
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
                 out_dir: str) -> dict:
     """Write one shard from the kept rows of the parts it covers; returns its manifest row."""
-    out_path = os.path.join(out_dir, spec.name)
+    out_uri = storage.join(out_dir, spec.name)
+    fs, out_path = storage.resolve(out_uri)
+    storage.ensure_parent(fs, out_path)
     n, first, last = 0, None, None
     index: dict[str, list] = {f.name: [] for f in tables.SHARD_INDEX}
-    with open(out_path, "wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+    # streamed: a shard is never held whole in memory (an object store uploads it in parts and
+    # shows it only once complete)
+    with fs.open_output_stream(out_path) as fh, \
+            tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for part, lo, hi in spec.slices:
             ann = read("export", part, None)
             keep = ann.column(F.KEEP.name)
@@ -182,21 +194,44 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
                 last = key
                 n += 1
     # where each sample's members sit: the trainer fetches a seed's hard pairs by random access
-    os.makedirs(os.path.join(out_dir, "index"), exist_ok=True)
-    pq.write_table(pa.table(index, schema=tables.SHARD_INDEX),
-                   os.path.join(out_dir, "index", spec.name.replace(".tar", ".parquet")))
-    return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n, F.SH_BYTES.name: os.path.getsize(out_path),
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table(index, schema=tables.SHARD_INDEX), buf)
+    storage.write_bytes(storage.join(out_dir, "index", spec.name.replace(".tar", ".parquet")),
+                        buf.getvalue().to_pybytes())
+    return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n,
+            F.SH_BYTES.name: storage.size(out_uri),
             F.SH_FIRST.name: first, F.SH_LAST.name: last}
 
 
-def publish_shards(tmp: Path, final: Path, rows: list[dict], drop: list[str]) -> dict:
-    """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
+def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
+    """Write sizes.json, then manifest.json (last: it makes the shards visible); the summary."""
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
                "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop}}
-    (tmp / "sizes.json").write_text(json.dumps({r[F.SH_NAME.name]: r[F.SH_SAMPLES.name]
-                                                for r in rows}, indent=1))
-    (tmp / "manifest.json").write_text(json.dumps({**summary, "files": table.to_pylist()}, indent=1))
+    storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
+        {r[F.SH_NAME.name]: r[F.SH_SAMPLES.name] for r in rows}, indent=1).encode())
+    storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(
+        {**summary, "files": table.to_pylist()}, indent=1).encode())
+    return summary
+
+
+def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+    """On an object store the shards were written under their final names (the old manifest
+    removed first, so no reader pairs it with new shards); the manifest goes last, then the
+    shards and index files of an earlier export that it does not list are deleted."""
+    summary = _shard_files(final, rows, drop)
+    keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json"}
+    keep |= {n.replace(".tar", ".parquet") for n in keep if n.endswith(".tar")}
+    for info in storage.list_files(final):
+        if info.base_name not in keep:
+            storage.delete(storage.join(final, info.path.rsplit("/shards/", 1)[-1]))
+    return summary
+
+
+def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+    """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
+    summary = _shard_files(tmp, rows, drop)
+    tmp, final = Path(storage.local_path(tmp)), Path(storage.local_path(final))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -211,5 +246,5 @@ class FinalizeContext(Protocol):
     counts: list[dict]                         # per part: rows, rows_in, rows_rejected, ...
     read: Callable[[str, int, Optional[list[str]]], pa.Table]   # (stage, part, columns)
     map: Callable[[Callable, list], list]      # parallel map (Ray tasks or in-process)
-    root: Path                                 # the stage's folder
-    tmp_dir: Path                              # scratch under the stage's _tmp
+    root: str                                  # the stage's folder (a path or a URI)
+    tmp_dir: str                               # scratch under the stage's _tmp, every worker sees

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 
@@ -171,7 +172,7 @@ def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]
     return out, sorted(columns) if columns else None
 
 
-def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
+def _plan_folder(cfg: Any, plan_uri: str) -> list[dict]:
     path = _captions_path(cfg)
     try:
         out, columns = _folder_rows(cfg, path)
@@ -187,15 +188,18 @@ def _plan_folder(cfg: Any, plan_path: Path) -> list[dict]:
     for r in out:
         for k in (F.KEY.name, F.IMAGE_REF.name, F.EXTRA.name, "error"):
             r[k] = clean_text(r[k])
-    plan_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(out, schema=_PLAN_SCHEMA), plan_path,
+    buf = pa.BufferOutputStream()       # the plan beside the run's tables (maybe in a bucket)
+    pq.write_table(pa.Table.from_pylist(out, schema=_PLAN_SCHEMA), buf,
                    row_group_size=cfg.rows_per_part)
-    n_parts = pq.ParquetFile(plan_path).num_row_groups
-    return [{"part": i, "plan": str(plan_path), "row_group": i} for i in range(n_parts)]
+    storage.write_bytes(str(plan_uri), buf.getvalue().to_pybytes())
+    n_parts = -(-len(out) // cfg.rows_per_part)
+    return [{"part": i, "plan": str(plan_uri), "row_group": i} for i in range(n_parts)]
 
 
 def _read_folder(cfg: Any, spec: dict) -> pa.Table:
-    rows = pq.ParquetFile(spec["plan"]).read_row_group(spec["row_group"]).to_pylist()
+    fs, path = storage.resolve(spec["plan"])
+    with fs.open_input_file(path) as fh:
+        rows = pq.ParquetFile(fh).read_row_group(spec["row_group"]).to_pylist()
     root = src_path(cfg.path)
     base = root / cfg.images_dir
     for r in rows:
@@ -494,7 +498,7 @@ def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
     forget_listings()         # a bucket source: list it afresh
     root = _root(cfg)
     if cfg.kind == "folder":
-        return _plan_folder(cfg, Path(plan_path))
+        return _plan_folder(cfg, str(plan_path))
     if cfg.kind == "parquet":
         return _plan_parquet(cfg)
     layout = "tar" if cfg.kind == "webdataset" else _img2dataset_layout(root)
