@@ -160,3 +160,32 @@ def test_demo_job_on_a_two_node_cluster(cluster, tmp_path):
     for stage in run["dag"]:
         assert f"[{stage}] up to date" in again.stdout
     print(f"demo job on the 2-node cluster: {took:.0f}s")
+
+
+def test_demo_job_with_its_run_directory_in_a_bucket(s3, cluster, tmp_path):
+    """Issue 13: the same two-node job with ``run.run_dir`` in a bucket (a real S3 HTTP API on
+    loopback; the cluster's processes get the endpoint and credentials from the standard AWS
+    environment): no shared folder for the run, every stage committed in the bucket."""
+    d, info = cluster
+    from ray.util.state import list_nodes, list_tasks
+    dash = info["DASHBOARD"]
+    nodes = [n for n in list_nodes(address=dash) if n.state == "ALIVE"]
+    run_dir = f"{s3.bucket()}/runs/demo"
+    job = sh(CLUSTER, "submit", d, "--", "vlcurate", "demo", "--out", tmp_path / "demo",
+             "--n", "24", "--set", "source.rows_per_part=16", "--set", f"run.run_dir={run_dir}",
+             timeout=900)
+    assert job.returncode == 0, job.stdout[-6000:]
+    assert "no row lost: yes" in job.stdout
+    from vlcurate.pipeline import storage
+    run = storage.read_json(f"{run_dir}/run.json")
+    for stage in run["dag"]:
+        m = storage.read_json(f"{run_dir}/{stage}/_manifest.json")
+        assert m["status"] == "complete" and m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
+        assert StageDir(run_dir, stage).committed() == list(range(m["parts"]))
+    shards = storage.read_json(f"{run_dir}/export/shards/manifest.json")
+    export = storage.read_json(f"{run_dir}/export/_manifest.json")
+    assert shards["samples"] == export["rows_kept"] > 0
+    assert not (tmp_path / "demo" / "run").exists(), "nothing of the run on local disk"
+    tasks = list_tasks(address=dash, detail=True, limit=10000, raise_on_missing_output=False,
+                       filters=[("state", "=", "FINISHED")])
+    assert {n.node_id for n in nodes} <= {t.node_id for t in tasks}, "both nodes ran tasks"
