@@ -202,18 +202,34 @@ def _read_folder(cfg: Any, spec: dict) -> pa.Table:
         rows = pq.ParquetFile(fh).read_row_group(spec["row_group"]).to_pylist()
     root = src_path(cfg.path)
     base = root / cfg.images_dir
-    for r in rows:
+    wanted = [r["image_path"] if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION) else None
+              for r in rows]
+    images = _fetch(wanted, lambda p: safe.read_member(
+        base, p, root, limit=cfg.max_image_bytes, allow_outside=cfg.allow_outside_source),
+        remote=isinstance(root, ObjPath))
+    for r, got in zip(rows, images):
         path, error = r.pop("image_path"), r.pop("error")
-        if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION):
-            data, reason, detail = safe.read_member(base, path, root,
-                                                    limit=cfg.max_image_bytes,
-                                                    allow_outside=cfg.allow_outside_source)
+        if got is not None:
+            data, reason, detail = got
             r[F.RAW_IMAGE.name] = data
             if reason:  # an unreadable image wins over a bad caption (one read_error per row)
                 r[F.READ_ERROR.name], error = reason, detail
         if error:  # say what was wrong with the line (as a corrupt tar's row does)
             r[F.EXTRA.name] = _with_error(r[F.EXTRA.name], error)
     return _records(cfg, rows)
+
+
+REMOTE_READS = 16    # images fetched at once from an object store (a GET each: latency-bound)
+
+
+def _fetch(paths: list, read: Any, remote: bool) -> list:
+    """``read(p)`` for each path (None stays None), in order; from an object store
+    REMOTE_READS at a time (the results are the same, only the waiting overlaps)."""
+    if not remote:
+        return [None if p is None else read(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(REMOTE_READS) as pool:
+        return list(pool.map(lambda p: None if p is None else read(p), paths))
 
 
 # --- Parquet with image bytes or paths (also img2dataset's parquet output) ------------------------
