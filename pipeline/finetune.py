@@ -131,16 +131,16 @@ def report(errors: Optional[str], out: str, rank: int, e: BaseException) -> None
 
 
 def worker(payload: str) -> int:
-    import torch
     import torch.distributed as dist
 
+    from vlcurate.stages import models
     from vlcurate.trainer.train import train
     data = json.loads(payload)
     ft = C.from_dict({"finetune": data["finetune"]}).finetune
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() and ft.model.device != "cpu"
-                                else "gloo")
+        cuda = models.resolve_device(ft.model.device, "finetune.model.device") == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     try:
         train(ft, data["shards"], data["out"], log=(print if rank == 0 else (lambda *_: None)))

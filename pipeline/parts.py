@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vlcurate.schemas import F, conform, tables
+from vlcurate.stages.arrow import spread
 from vlcurate.schemas import reasons as R
 
 from .rundir import StageDir
@@ -184,8 +185,7 @@ class StageCall:
 
 def scatter(out: pa.Table, active: np.ndarray, ids: pa.ChunkedArray) -> pa.Table:
     """Spread the rows computed for ``active`` back over every row; the others get nulls."""
-    idx = np.cumsum(active) - 1
-    full = out.take(pa.array(idx, mask=~active))
+    full = spread(out, active)
     full = full.set_column(full.schema.get_field_index(F.SAMPLE_ID.name), F.SAMPLE_ID, ids)
     i = full.schema.get_field_index(F.REASONS.name)
     if i >= 0:

@@ -49,6 +49,12 @@ RAW_IMAGE = pa.field("raw_image", pa.binary(), metadata={"doc": "image bytes as 
 RAW_CAPTION = pa.field("raw_caption", pa.binary(), metadata={"doc": "caption bytes as read; null if absent"})
 READ_ERROR = pa.field("read_error", pa.string(),
                       metadata={"doc": "reason code the reader already knows (missing file, ...)"})
+# a folder source's plan (``<run>/ingest/_plan.parquet``): each record's image path as written,
+# and what the reader found wrong with its line
+PLAN_IMAGE_PATH = pa.field("image_path", pa.binary())
+PLAN_ERROR = pa.field("error", pa.string())
+# the key of the reader's note in a row's ``extra`` JSON (``{"error": ...}``)
+EXTRA_ERROR_KEY = "error"
 
 # --- decisions ----------------------------------------------------------------------------------
 REASONS = pa.field("reasons", pa.list_(pa.string()), nullable=False,

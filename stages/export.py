@@ -182,14 +182,16 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
             for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
                 key = row[F.SAMPLE_ID.name]
-                members = {"jpg": image, "txt": row[F.CAPTION.name].encode("utf-8"),
-                           "json": json.dumps(annotation(row, ann.schema), ensure_ascii=False,
+                jpg, txt, js = F.SHARD_MEMBERS
+                members = {jpg: image, txt: row[F.CAPTION.name].encode("utf-8"),
+                           js: json.dumps(annotation(row, ann.schema), ensure_ascii=False,
                                               sort_keys=True, default=str).encode("utf-8")}
                 index[F.SAMPLE_ID.name].append(key)
                 index[F.SH_NAME.name].append(spec.name)
                 for ext, data in members.items():
-                    index[f"{ext}_offset"].append(_add(tf, f"{key}.{ext}", data))
-                    index[f"{ext}_size"].append(len(data))
+                    at, size = F.SH_RANGES[ext]
+                    index[at.name].append(_add(tf, f"{key}.{ext}", data))
+                    index[size.name].append(len(data))
                 first = first or key
                 last = key
                 n += 1

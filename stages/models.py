@@ -42,13 +42,21 @@ class Loaded:
     processor: Any = None   # the model's own preprocessing (a transformers processor, a transform)
 
 
-def device_for(spec: Any) -> str:
+def resolve_device(device: str, key: str) -> str:
+    """The one device policy (models, the mining index, the trainer): ``auto`` is the GPU when
+    torch sees one, else the CPU; ``cuda`` without a visible GPU is an error naming ``key``
+    (the config setting), never a silent fall-back."""
     import torch
-    if spec.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"{spec.id}: device 'cuda' requested but no CUDA GPU is visible")
-    if spec.device == "auto":
+    if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return spec.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{key} is 'cuda' but torch sees no CUDA GPU: give the stage a GPU "
+                           "(its resources.num_gpus) or set it to auto or cpu")
+    return device
+
+
+def device_for(spec: Any) -> str:
+    return resolve_device(spec.device, f"the device of model {spec.id!r}")
 
 
 def dtype_for(spec: Any, device: str) -> Any:

@@ -211,7 +211,7 @@ def load_checkpoint(uri: str | Path, device: str) -> dict:
 
 def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     rank, world = D.rank_world()
-    device = "cuda" if torch.cuda.is_available() and cfg.model.device != "cpu" else "cpu"
+    device = models.resolve_device(cfg.model.device, "finetune.model.device")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.manual_seed(cfg.seed)

@@ -25,6 +25,7 @@ from vlcurate.pipeline.params import (ConfigError, FrozenMap, ModelSpec, Params,
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
+from vlcurate.stages.arrow import list_array
 from vlcurate.stages.base import GlobalStage, Resources, once_per_image
 
 from . import heads as H
@@ -40,9 +41,8 @@ def _lists(a: np.ndarray, field: pa.Field) -> pa.Array:
     """(n, k) array -> a list column of n lists of k values (the field's value type)."""
     n, k = a.shape
     vt = field.type.value_type
-    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k),
-                                    pa.array(a.reshape(-1).astype(vt.to_pandas_dtype()), vt),
-                                    type=field.type)
+    return list_array(np.full(n, k), pa.array(a.reshape(-1).astype(vt.to_pandas_dtype()), vt),
+                      type=field.type)
 
 
 EMPTY_NOTE = "empty_vocabulary.txt"

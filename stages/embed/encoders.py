@@ -186,9 +186,3 @@ class CrossEncoder:
                     attention_mask=t["attention_mask"].to(self.device)))[:n]
         return out
 
-
-def as_fixed_list(arr: np.ndarray, field_type: Any) -> Any:
-    """(n, d) float array -> fixed_size_list<float32|float16, d> (the field's value type)."""
-    import pyarrow as pa
-    np_type = np.float16 if field_type.value_type == pa.float16() else np.float32
-    return pa.FixedSizeListArray.from_arrays(pa.array(arr.astype(np_type).ravel()), arr.shape[1])

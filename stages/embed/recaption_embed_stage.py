@@ -17,9 +17,10 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import recaption as R
+from vlcurate.stages.arrow import fixed_lists, list_array
 from vlcurate.stages.base import MapStage, Resources
 
-from .encoders import CrossEncoder, as_fixed_list
+from .encoders import CrossEncoder
 from .widths import cross_width
 
 
@@ -59,8 +60,6 @@ class RecaptionEmbedStage(MapStage):
         flat = [t for r in rows if r for t in r]
         vec = self.cross.encode_texts(flat, self.cfg.cross_batch_size)
         item = self.schema.field(E.RECAPTION_CROSS_EMB_NAME).type.value_type
-        values = as_fixed_list(vec, item) if len(flat) else pa.array([], item)
+        values = fixed_lists(vec, item) if len(flat) else pa.array([], item)
         sizes = np.array([len(r) if r is not None else 0 for r in rows], np.int32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32))
-        return pa.ListArray.from_arrays(offsets, values,
-                                        mask=pa.array([r is None for r in rows], pa.bool_()))
+        return list_array(sizes, values, mask=pa.array([r is None for r in rows], pa.bool_()))

@@ -14,10 +14,11 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
 from vlcurate.pipeline.params import ModelSpec, Params, positive
+from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources
 
 from . import widths as W
-from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder, as_fixed_list
+from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder
 
 
 @functools.lru_cache(maxsize=4)
@@ -121,8 +122,8 @@ class EmbedStage(MapStage):
                                        threads=c.decode_threads)
         n = batch.num_rows
         cols = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-                E.IMAGE_EMB_NAME: as_fixed_list(image, self.schema.field(E.IMAGE_EMB_NAME).type),
-                E.TEXT_EMB_NAME: as_fixed_list(text, self.schema.field(E.TEXT_EMB_NAME).type),
+                E.IMAGE_EMB_NAME: fixed_lists(image, self.schema.field(E.IMAGE_EMB_NAME).type),
+                E.TEXT_EMB_NAME: fixed_lists(text, self.schema.field(E.TEXT_EMB_NAME).type),
                 E.IMAGE_MODEL.name: pa.array([c.image_model.id] * n, pa.string()),
                 E.TEXT_MODEL.name: pa.array([c.text_model.id] * n, pa.string()),
                 E.RANDOM_WEIGHTS.name: pa.array([self.random] * n, pa.bool_()),
@@ -138,9 +139,9 @@ class EmbedStage(MapStage):
                                          c.cross_batch_size)
         text = self.cross.encode_texts(batch.column(F.CAPTION.name).to_pylist(),
                                        c.cross_batch_size)
-        return {E.CROSS_IMAGE_EMB_NAME: as_fixed_list(
+        return {E.CROSS_IMAGE_EMB_NAME: fixed_lists(
                     image, self.schema.field(E.CROSS_IMAGE_EMB_NAME).type),
-                E.CROSS_TEXT_EMB_NAME: as_fixed_list(
+                E.CROSS_TEXT_EMB_NAME: fixed_lists(
                     text, self.schema.field(E.CROSS_TEXT_EMB_NAME).type),
                 E.CROSS_MODEL.name: pa.array([c.cross_model.id] * n, pa.string())}
 

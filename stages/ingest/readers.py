@@ -33,7 +33,7 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 CAPTION_FILES = ("captions.csv", "captions.jsonl", "metadata.jsonl", "captions.tsv")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _PLAN_SCHEMA = pa.schema([F.KEY, F.IMAGE_REF, F.RAW_CAPTION, F.EXTRA, F.READ_ERROR,
-                          pa.field("image_path", pa.binary()), pa.field("error", pa.string())])
+                          F.PLAN_IMAGE_PATH, F.PLAN_ERROR])
 
 
 class SourceError(ValueError):
@@ -77,7 +77,7 @@ def _extra(values: dict) -> Optional[str]:
 
 def _reject(key: str, ref: str, reason: str, error: str) -> dict:
     return {F.KEY.name: key, F.IMAGE_REF.name: ref, F.READ_ERROR.name: reason,
-            F.EXTRA.name: _extra({"error": error})}
+            F.EXTRA.name: _extra({F.EXTRA_ERROR_KEY: error})}
 
 
 def _text(v: Any) -> Optional[str]:
@@ -105,7 +105,7 @@ def _with_error(extra: Optional[str], error: str) -> str:
     except ValueError:
         d = {}
     d = d if isinstance(d, dict) else {}
-    d["error"] = error
+    d[F.EXTRA_ERROR_KEY] = error
     return _extra(d)
 
 
@@ -149,7 +149,7 @@ def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], i: int, n: 
     key = _text(row.get(cfg.key_column)) if cfg.key_column else (f"{image}#{n}" if image else None)
     return {F.KEY.name: key or f"row{i}", F.IMAGE_REF.name: image, F.RAW_CAPTION.name: caption,
             F.EXTRA.name: _extra({c: _text(row.get(c)) for c in cfg.extra_columns}),
-            F.READ_ERROR.name: err, "image_path": path, "error": detail or None}
+            F.READ_ERROR.name: err, F.PLAN_IMAGE_PATH.name: path, F.PLAN_ERROR.name: detail or None}
 
 
 def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]:
@@ -186,7 +186,7 @@ def _plan_folder(cfg: Any, plan_uri: str) -> list[dict]:
             raise SourceError(f"{path}: no column {column!r} (source.{setting}); "
                               f"columns: {columns}")
     for r in out:
-        for k in (F.KEY.name, F.IMAGE_REF.name, F.EXTRA.name, "error"):
+        for k in (F.KEY.name, F.IMAGE_REF.name, F.EXTRA.name, F.PLAN_ERROR.name):
             r[k] = clean_text(r[k])
     buf = pa.BufferOutputStream()       # the plan beside the run's tables (maybe in a bucket)
     pq.write_table(pa.Table.from_pylist(out, schema=_PLAN_SCHEMA), buf,
@@ -202,13 +202,13 @@ def _read_folder(cfg: Any, spec: dict) -> pa.Table:
         rows = pq.ParquetFile(fh).read_row_group(spec["row_group"]).to_pylist()
     root = src_path(cfg.path)
     base = root / cfg.images_dir
-    wanted = [r["image_path"] if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION) else None
+    wanted = [r[F.PLAN_IMAGE_PATH.name] if r[F.READ_ERROR.name] in (None, R.BAD_CAPTION) else None
               for r in rows]
     images = _fetch(wanted, lambda p: safe.read_member(
         base, p, root, limit=cfg.max_image_bytes, allow_outside=cfg.allow_outside_source),
         remote=isinstance(root, ObjPath))
     for r, got in zip(rows, images):
-        path, error = r.pop("image_path"), r.pop("error")
+        path, error = r.pop(F.PLAN_IMAGE_PATH.name), r.pop(F.PLAN_ERROR.name)
         if got is not None:
             data, reason, detail = got
             r[F.RAW_IMAGE.name] = data
@@ -345,7 +345,7 @@ def _parquet_record(cfg: Any, spec: dict, f: Path, i: int, r: dict) -> dict:
     if err == R.DOWNLOAD_FAILED and r.get("error_message"):
         extra["error_message"] = r["error_message"]
     if detail:
-        extra["error"] = detail
+        extra[F.EXTRA_ERROR_KEY] = detail
     return {F.KEY.name: key or f"{f.stem}:{spec['offset'] + i}",
             F.IMAGE_REF.name: ref or f"{f.name}:{spec['offset'] + i}",
             F.RAW_IMAGE.name: data, F.RAW_CAPTION.name: caption,

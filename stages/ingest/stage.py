@@ -30,7 +30,7 @@ def image_hash(data: bytes) -> str:
 def _read_detail(ref: str, extra: str | None) -> str:
     """``ref``, and what the reader said was wrong (``{"error": ...}`` in extra), if anything."""
     try:
-        error = json.loads(extra).get("error") if extra else None
+        error = json.loads(extra).get(F.EXTRA_ERROR_KEY) if extra else None
     except (ValueError, AttributeError):
         error = None
     return f"{ref}: {error}" if isinstance(error, str) and error else f"{ref}"

@@ -48,17 +48,14 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
+from vlcurate.stages import models
+
 WIDEN = 4          # k' multiplier for uncertified targets
 
 
 # --- devices ------------------------------------------------------------------------------------
 def resolve_device(device: str = "auto") -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("hpm.device is 'cuda' but torch sees no GPU: give the stage a GPU "
-                           "(hpm.resources.num_gpus) or set hpm.device to auto or cpu")
-    return device
+    return models.resolve_device(device, "hpm.device")
 
 
 def faiss_gpu_available() -> bool:

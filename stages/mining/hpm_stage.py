@@ -39,7 +39,9 @@ from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import hpm
 from .pass_io import load_result, pass_info, pass_params, run_pass, small_data_error
-from .store import Store, collect, lists, with_nulls
+from vlcurate.stages.arrow import masked_lists, spread
+
+from .store import Store, collect
 
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
@@ -190,14 +192,14 @@ class HpmStage(GlobalStage):
         flag = np.zeros(len(gidx), bool)
         flag[present] = noise & drop
         k = self.cfg.k
-        support = with_nulls(pa.array(r.support, pa.int32()), present).to_pylist()
+        support = spread(pa.array(r.support, pa.int32()), present).to_pylist()
         return pa.table({
             F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-            M.HARD_IDS.name: with_nulls(self.store.id_lists(np.where(keep, r.idx, -1)), present),
-            M.HARD_SCORES.name: with_nulls(lists(r.score, keep, pa.float32()), present),
-            M.SUPPORT.name: with_nulls(pa.array(r.support, pa.int32()), present),
-            M.IS_NOISE.name: with_nulls(pa.array(noise, pa.bool_()), present),
-            M.CERTIFIED.name: with_nulls(pa.array(r.certified, pa.bool_()), present),
+            M.HARD_IDS.name: spread(self.store.id_lists(np.where(keep, r.idx, -1)), present),
+            M.HARD_SCORES.name: spread(masked_lists(r.score, keep, pa.float32()), present),
+            M.SUPPORT.name: spread(pa.array(r.support, pa.int32()), present),
+            M.IS_NOISE.name: spread(pa.array(noise, pa.bool_()), present),
+            M.CERTIFIED.name: spread(pa.array(r.certified, pa.bool_()), present),
             **self.pair_columns(pairs, present),
             F.REASONS.name: reasons_array([[R.HPM_NOISE] if f else [] for f in flag]),
             F.REASON_DETAIL.name: pa.array(
@@ -217,7 +219,7 @@ class HpmStage(GlobalStage):
             col[f.name] = pa.ListArray.from_arrays(off, pa.array(pairs[key], pa.float32()))
         if not pairs["cross"]:
             col[M.PAIR_SIT.name] = pa.nulls(int(present.sum()), M.PAIR_SIT.type)
-        return {c: with_nulls(a, present) for c, a in col.items()}
+        return {c: spread(a, present) for c, a in col.items()}
 
 
 def _build_fast(cfg: Any, meta, workdir: str) -> dict:

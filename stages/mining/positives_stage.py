@@ -36,7 +36,9 @@ from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import fff, hpm
 from .hpm_stage import EMBED, set_threads, use_fast
-from .store import Store, collect, lists, vectors, with_nulls
+from vlcurate.stages.arrow import masked_lists, spread
+
+from .store import Store, collect, vectors
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
@@ -252,11 +254,11 @@ class PositivesStage(GlobalStage):
         rel = np.array(fff.CODES, dtype=object)[np.where(ok, r.code, 0)]
         return pa.table({
             F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-            M.POSITIVE_IDS.name: with_nulls(self.store.id_lists(r.idx), present),
-            M.POSITIVE_CAPTIONS.name: with_nulls(lists(r.caption, ok, pa.int8()), present),
-            M.POSITIVE_RELATIONS.name: with_nulls(lists(rel, ok, pa.string()), present),
-            M.POSITIVE_SCORES.name: with_nulls(lists(r.score, ok, pa.float32()), present),
-            M.POSITIVE_COUNT.name: with_nulls(pa.array(r.count, pa.int32()), present),
+            M.POSITIVE_IDS.name: spread(self.store.id_lists(r.idx), present),
+            M.POSITIVE_CAPTIONS.name: spread(masked_lists(r.caption, ok, pa.int8()), present),
+            M.POSITIVE_RELATIONS.name: spread(masked_lists(rel, ok, pa.string()), present),
+            M.POSITIVE_SCORES.name: spread(masked_lists(r.score, ok, pa.float32()), present),
+            M.POSITIVE_COUNT.name: spread(pa.array(r.count, pa.int32()), present),
             F.REASONS.name: reasons_array([[] for _ in range(batch.num_rows)]),
             F.REASON_DETAIL.name: pa.array([None] * batch.num_rows, pa.string()),
         }, schema=self.output)

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from vlcurate.stages.arrow import list_array
 from vlcurate.schemas import F
 
 from .hpm import normalize
@@ -104,23 +105,7 @@ class Store:
     def id_lists(self, idx: np.ndarray) -> pa.ListArray:
         """[q, k] global rows, -1 padded -> list<string> of sample ids (the -1 left out)."""
         valid = idx >= 0
-        offsets = np.concatenate([[0], np.cumsum(valid.sum(1))]).astype(np.int32)
-        values = self.ids.take(pa.array(idx[valid]))
-        return pa.ListArray.from_arrays(pa.array(offsets), values)
+        return list_array(valid.sum(1), self.ids.take(pa.array(idx[valid])))
 
 
-def lists(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.ListArray:
-    """[q, k] values where ``valid`` -> list<type_> per row."""
-    offsets = np.concatenate([[0], np.cumsum(valid.sum(1))]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[valid], type_))
-
-
-def with_nulls(arr: pa.Array, present: np.ndarray) -> pa.Array:
-    """Spread ``arr`` (one value per present row) over every row; the others are null."""
-    if present.all():
-        return arr
-    idx = np.cumsum(present) - 1
-    return arr.take(pa.array(np.where(present, idx, 0), mask=~present))
-
-
-__all__ = ["Store", "StoreMeta", "collect", "lists", "vectors", "with_nulls"]
+__all__ = ["Store", "StoreMeta", "collect", "vectors"]

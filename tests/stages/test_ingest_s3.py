@@ -12,7 +12,7 @@ from vlcurate.schemas import reasons as R
 from vlcurate.stages.ingest import IngestStage, readers
 from vlcurate.stages.ingest.objpath import forget_listings
 
-from . import corpus, hostile
+from . import hostile
 from .hostile import FORMATS, TARS, good
 
 LIMIT = 20_000
