@@ -250,87 +250,109 @@ def _arguments(d: _Doc, v: int, L: Labels, memo: dict) -> tuple[list[int], list[
     return memo[v]
 
 
-def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True) -> Graph:
-    """DiHT's semantic graph of one caption."""
-    d = _Doc(doc)
-    L = LABELS[scheme or detect_scheme(d.dep)]
-    rels: dict[tuple[int, str, int], None] = {}          # ordered set of (head, rel, tail)
-    attrs: dict[int, None] = {}
-    objs = [i for i in range(d.n) if _is_object(d, i, L)]
-    is_obj = set(objs)
+class _GraphBuilder:
+    """DiHT's semantic graph of one parsed caption, built in two passes: the objects' own
+    attributes and parts, then every verb (actions, their arguments, linking and "have" verbs).
+    Relations keep their first-seen order (an ordered set)."""
 
-    def attr(head: int, a: int) -> None:
+    def __init__(self, d: "_Doc", L: Any) -> None:
+        self.d, self.L = d, L
+        self.rels: dict[tuple[int, str, int], None] = {}
+        self.attrs: dict[int, None] = {}
+        self.objs = [i for i in range(d.n) if _is_object(d, i, L)]
+        self.is_obj = set(self.objs)
+        self.memo: dict = {}
+
+    def attr(self, head: int, a: int) -> None:
+        d = self.d
         for t in _with_conj(d, [a]):
-            if t in attrs or t in is_obj or t == head or d.pos[t] not in ("ADJ", "NOUN", "VERB"):
+            if t in self.attrs or t in self.is_obj or t == head or \
+                    d.pos[t] not in ("ADJ", "NOUN", "VERB"):
                 continue
-            attrs[t] = None
-            rels[(head, HAS_ATTR, t)] = None
-            for m in d.children(t, L.attr_mod):          # attributes of attributes: "dark green"
+            self.attrs[t] = None
+            self.rels[(head, HAS_ATTR, t)] = None
+            for m in d.children(t, self.L.attr_mod):     # attributes of attributes: "dark green"
                 if d.pos[m] in ("ADJ", "NOUN"):
-                    attr(t, m)
+                    self.attr(t, m)
 
-    for o in objs:
+    def parts(self, o: int, targets: list[int]) -> None:
+        for t in targets:
+            if t in self.is_obj:
+                self.rels[(o, HAS_PART, t)] = None
+
+    def object_pass(self, o: int) -> None:
+        d, L = self.d, self.L
         for a in d.children(o, L.obj_attr):
-            attr(o, a)
+            self.attr(o, a)
         for p in d.children(o, NMOD) if L is LABELS[UD] else []:          # UD: X with Y
             if any(d.lower[c] == "with" for c in d.children(p, CASE)):
-                for t in _with_conj(d, [p]):
-                    if t in is_obj:
-                        rels[(o, HAS_PART, t)] = None
+                self.parts(o, _with_conj(d, [p]))
         for p in d.children(o, PREP) if L is LABELS[CLEARNLP] else []:    # ClearNLP: X with Y
             if d.lower[p] == "with":
-                for t in _with_conj(d, d.children(p, POBJ)):
-                    if t in is_obj:
-                        rels[(o, HAS_PART, t)] = None
+                self.parts(o, _with_conj(d, d.children(p, POBJ)))
 
-    memo: dict = {}
-    actions: list[int] = []
-    for v, pos in enumerate(d.pos):
-        if pos == "ADJ":
+    def subject_attrs(self, v: int, a: int) -> None:
+        for s in _with_conj(self.d, self.d.children(v, self.L.subj)):
+            if s in self.is_obj:
+                self.attr(s, a)
+
+    def verb_pass(self, v: int) -> bool:
+        """Relations of word ``v``; True when it is an action."""
+        d, L = self.d, self.L
+        if d.pos[v] == "ADJ":
             if d.children(v, COP):                                # UD: "the car is red"
-                for s in _with_conj(d, d.children(v, L.subj)):
-                    if s in is_obj:
-                        attr(s, v)
-            continue
-        if pos != "VERB" and pos != "AUX":
-            continue
+                self.subject_attrs(v, v)
+            return False
+        if d.pos[v] not in ("VERB", "AUX"):
+            return False
         if d.lemma[v] in LINKING or d.lower[v] in LINKING_FORMS:
             for a in d.children(v, L.pred_adj):                   # "the man looks happy"
                 if d.pos[a] == "ADJ":
-                    for s in _with_conj(d, d.children(v, L.subj)):
-                        if s in is_obj:
-                            attr(s, a)
-        if d.lemma[v] == "have" or d.lower[v] in HAVE_FORMS:
-            subj, obj = _arguments(d, v, L, memo)                 # "the cake has candles"
+                    self.subject_attrs(v, a)
+        if d.lemma[v] == "have" or d.lower[v] in HAVE_FORMS:     # "the cake has candles"
+            subj, obj = _arguments(d, v, L, self.memo)
             for s in subj:
-                for o in obj:
-                    if s in is_obj and o in is_obj:
-                        rels[(s, HAS_PART, o)] = None
+                if s in self.is_obj:
+                    self.parts(s, obj)
         if not _is_action(d, v):
-            continue
-        actions.append(v)
-        if d.dep[v] == "amod":                                    # "running person": no arguments
-            continue
-        subj, obj = _arguments(d, v, L, memo)
+            return False
+        if d.dep[v] != "amod":                                    # "running person": no arguments
+            self.arguments(v)
+        return True
+
+    def arguments(self, v: int) -> None:
+        subj, obj = _arguments(self.d, v, self.L, self.memo)
         for s in subj:
-            if s in is_obj:
-                rels[(s, IS_ACT_SUBJ, v)] = rels[(v, ACT_HAS_SUBJ, s)] = None
+            if s in self.is_obj:
+                self.rels[(s, IS_ACT_SUBJ, v)] = self.rels[(v, ACT_HAS_SUBJ, s)] = None
         for o in obj:
-            if o in is_obj:
-                rels[(o, IS_ACT_OBJ, v)] = rels[(v, ACT_HAS_OBJ, o)] = None
+            if o in self.is_obj:
+                self.rels[(o, IS_ACT_OBJ, v)] = self.rels[(v, ACT_HAS_OBJ, o)] = None
+
+    def graph(self, actions: list[int]) -> Graph:
+        d = self.d
+        per_obj = {o: 0 for o in self.objs}
+        for h, r, _ in self.rels:
+            if r in OBJECT_CENTRIC and h in per_obj:
+                per_obj[h] += 1
+        attr_word = {i: _word(d, i) for i in self.attrs}
+        return Graph(objects=[d.lemma[o] for o in self.objs],
+                     attributes=[attr_word[i] for i in sorted(self.attrs)],
+                     actions=[d.lemma[v] for v in actions],
+                     relations=[_triple(d, h, r, t, attr_word) for h, r, t in self.rels],
+                     complexity=max(per_obj.values(), default=-1))
+
+
+def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True) -> Graph:
+    """DiHT's semantic graph of one caption."""
+    d = _Doc(doc)
+    b = _GraphBuilder(d, LABELS[scheme or detect_scheme(d.dep)])
+    for o in b.objs:
+        b.object_pass(o)
+    actions = [v for v in range(d.n) if b.verb_pass(v)]
     if not participle_actions:
         actions = [v for v in actions if d.dep[v] != "amod"]
-
-    per_obj = {o: 0 for o in objs}
-    for h, r, _ in rels:
-        if r in OBJECT_CENTRIC and h in per_obj:
-            per_obj[h] += 1
-    attr_word = {i: _word(d, i) for i in attrs}
-    return Graph(objects=[d.lemma[o] for o in objs],
-                 attributes=[attr_word[i] for i in sorted(attrs)],
-                 actions=[d.lemma[v] for v in actions],
-                 relations=[_triple(d, h, r, t, attr_word) for h, r, t in rels],
-                 complexity=max(per_obj.values(), default=-1))
+    return b.graph(actions)
 
 
 def _triple(d: _Doc, h: int, r: str, t: int, attr_word: dict) -> tuple[str, str, str]:
