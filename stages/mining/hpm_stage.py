@@ -39,7 +39,7 @@ from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import hpm
 from .pass_io import load_result, pass_info, pass_params, run_pass, small_data_error
-from vlcurate.stages.arrow import masked_lists, spread
+from vlcurate.stages.arrow import list_array, masked_lists, spread
 
 from .store import Store, collect
 
@@ -212,11 +212,10 @@ class HpmStage(GlobalStage):
         if pairs is None:                       # FastHPM: no candidate pairs
             return {f.name: pa.nulls(n, f.type) for f in (M.PAIR_IDS, M.PAIR_SII, M.PAIR_STT,
                                                           M.PAIR_SIT)}
-        off = pa.array(pairs["offsets"].astype(np.int32))
-        col = {M.PAIR_IDS.name: pa.ListArray.from_arrays(off, self.store.ids.take(
-            pa.array(pairs["j"])))}
+        sizes = np.diff(pairs["offsets"])
+        col = {M.PAIR_IDS.name: list_array(sizes, self.store.ids.take(pa.array(pairs["j"])))}
         for f, key in ((M.PAIR_SII, "sii"), (M.PAIR_STT, "stt"), (M.PAIR_SIT, "sit")):
-            col[f.name] = pa.ListArray.from_arrays(off, pa.array(pairs[key], pa.float32()))
+            col[f.name] = list_array(sizes, pa.array(pairs[key], pa.float32()))
         if not pairs["cross"]:
             col[M.PAIR_SIT.name] = pa.nulls(int(present.sum()), M.PAIR_SIT.type)
         return {c: spread(a, present) for c, a in col.items()}
