@@ -273,6 +273,10 @@ class Runner:
         else:
             att = sd.attempt()
             if not att or att.get("fingerprint") != fp:
+                if m or att:     # an earlier run's output that no longer matches: say why
+                    self.log(f"[{name}] recomputing: its config, code version or an upstream "
+                             f"stage changed since the last run (fingerprint "
+                             f"{(m or att).get('fingerprint')} -> {fp})")
                 sd.reset()
             started = (att or {}).get("started_at") or now()
         t0 = time.time()

@@ -27,8 +27,9 @@ def test_a_plugin_stage_runs_with_its_own_section(tmp_path):
     for min_words in (3, 9):
         cfg = C.load(None, {**over, "wordcount.min_words": min_words}, dag=plugin_dag())
         assert cfg.wordcount.min_words == min_words
+        logs: list[str] = []
         out = {r.manifest["stage"]: r for r in run(cfg, plugin_dag(), executor="local",
-                                                   log=lambda s: None)}
+                                                   log=logs.append)}
         results[min_words] = out
         m = out["wordcount"].manifest
         assert m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
@@ -37,6 +38,7 @@ def test_a_plugin_stage_runs_with_its_own_section(tmp_path):
         results[3]["wordcount"].manifest["rows_rejected"]
     assert results[9]["wordcount"].manifest["reason_counts"][TOO_SHORT] > 0
     assert results[9]["wordcount"].status == "ran" and results[9]["ingest"].status == "skipped"
+    assert any(x.startswith("[wordcount] recomputing: its config") for x in logs)  # said why
     assert results[9]["export"].manifest["rows_kept"] < results[3]["export"].manifest["rows_kept"]
 
 
