@@ -15,7 +15,7 @@ from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
 from vlcurate.pipeline.params import ModelSpec, Params, positive
 from vlcurate.stages.arrow import fixed_lists
-from vlcurate.stages.base import MapStage, Resources
+from vlcurate.stages.base import MapStage, Resources, once_per_image
 
 from . import widths as W
 from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder
@@ -52,7 +52,7 @@ class EmbedParams(Params):
 
 class EmbedStage(MapStage):
     name = "embed"
-    version = "1"
+    version = "2"                     # 2: each distinct image encoded once per chunk
     Params = EmbedParams
     speed_only = ("decode", "decode_threads")   # where / how many threads decode (same pixels)
     inputs = {"ingest": (F.IMAGE, F.CAPTION)}
@@ -111,15 +111,7 @@ class EmbedStage(MapStage):
     def __call__(self, batch: pa.Table) -> pa.Table:
         c = self.cfg
         text = self.texts.encode(batch.column(F.CAPTION.name).to_pylist(), c.text_batch_size)
-        if E.PIXELS.name in batch.column_names:
-            shape = (3, *self.images.pre.input_size[1:])
-            pix = np.stack([np.frombuffer(b, np.uint8).reshape(shape)
-                            for b in batch.column(E.PIXELS.name).to_pylist()]) \
-                if batch.num_rows else np.zeros((0, *shape), np.uint8)
-            image = self.images.encode_preprocessed(pix, c.image_batch_size)
-        else:
-            image = self.images.encode(batch.column(F.IMAGE.name).to_pylist(), c.image_batch_size,
-                                       threads=c.decode_threads)
+        image = self.image_vectors(batch)
         n = batch.num_rows
         cols = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
                 E.IMAGE_EMB_NAME: fixed_lists(image, self.schema.field(E.IMAGE_EMB_NAME).type),
@@ -132,11 +124,25 @@ class EmbedStage(MapStage):
             cols.update(self.cross_columns(batch))
         return conform(pa.table(cols), self.schema)
 
+    def image_vectors(self, batch: pa.Table) -> np.ndarray:
+        """One embedding per row, each distinct image encoded once (COCO and Flickr show an
+        image with five captions): the rows of a chunk are grouped by their image's bytes, in
+        order of first appearance, so the result depends only on the chunk."""
+        c = self.cfg
+        if E.PIXELS.name not in batch.column_names:
+            return _per_row(batch.column(F.IMAGE.name).to_pylist(), lambda ims: self.images.encode(
+                ims, c.image_batch_size, threads=c.decode_threads), self.images.dim)
+        shape = (3, *self.images.pre.input_size[1:])
+        return _per_row(batch.column(E.PIXELS.name).to_pylist(), lambda px: self.images
+                        .encode_preprocessed(np.stack([np.frombuffer(b, np.uint8).reshape(shape)
+                                                       for b in px]), c.image_batch_size),
+                        self.images.dim)
+
     def cross_columns(self, batch: pa.Table) -> dict:
         """FFF's cross-modal image and caption embeddings of the batch."""
         c, n = self.cfg, batch.num_rows
-        image = self.cross.encode_images(batch.column(F.IMAGE.name).to_pylist(),
-                                         c.cross_batch_size)
+        image = _per_row(batch.column(F.IMAGE.name).to_pylist(), lambda ims: self.cross
+                         .encode_images(ims, c.cross_batch_size), self.cross.dim)
         text = self.cross.encode_texts(batch.column(F.CAPTION.name).to_pylist(),
                                        c.cross_batch_size)
         return {E.CROSS_IMAGE_EMB_NAME: fixed_lists(
@@ -145,3 +151,9 @@ class EmbedStage(MapStage):
                     text, self.schema.field(E.CROSS_TEXT_EMB_NAME).type),
                 E.CROSS_MODEL.name: pa.array([c.cross_model.id] * n, pa.string())}
 
+
+def _per_row(images: list, encode: Any, dim: int) -> np.ndarray:
+    """``encode`` (a list of distinct images -> an (m, dim) array) fanned out to every row."""
+    if not images:
+        return np.zeros((0, dim), np.float32)
+    return np.stack(once_per_image(images, lambda distinct: list(encode(distinct))))

@@ -271,3 +271,21 @@ def test_recaption_embed_stage_embeds_every_recaption_in_the_caption_space(cross
     assert RecaptionEmbedStage.output_schema({}, cfg()).names == [F.SAMPLE_ID.name,
                                                                   F.REASONS.name,
                                                                   F.REASON_DETAIL.name]
+
+
+def test_each_distinct_image_is_encoded_once_and_fanned_out(stage):
+    """COCO and Flickr give five captions an image: one image pass each (issue 17)."""
+    imgs = [jpeg((200, 10, 10)), jpeg((10, 200, 10))]
+    t = pa.table({F.SAMPLE_ID.name: [f"r{i}" for i in range(5)],
+                  F.IMAGE.name: pa.array([imgs[0], imgs[1], imgs[0], imgs[0], imgs[1]]),
+                  F.CAPTION.name: ["a", "b", "c", "d", "e"]})
+    seen: list[int] = []
+    encode = stage.images.encode
+    stage.images.encode = lambda ims, *a, **k: (seen.append(len(ims)), encode(ims, *a, **k))[1]
+    out = np.array(stage(t).column(E.IMAGE_EMB_NAME).to_pylist())
+    stage.images.encode = encode
+    assert seen == [2]
+    assert np.array_equal(out[0], out[2]) and np.array_equal(out[0], out[3])
+    assert np.array_equal(out[1], out[4]) and not np.array_equal(out[0], out[1])
+    alone = encode([imgs[0], imgs[1]], stage.cfg.image_batch_size)
+    assert np.allclose(out[[0, 1]], alone, atol=1e-6)
