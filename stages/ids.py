@@ -6,13 +6,13 @@ is kept and every later one is flagged ``ingest.duplicate_id`` with the position
 The step is hash-partitioned (issue 14): one task per part writes its ids into buckets by a hash
 of the id, then one task per bucket finds the repeats among the ids that hash there. Equal ids
 always share a bucket, so the result is ``find_duplicates``' (the naive one-pass reference);
-a task holds one part, or one bucket (about a part's ids), never the dataset.
+a task holds one part, or one bucket (at most about IDS_PER_BUCKET ids), never the dataset.
 """
 from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -81,9 +81,15 @@ def bucket_duplicates(bucket: int, scratch: str) -> dict[int, dict[int, str]]:
     return find_duplicates(lambda i: by_part[i], order=list(by_part))
 
 
-def distributed_duplicates(read: Any, n_parts: int, scratch: str) -> dict[int, dict[int, str]]:
-    """``find_duplicates``, hash-partitioned over ``read.map``'s tasks (one bucket a part)."""
-    n_buckets = max(1, n_parts)
+IDS_PER_BUCKET = 1_000_000   # a bucket task holds about this many ids (~100 MB), whatever N is
+
+
+def distributed_duplicates(read: Any, n_parts: int, scratch: str,
+                           n_buckets: Optional[int] = None) -> dict[int, dict[int, str]]:
+    """``find_duplicates``, hash-partitioned over ``read.map``'s tasks: about IDS_PER_BUCKET
+    ids a bucket (estimated from part 0), so n_parts x n_buckets small files stay few."""
+    if n_buckets is None:
+        n_buckets = max(1, -(-n_parts * read(0).num_rows // IDS_PER_BUCKET)) if n_parts else 1
     read.map(functools.partial(scatter_ids, read=read, scratch=scratch, n_buckets=n_buckets),
              list(range(n_parts)))
     dups: dict[int, dict[int, str]] = {}

@@ -41,14 +41,15 @@ def test_distributed_equals_naive_on_planted_duplicates(seed, tmp_path):
     assert naive, "the plant has duplicates"
     assert any(p0 != p for p, rows in naive.items() for d in rows.values()
                for p0 in [int(d.split("part ")[1].split()[0])]), "some across parts"
-    assert distributed_duplicates(read, len(parts), read.scratch) == naive
-    assert read.calls == 2 and not (tmp_path / "scratch").exists()   # scratch removed after
+    for buckets in (None, 1, 3, 7):      # None: sized from part 0 (one bucket here)
+        assert distributed_duplicates(read, len(parts), read.scratch, buckets) == naive
+    assert read.calls == 8 and not (tmp_path / "scratch").exists()   # scratch removed after
 
 
 def test_on_an_s3_scratch(s3):
     parts = planted(11)
     read = Parts(parts, s3.bucket() + "/run/ids/_tmp/prepare/ids")
-    assert distributed_duplicates(read, len(parts), read.scratch) == \
+    assert distributed_duplicates(read, len(parts), read.scratch, 4) == \
         find_duplicates(read, len(parts))
 
 
