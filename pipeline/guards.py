@@ -10,6 +10,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Optional
 
+from vlcurate.schemas import F
+
 # reason pattern -> what to turn (first match wins)
 KNOBS = (
     ("hpm.noise_pair", "hpm.k (a row needs k supporting pairs: a small set needs a small k), or "
@@ -30,18 +32,18 @@ def knob(reason: str) -> str:
 
 
 def reject_share(manifest: dict) -> float:
-    return manifest["rows_rejected"] / manifest["rows_in"] if manifest["rows_in"] else 0.0
+    return manifest[F.MK.ROWS_REJECTED] / manifest[F.MK.ROWS_IN] if manifest[F.MK.ROWS_IN] else 0.0
 
 
 def warning(manifest: dict, threshold: float) -> Optional[str]:
     """One sentence when ``manifest``'s stage flagged more than ``threshold`` of its rows."""
     share = reject_share(manifest)
-    if manifest["stage"] == "export" or not manifest["rows_in"] or share <= threshold:
+    if manifest["stage"] == "export" or not manifest[F.MK.ROWS_IN] or share <= threshold:
         return None
-    reasons = manifest["reason_counts"] or {"?": manifest["rows_rejected"]}
+    reasons = manifest[F.MK.REASON_COUNTS] or {"?": manifest[F.MK.ROWS_REJECTED]}
     top, n = max(reasons.items(), key=lambda kv: (kv[1], kv[0]))
-    return (f"{manifest['stage']} flagged {manifest['rows_rejected']} of the "
-            f"{manifest['rows_in']} rows it saw ({share:.0%}); top reason {top} ({n} rows): "
+    return (f"{manifest['stage']} flagged {manifest[F.MK.ROWS_REJECTED]} of the "
+            f"{manifest[F.MK.ROWS_IN]} rows it saw ({share:.0%}); top reason {top} ({n} rows): "
             f"check {knob(top)}")
 
 

@@ -70,16 +70,16 @@ def _stage(sd: StageDir, examples: int, captions: dict) -> list[str]:
         att = sd.attempt()
         return [f"\n== {name}: incomplete ({len(sd.committed())}/{(att or {}).get('parts', '?')}"
                 " parts committed; rerun to resume)"]
-    out = [f"\n== {name}  ({m['parts']} parts, {m['wall_s']:.1f}s, fingerprint {m['fingerprint']})",
-           f"   rows {m['rows']}  in {m['rows_in']}  kept {m['rows_kept']}  "
-           f"rejected {m['rows_rejected']}"]
-    if m["rows_rejected"]:
+    out = [f"\n== {name}  ({m['parts']} parts, {m[F.MK.WALL_S]:.1f}s, fingerprint {m[F.MK.FINGERPRINT]})",
+           f"   rows {m[F.MK.ROWS]}  in {m[F.MK.ROWS_IN]}  kept {m[F.MK.ROWS_KEPT]}  "
+           f"rejected {m[F.MK.ROWS_REJECTED]}"]
+    if m[F.MK.ROWS_REJECTED]:
         found: dict[str, list[dict]] = {}
         for r in sd.read_all(kind="rejects").to_pylist():
             for reason in r[F.REASONS.name] or []:
                 if len(found.setdefault(reason, [])) < examples:
                     found[reason].append(r)
-        for reason, n in sorted(m["reason_counts"].items(), key=lambda kv: -kv[1]):
+        for reason, n in sorted(m[F.MK.REASON_COUNTS].items(), key=lambda kv: -kv[1]):
             out.append(f"   {reason}: {n}")
             for r in found.get(reason, []):
                 c = captions.get(r[F.SAMPLE_ID.name], {})

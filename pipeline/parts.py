@@ -211,7 +211,7 @@ def write_fragments(batch: pa.Table, io: PartIO) -> pa.Table:
         counts = fragment_counts(frag)
         rejects = rejects_of(frag, io.stage)
         sd.write_fragment(p, r0, r1, frag.drop_columns(list(INTERNAL)), rejects)
-        records.append(json.dumps({"part": p, "rows": r1 - r0, "part_rows":
+        records.append(json.dumps({"part": p, F.MK.ROWS: r1 - r0, "part_rows":
                                    int(frag.column(F.PART_ROWS.name)[0].as_py()), **counts}))
     return pa.table({"record": pa.array(records, pa.string())})
 
@@ -228,8 +228,8 @@ def fragment_counts(frag: pa.Table) -> dict:
     flagged, reasons = _flagged_active(frag)
     active = frag.column(ACTIVE.name).to_numpy(zero_copy_only=False)
     rc = Counter(r for i in np.flatnonzero(flagged) for r in reasons[i])
-    return {"rows_in": int(active.sum()), "rows_kept": int((active & ~flagged).sum()),
-            "rows_rejected": int(flagged.sum()), "reason_counts": dict(rc)}
+    return {F.MK.ROWS_IN: int(active.sum()), F.MK.ROWS_KEPT: int((active & ~flagged).sum()),
+            F.MK.ROWS_REJECTED: int(flagged.sum()), F.MK.REASON_COUNTS: dict(rc)}
 
 
 def rejects_of(frag: pa.Table, stage: str) -> Optional[pa.Table]:
@@ -243,17 +243,17 @@ def rejects_of(frag: pa.Table, stage: str) -> Optional[pa.Table]:
     return conform(t, tables.REJECTS)
 
 
-_COUNTS = ("rows", "rows_in", "rows_kept", "rows_rejected")
+_COUNTS = (F.MK.ROWS, F.MK.ROWS_IN, F.MK.ROWS_KEPT, F.MK.ROWS_REJECTED)
 
 
 def empty_counts() -> dict:
-    return {**{k: 0 for k in _COUNTS}, "reason_counts": {}}
+    return {**{k: 0 for k in _COUNTS}, F.MK.REASON_COUNTS: {}}
 
 
 def add_counts(a: dict, b: dict) -> dict:
-    rc = Counter(a.get("reason_counts", {}))
-    rc.update(b.get("reason_counts", {}))
-    return {**{k: a.get(k, 0) + b.get(k, 0) for k in _COUNTS}, "reason_counts": dict(rc)}
+    rc = Counter(a.get(F.MK.REASON_COUNTS, {}))
+    rc.update(b.get(F.MK.REASON_COUNTS, {}))
+    return {**{k: a.get(k, 0) + b.get(k, 0) for k in _COUNTS}, F.MK.REASON_COUNTS: dict(rc)}
 
 
 class Committer:
@@ -270,14 +270,14 @@ class Committer:
         rec = json.loads(record) if isinstance(record, str) else record
         p = rec["part"]
         acc = self.acc[p] = add_counts(self.acc.get(p, empty_counts()), rec)
-        if acc["rows"] == rec["part_rows"]:
+        if acc[F.MK.ROWS] == rec["part_rows"]:
             self.sd.commit(p, acc)
             del self.acc[p]
             self.committed.append(p)
             if self.on_commit:
                 self.on_commit(p, acc)
-        elif acc["rows"] > rec["part_rows"]:
-            raise RuntimeError(f"{self.sd.name}: part {p} received {acc['rows']} rows for "
+        elif acc[F.MK.ROWS] > rec["part_rows"]:
+            raise RuntimeError(f"{self.sd.name}: part {p} received {acc[F.MK.ROWS]} rows for "
                                f"{rec['part_rows']}")
 
     def finish(self, parts: list[int], schema: pa.Schema) -> None:
@@ -286,7 +286,7 @@ class Committer:
         rows is an error."""
         if self.acc:
             p = min(self.acc)
-            raise RuntimeError(f"{self.sd.name}: part {p} received {self.acc[p]['rows']} rows, "
+            raise RuntimeError(f"{self.sd.name}: part {p} received {self.acc[p][F.MK.ROWS]} rows, "
                                "not all of them")
         done = set(self.committed)
         for p in parts:

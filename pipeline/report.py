@@ -64,7 +64,7 @@ class RunData:
         ingest = self.dirs.get("ingest")
         self.parts = ingest.committed() if ingest else []
         m = self.manifests.get("ingest") or {}
-        self.total_rows = int(m.get("rows") or 0)
+        self.total_rows = int(m.get(F.MK.ROWS) or 0)
         per_part = self.total_rows / max(len(self.parts), 1) or 1.0
         want = max(1, math.ceil(stats_rows / per_part))
         chosen = self.parts if want >= len(self.parts) else \
@@ -355,16 +355,16 @@ def funnel(r: Report) -> Optional[str]:
             rows.append(f'<tr><td class="l">{esc(name)}</td><td colspan="6" class="l">{state}'
                         '</td></tr>')
             continue
-        n_in = max(int(m["rows_in"]), 1)
-        k, rj = int(m["rows_kept"]), int(m["rows_rejected"])
+        n_in = max(int(m[F.MK.ROWS_IN]), 1)
+        k, rj = int(m[F.MK.ROWS_KEPT]), int(m[F.MK.ROWS_REJECTED])
         reasons = ", ".join(f"{esc(code)} <b>{n}</b>" for code, n in
-                            sorted(m["reason_counts"].items(), key=lambda kv: (-kv[1], kv[0])))
+                            sorted(m[F.MK.REASON_COUNTS].items(), key=lambda kv: (-kv[1], kv[0])))
         rows.append(
-            f'<tr><td class="l">{esc(name)}</td><td>{m["parts"]}</td><td>{m["rows_in"]}</td>'
+            f'<tr><td class="l">{esc(name)}</td><td>{m["parts"]}</td><td>{m[F.MK.ROWS_IN]}</td>'
             f'<td>{k}</td><td>{rj}</td><td><div class="bar" title="kept {k}, rejected {rj}">'
             f'<div class="k" style="width:{100 * k / n_in:.1f}%"></div>'
             f'<div class="r" style="width:{100 * rj / n_in:.1f}%"></div></div></td>'
-            f'<td class="reasons">{reasons}</td><td>{m["wall_s"]:.1f}s</td></tr>')
+            f'<td class="reasons">{reasons}</td><td>{m[F.MK.WALL_S]:.1f}s</td></tr>')
     if not any(d.manifests.values()) and not any(d.dirs[n].attempt() for n in d.names):
         return None
     head = ('<table class="funnel"><tr><th class="l">stage</th><th>parts</th><th>rows in</th>'
@@ -459,10 +459,10 @@ def neighbour_grid(r: Report, ids_f: pa.Field, scores_f: pa.Field, extra_f: Opti
 def rejected_examples(r: Report, per_reason: int, max_rows: int = 200_000) -> Section:
     d = r.data
     stages = [n for n in d.names if n != "export"
-              and (d.manifests.get(n) or {}).get("rows_rejected")]
+              and (d.manifests.get(n) or {}).get(F.MK.ROWS_REJECTED)]
     if not stages:
         return None
-    want = {(n, code): cnt for n in stages for code, cnt in d.manifests[n]["reason_counts"].items()}
+    want = {(n, code): cnt for n in stages for code, cnt in d.manifests[n][F.MK.REASON_COUNTS].items()}
     found: dict[tuple, list[dict]] = defaultdict(list)
     read = 0
     order = [(n, p) for n in stages for p in _parts_with_rejects(d.dirs[n])]
@@ -631,9 +631,9 @@ def _head(r: Report, seed: int) -> list[str]:
     ing, exp = d.manifests.get("ingest"), d.manifests.get("export")
     line = []
     if ing:
-        line.append(f"{ing['rows']} source rows")
+        line.append(f"{ing[F.MK.ROWS]} source rows")
     if exp:
-        line.append(f"{exp['rows_kept']} kept by the export policy")
+        line.append(f"{exp[F.MK.ROWS_KEPT]} kept by the export policy")
         sm = read_json(d.dirs["export"].uri("shards", "manifest.json"))
         if sm:
             line.append(f"{sm['samples']} samples in {sm['shards']} shards "

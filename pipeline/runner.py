@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from tqdm.auto import tqdm
 
 from vlcurate.stages.base import Kind, Stage, StageConfig
+from vlcurate.schemas import F
 
 from . import config as C
 from . import executors, guards, storage
@@ -195,7 +196,7 @@ class Runner:
                 storage.makedirs(d)
         record = {"config": storage.redact_tree(C.to_dict(self.config)),
                   "dag": [n.name for n in self.dag],
-                  "started_at": now(), "versions": versions()}
+                  F.MK.STARTED: now(), "versions": versions()}
         with RunLock(self.run_dir):
             if meta == self.run_dir:       # first, so that a run in progress can be inspected
                 write_json(storage.join(meta, "run.json"), record)
@@ -215,7 +216,7 @@ class Runner:
     def fingerprint(self, node: Node, results: dict[str, StageResult]) -> tuple[str, dict]:
         stage = node.stage
         ups = ancestors(self.dag, node)
-        upstream = {a: results[a].manifest["fingerprint"] for a in ups}
+        upstream = {a: results[a].manifest[F.MK.FINGERPRINT] for a in ups}
         extra: dict = {}
         view = self.view(stage)
         if stage.kind == Kind.SOURCE:
@@ -239,7 +240,7 @@ class Runner:
         if not ups:
             return tqdm(total=len(pending), desc=name, unit="part", disable=off, leave=False), False
         source = self.stage_dir(ups[0])
-        total = sum(source.part_counts(p)["rows"] for p in pending)
+        total = sum(source.part_counts(p)[F.MK.ROWS] for p in pending)
         return tqdm(total=total, desc=name, unit="row", unit_scale=True, disable=off, leave=False,
                     smoothing=0.1), True
 
@@ -249,7 +250,7 @@ class Runner:
         stage = node.stage
         if stage.kind == Kind.SOURCE or stage.all_rows or self.config.run.compute_on_flagged:
             return False
-        return any(results[a].manifest["rows_kept"] == 0 for a in ancestors(self.dag, node))
+        return any(results[a].manifest[F.MK.ROWS_KEPT] == 0 for a in ancestors(self.dag, node))
 
     def run_stage(self, node: Node, results: dict[str, StageResult],
                   only: Optional[set[str]]) -> StageResult:
@@ -257,10 +258,10 @@ class Runner:
         sd = self.stage_dir(name)
         fp, upstream = self.fingerprint(node, results)
         m, notes = sd.manifest(), stage.notes(self.view(stage))
-        complete = bool(m) and m.get("fingerprint") == fp and m.get("status") == "complete"
+        complete = bool(m) and m.get(F.MK.FINGERPRINT) == fp and m.get("status") == "complete"
         redo = self.to_redo(node, sd, m["parts"], results) if complete else set()
         if complete and not redo:
-            self.log(f"[{name}] up to date ({m['rows']} rows, fingerprint {fp}): skipped")
+            self.log(f"[{name}] up to date ({m[F.MK.ROWS]} rows, fingerprint {fp}): skipped")
             info = sd.read_json("_info.json") or {}
             return StageResult(m, "skipped", _with_notes(info, notes))
         if only is not None and name not in only:
@@ -269,22 +270,22 @@ class Runner:
         if complete:
             self.log(f"[{name}] up to date, but parts {sorted(redo)[:10]} are damaged or depend "
                      f"on redone upstream parts: redoing {len(redo)} of {m['parts']} parts")
-            started = m.get("started_at") or now()
+            started = m.get(F.MK.STARTED) or now()
         else:
             att = sd.attempt()
-            if not att or att.get("fingerprint") != fp:
+            if not att or att.get(F.MK.FINGERPRINT) != fp:
                 if m or att:     # an earlier run's output that no longer matches: say why
                     self.log(f"[{name}] recomputing: its config, code version or an upstream "
                              f"stage changed since the last run (fingerprint "
-                             f"{(m or att).get('fingerprint')} -> {fp})")
+                             f"{(m or att).get(F.MK.FINGERPRINT)} -> {fp})")
                 sd.reset()
-            started = (att or {}).get("started_at") or now()
+            started = (att or {}).get(F.MK.STARTED) or now()
         t0 = time.time()
         n_parts, specs = self.plan(node, sd, results)
         if not complete and sd.committed():   # resuming: the committed parts must be sound too
             redo = self.to_redo(node, sd, n_parts, results)
         sd.uncommit(redo)
-        sd.begin({"fingerprint": fp, "parts": n_parts, "started_at": started})
+        sd.begin({F.MK.FINGERPRINT: fp, "parts": n_parts, F.MK.STARTED: started})
         before = set(sd.committed())
         pending = [p for p in range(n_parts) if p not in before]
         if pending:
@@ -301,9 +302,9 @@ class Runner:
             self.log(f"[{name}] WARNING: {warn}")
         sd.write_json("_info.json", info)   # what finalize said, for later up-to-date runs
         sd.finish(manifest)
-        self.log(f"[{name}] done: {manifest['rows_in']} in, {manifest['rows_kept']} kept, "
-                 f"{manifest['rows_rejected']} rejected in {manifest['wall_s']:.1f}s "
-                 f"({manifest['rows_in'] / max(manifest['wall_s'], 1e-3):,.0f} rows/s)"
+        self.log(f"[{name}] done: {manifest[F.MK.ROWS_IN]} in, {manifest[F.MK.ROWS_KEPT]} kept, "
+                 f"{manifest[F.MK.ROWS_REJECTED]} rejected in {manifest[F.MK.WALL_S]:.1f}s "
+                 f"({manifest[F.MK.ROWS_IN] / max(manifest[F.MK.WALL_S], 1e-3):,.0f} rows/s)"
                  + (f" ({len(before)} parts reused)" if before else ""))
         status = "repaired" if complete else "resumed" if before else "ran"
         return StageResult(manifest, status, info, frozenset(pending))
@@ -363,12 +364,12 @@ class Runner:
             return
         state, state_uri = self.global_step(node, sd, io, n_parts, res)
         sizes = None if specs is not None else {
-            p: self.stage_dir(io.ancestors[0]).part_counts(p)["rows"] for p in pending}
+            p: self.stage_dir(io.ancestors[0]).part_counts(p)[F.MK.ROWS] for p in pending}
         work = Work(io, stage, view, state, state_uri,
                     self.workdir(sd) if stage.kind == Kind.GLOBAL else None, res,
                     work_items(pending, sizes, rows), specs, out_schema)
         bar, in_rows = self._progress(name, pending, node)
-        committer = Committer(sd, on_commit=lambda p, c: bar.update(c["rows"] if in_rows else 1))
+        committer = Committer(sd, on_commit=lambda p, c: bar.update(c[F.MK.ROWS] if in_rows else 1))
         try:
             self.executor.parts(work, committer)
             committer.finish(pending, out_schema)
@@ -391,7 +392,7 @@ class Runner:
         return state, uri
 
     def workdir(self, sd: StageDir) -> Workdir:
-        return workdir_for(str(sd.root), (sd.attempt() or {}).get("fingerprint", "none"))
+        return workdir_for(str(sd.root), (sd.attempt() or {}).get(F.MK.FINGERPRINT, "none"))
 
     def finalize(self, stage: type[Stage], sd: StageDir, counts: list[dict]) -> dict:
         tmp = sd.uri("_tmp/finalize")
@@ -409,13 +410,13 @@ class Runner:
                  reused: int, t0: float, started: str) -> dict:
         total = functools.reduce(add_counts, counts, empty_counts())
         return {
-            "stage": name, "status": "complete", "fingerprint": fp, "upstream": upstream,
+            "stage": name, "status": "complete", F.MK.FINGERPRINT: fp, "upstream": upstream,
             "config": json.dumps(storage.redact_tree(stage_config(stage, self.config, self.speed)),
                                  sort_keys=True),
-            "parts": len(counts), "parts_reused": reused, "rows": total["rows"],
-            "rows_in": total["rows_in"], "rows_kept": total["rows_kept"],
-            "rows_rejected": total["rows_rejected"], "reason_counts": total["reason_counts"],
-            "wall_s": round(time.time() - t0, 3), "started_at": started, "finished_at": now(),
+            "parts": len(counts), F.MK.PARTS_REUSED: reused, F.MK.ROWS: total[F.MK.ROWS],
+            F.MK.ROWS_IN: total[F.MK.ROWS_IN], F.MK.ROWS_KEPT: total[F.MK.ROWS_KEPT],
+            F.MK.ROWS_REJECTED: total[F.MK.ROWS_REJECTED], F.MK.REASON_COUNTS: total[F.MK.REASON_COUNTS],
+            F.MK.WALL_S: round(time.time() - t0, 3), F.MK.STARTED: started, F.MK.FINISHED: now(),
             "versions": versions()}
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from vlcurate.schemas import F
+
 
 def _top(reasons: dict, n: int = 3) -> str:
     items = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -15,16 +17,16 @@ def problems(results: list) -> list[str]:
     out = []
     ms = [r.manifest for r in results]
     for m in ms:
-        if m["rows_in"] != m["rows_kept"] + m["rows_rejected"]:
-            out.append(f"{m['stage']}: rows in {m['rows_in']} != kept {m['rows_kept']} + "
-                       f"rejected {m['rows_rejected']}")
-        if ms and m["rows"] != ms[0]["rows"]:
-            out.append(f"{m['stage']}: {m['rows']} rows but the source gave {ms[0]['rows']}")
+        if m[F.MK.ROWS_IN] != m[F.MK.ROWS_KEPT] + m[F.MK.ROWS_REJECTED]:
+            out.append(f"{m['stage']}: rows in {m[F.MK.ROWS_IN]} != kept {m[F.MK.ROWS_KEPT]} + "
+                       f"rejected {m[F.MK.ROWS_REJECTED]}")
+        if ms and m[F.MK.ROWS] != ms[0][F.MK.ROWS]:
+            out.append(f"{m['stage']}: {m[F.MK.ROWS]} rows but the source gave {ms[0][F.MK.ROWS]}")
     for r in results:
         shards = r.info.get("samples") if isinstance(r.info, dict) else None
-        if shards is not None and shards != r.manifest["rows_kept"]:
+        if shards is not None and shards != r.manifest[F.MK.ROWS_KEPT]:
             out.append(f"{r.manifest['stage']}: {shards} samples in shards but "
-                       f"{r.manifest['rows_kept']} kept")
+                       f"{r.manifest[F.MK.ROWS_KEPT]} kept")
     return out
 
 
@@ -33,10 +35,10 @@ def format_summary(results: Iterable) -> str:
     results = list(results)
     for r in results:
         m = r.manifest
-        rows.append((m["stage"], r.status + (f" ({m['parts_reused']} reused)" if m["parts_reused"]
+        rows.append((m["stage"], r.status + (f" ({m[F.MK.PARTS_REUSED]} reused)" if m[F.MK.PARTS_REUSED]
                                              and r.status in ("resumed", "repaired") else ""),
-                     str(m["parts"]), str(m["rows"]), str(m["rows_in"]), str(m["rows_kept"]),
-                     str(m["rows_rejected"]), f"{m['wall_s']:.1f}s", _top(m["reason_counts"])))
+                     str(m["parts"]), str(m[F.MK.ROWS]), str(m[F.MK.ROWS_IN]), str(m[F.MK.ROWS_KEPT]),
+                     str(m[F.MK.ROWS_REJECTED]), f"{m[F.MK.WALL_S]:.1f}s", _top(m[F.MK.REASON_COUNTS])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i in (0, 1, 8) else c.rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]

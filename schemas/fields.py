@@ -95,6 +95,22 @@ M_STARTED = pa.field("started_at", pa.string(), nullable=False)
 M_FINISHED = pa.field("finished_at", pa.string())
 M_VERSIONS = pa.field("versions", pa.map_(pa.string(), pa.string()), nullable=False)
 
+
+
+class MK:
+    """The keys of a stage's manifest dict (``_manifest.json``; the columns of summary.parquet)
+    and of a part's counts in its commit record."""
+    ROWS = M_ROWS.name
+    ROWS_IN = M_ROWS_IN.name
+    ROWS_KEPT = M_ROWS_KEPT.name
+    ROWS_REJECTED = M_ROWS_REJECTED.name
+    REASON_COUNTS = M_REASON_COUNTS.name
+    PARTS_REUSED = M_PARTS_REUSED.name
+    WALL_S = M_WALL_S.name
+    STARTED = M_STARTED.name
+    FINISHED = M_FINISHED.name
+    FINGERPRINT = M_FINGERPRINT.name
+
 # --- shard manifest ----------------------------------------------------------------------------
 SH_NAME = pa.field("shard", pa.string(), nullable=False)
 SH_SAMPLES = pa.field("samples", pa.int64(), nullable=False)

@@ -97,7 +97,7 @@ class ExportStage(SinkStage):
 
     @classmethod
     def finalize(cls, config: Any, ctx: "FinalizeContext") -> dict:
-        kept = [c["rows_kept"] for c in ctx.counts]
+        kept = [c[F.MK.ROWS_KEPT] for c in ctx.counts]
         specs = plan_shards(kept, config.export.samples_per_shard, config.export.shard_prefix)
         final = storage.join(ctx.root, "shards")
         if storage.is_local(final):    # written aside, then the folder swapped in whole
