@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from . import storage
 
@@ -66,9 +66,19 @@ def _run(config, executor: str, only=None) -> int:
     return 1 if problems(results) else 0
 
 
+def _limited(config: Any, limit: Optional[int]) -> Any:
+    """``--limit N``: at most the first N records of each source (``source.limit``)."""
+    if limit is None:
+        return config
+    from .params import to_dict
+    src = to_dict(config.source)
+    also = [dict(s, limit=limit) for s in src["also"]]
+    return config.replace(source=dict(src, limit=limit, also=also))
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     from . import config as C
-    return _run(C.load(a.config, a.overrides), a.executor)
+    return _run(_limited(C.load(a.config, a.overrides), a.limit), a.executor)
 
 
 def cmd_check(a: argparse.Namespace) -> int:
@@ -151,6 +161,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the DAG from a YAML config (resumes where it stopped)")
     r.add_argument("config", help="YAML config (values only; see README)")
+    r.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="a quick trial: only the first N records of each source (source.limit)")
     _common(r)
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("check", help="preflight: check the weights, spaCy pipeline, OCR backend, "

@@ -215,12 +215,27 @@ def _read_yaml(p: Path) -> dict:
         raise ConfigError(f"{p}: not valid YAML: {e}")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections")
-    # a relative source.path is relative to the config file's folder (run_dir: to the cwd)
+    _sources_list(data)
+    # a relative source path is relative to the config file's folder (run_dir: to the cwd)
     src = data.get("source")
-    val = src.get("path") if isinstance(src, dict) else None
-    if isinstance(val, str) and val and not Path(val).is_absolute() and "://" not in val:
-        src["path"] = str((p.parent / val).resolve())
+    for s in [src, *(src.get("also") or [])] if isinstance(src, dict) else []:
+        val = s.get("path") if isinstance(s, dict) else None
+        if isinstance(val, str) and val and not Path(val).is_absolute() and "://" not in val:
+            s["path"] = str((p.parent / val).resolve())
     return data
+
+
+def _sources_list(data: dict) -> None:
+    """A top-level ``sources: [a, b, ...]`` is ``source: a`` with ``also: [b, ...]``."""
+    if "sources" not in data:
+        return
+    items = data.pop("sources")
+    if "source" in data:
+        raise ConfigError("sources: give either `source` (one, with `also` for more) or a "
+                          "`sources` list, not both")
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        raise ConfigError(f"sources: expected a non-empty list of source sections, got {items!r}")
+    data["source"] = {**items[0], "also": items[1:]}
 
 
 def load(path: str | Path | None = None, overrides: list[str] | dict | None = None,

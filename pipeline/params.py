@@ -91,6 +91,9 @@ class Params:
     set by the stage that owns the section (``stages.base.Stage``) or by ``config.py``. Built
     directly (``HpmParams(k=0)``) it checks itself; :func:`build` checks it with the full key."""
     section: ClassVar[str] = ""
+    # fields added after run directories existed: they enter fingerprints only when set away
+    # from their defaults, so that an old run's stages are not redone for a field it never had
+    fingerprint_when_set: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         if not _BUILDING.get():

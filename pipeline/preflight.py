@@ -97,11 +97,15 @@ def check_wordnet(config: C.Config, stages: set[str]) -> list[Finding]:
 
 
 def check_source(config: C.Config, stages: set[str]) -> list[Finding]:
-    """The source plans (the reader's own checks: path, captions file, columns) into parts with
+    """Each source plans (the reader's own checks: path, captions file, columns) into parts with
     records, and a configured key column exists."""
+    from vlcurate.stages.ingest.sources import all_sources
+    return [f for s in all_sources(config.source) for f in _check_one_source(s)]
+
+
+def _check_one_source(s: Any) -> list[Finding]:
     from vlcurate.stages.ingest import SourceError
     from vlcurate.stages.ingest.readers import plan
-    s = config.source
     try:
         with tempfile.TemporaryDirectory(prefix="vlcurate-preflight-") as tmp:
             specs = plan(s, Path(tmp) / "_plan.parquet")

@@ -101,8 +101,11 @@ def stage_config(stage: type[Stage], config: Any, speed: Optional[dict] = None) 
     speed = C.speed_only() if speed is None else speed
     out = {}
     for sec in stage_sections(stage):
-        d = C.to_dict(section_of(stage, config, sec))
-        for key in ("resources", "out_dir", *speed.get(sec, ())):
+        params = section_of(stage, config, sec)
+        d = C.to_dict(params)
+        unset = [f.name for f in dataclasses.fields(params) if f.name in
+                 params.fingerprint_when_set and getattr(params, f.name) == f.default]
+        for key in ("resources", "out_dir", *speed.get(sec, ()), *unset):
             d.pop(key, None)       # speed, never output: no rerun when they change
         if d:
             out[sec] = d

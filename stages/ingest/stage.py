@@ -4,22 +4,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Iterable, Literal, Optional
 
 import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, positive, within
+from vlcurate.pipeline.params import Params, positive, unit, within
 from vlcurate.stages.base import Resources, SourceStage
 
-from . import captions, images, readers
-
-
-def sample_id(source: str, key: str) -> str:
-    """Stable across runs and machines: derived from the source name and the record's key."""
-    return hashlib.blake2b(f"{source}\0{key}".encode("utf-8", "surrogateescape"),
-                           digest_size=8).hexdigest()
+from . import captions, images, readers, sources
+from .sources import sample_id
 
 
 def image_hash(data: bytes) -> str:
@@ -59,6 +54,19 @@ class SourceParams(Params):
     max_image_bytes: int = positive(64 * 1024 * 1024)
     allow_outside_source: bool = False
     caption_list: Literal["error", "first"] = "error"
+    # quick trials (stages/ingest/sources.py): a share of the records, chosen by sample_id (so
+    # independent of order), and/or the first `limit` records (`vlcurate run --limit N`)
+    sample: Optional[float] = unit(None)
+    limit: Optional[int] = positive(None)
+    # more sources in the same run, each a section like this one (a top-level `sources:` list
+    # in YAML is the same thing); sample_id keeps each record's source name
+    also: tuple["SourceParams", ...] = ()
+    fingerprint_when_set = ("sample", "limit", "also")
+
+    def check(self) -> Iterable[tuple[str, str]]:
+        if self.sample is not None and self.sample <= 0:
+            yield ("sample", f"must be a share in (0, 1], got {self.sample!r}")
+        yield from sources.check(self)
 
 
 @dataclass(frozen=True)
@@ -88,15 +96,19 @@ class IngestStage(SourceStage):
 
     @classmethod
     def plan(cls, cfg: Any, plan_uri: str) -> list[dict]:
-        return readers.plan(cfg.source, plan_uri)
+        return sources.plan(cfg.source, plan_uri)
 
     @classmethod
     def read_part(cls, cfg: Any, spec: dict) -> Any:
-        return readers.read_part(cfg.source, spec)
+        return sources.read_part(cfg.source, spec)
 
     @classmethod
     def signature(cls, cfg: Any) -> str:
-        return readers.signature(cfg.source)
+        return sources.signature(cfg.source)
+
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        return sources.notes(config.source)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         cfg = self.config.ingest
