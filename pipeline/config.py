@@ -35,6 +35,12 @@ class RunConfig(Params):
     warn_reject_fraction: float = unit(0.9)
     # ... and above this share the run stops after that stage (null: never stop)
     max_reject_fraction: Optional[float] = unit(None)
+    # per-image results computed image by image (OCR) are kept by image hash in a cache that
+    # later runs reuse (stages/cache.py): a changed threshold, overlapping data or a second
+    # dataset never recomputes an image already seen. Default folder: <run_dir>/_cache; point
+    # several runs at one cache_dir (a path or URI) to share it. Changes speed, never output.
+    image_cache: bool = True
+    cache_dir: Optional[str] = None
 
     # Determinism (not resources): a stage is always called on chunks of chunk_rows rows of one
     # part, aligned to the part's first row, whatever resources.batch_size (rounded up to a

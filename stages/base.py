@@ -207,14 +207,22 @@ def passthrough_ids(batch: pa.Table) -> pa.Array:
     return batch.column(F.SAMPLE_ID.name)
 
 
-def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], list]) -> list:
+def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], list],
+                   cache: Any = None, hashes: Optional[Sequence[str]] = None) -> list:
     """``compute`` on each distinct image once, fanned back out to every row that shows it: the
     rows of an image with several captions (COCO and Flickr give five) share one OCR pass, one
     embedding, one set of recaptions. Rows are grouped by their bytes (equal bytes, equal
-    ``image_hash``), in order of first appearance, so the result depends only on the batch."""
+    ``image_hash``), in order of first appearance, so the result depends only on the batch.
+    With a ``cache`` (``stages/cache.py``) and the rows' ``hashes``, images it holds are not
+    computed at all."""
+    from .cache import cached
     index: dict[bytes, int] = {}
     first = [index.setdefault(b, len(index)) for b in images]
-    results = compute(list(index))
+    distinct = list(index)
+    keys = [""] * len(distinct)
+    for b, h in zip(images, hashes or ()):
+        keys[index[b]] = h
+    results = cached(cache, keys, lambda todo: compute([distinct[i] for i in todo]))
     if len(results) != len(index):
         raise RuntimeError(f"{len(results)} results for {len(index)} distinct images")
     return [results[i] for i in first]

@@ -13,6 +13,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import MapStage, Resources, once_per_image
+from vlcurate.stages.cache import ImageCache
 
 from . import textspot as T
 from .optional import decide, skip_status, skipped_table
@@ -37,13 +38,35 @@ class TextSpotParams(Params):
     resources: Resources = Resources()
 
 
+def _cache_key(c: TextSpotParams) -> dict:
+    """What one image's spotted lines depend on (the cache's namespace): the backend as
+    installed, the downscale size and that backend's own settings; not the thresholds."""
+    own = {"tesseract": (c.tesseract_lang, c.tesseract_psm),
+           "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights)}
+    return {"backend": T.backend_identity(c), "max_side": c.max_side,
+            "settings": own.get(c.backend, ())}
+
+
+def _encode(pair: tuple) -> list:
+    return [[s.text, s.conf] for s in pair[0]]
+
+
+def _decode(value: list) -> tuple:
+    return [T.Spot(text, conf) for text, conf in value], None
+
+
+def _keep(pair: tuple) -> bool:
+    """Only an image OCR read is cached; one that failed is tried again next time."""
+    return pair[0] is not None and pair[1] is None
+
+
 class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
     version = "1"
     Params = TextSpotParams
     speed_only = ("threads",)             # OCR threads
-    inputs = {"ingest": (F.CAPTION, F.IMAGE)}
+    inputs = {"ingest": (F.CAPTION, F.IMAGE, F.IMAGE_HASH)}
     output = S.TEXTSPOT
     resources = Resources(num_cpus=1, batch_size=64)
     on_actors = True
@@ -57,6 +80,8 @@ class TextSpotStage(MapStage):
         c = self.config.textspot
         self.ocr, self.skipped = decide(lambda: T.make_backend(c), c.if_missing,
                                          f"text spotting ({c.backend})")
+        self.cache = ImageCache.of(self.config.run, self.name, _cache_key(c),
+                                   encode=_encode, decode=_decode, keep=_keep)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(F.SAMPLE_ID.name)
@@ -66,7 +91,8 @@ class TextSpotStage(MapStage):
         # each distinct image is read once (COCO, Flickr: five captions per image); the match is
         # per caption
         pairs = once_per_image(batch.column(F.IMAGE.name).to_pylist(),
-                               lambda ims: list(zip(*T.spot_all(self.ocr, ims, c.max_side))))
+                               lambda ims: list(zip(*T.spot_all(self.ocr, ims, c.max_side))),
+                               self.cache, batch.column(F.IMAGE_HASH.name).to_pylist())
         spots, errors = [p[0] for p in pairs], [p[1] for p in pairs]
         spots = [None if s is None else sorted(s, key=lambda x: -x.conf)[:c.max_texts]
                  for s in spots]

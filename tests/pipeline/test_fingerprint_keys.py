@@ -51,3 +51,10 @@ def test_pinned_keys_per_stage():
         "mmocr_det_weights", "mmocr_rec", "mmocr_rec_weights", "tesseract_lang", "tesseract_psm"]}
     assert "decode" not in got["embed"]["embed"] and "decode_threads" not in got["embed"]["embed"]
     assert "build_threads" not in got["hpm"]["hpm"] and "k" in got["hpm"]["hpm"]
+
+
+def test_only_the_numerics_of_the_run_section_enter_fingerprints():
+    """run.image_cache / run.cache_dir (and progress, guards...) change speed or reporting only."""
+    from vlcurate.pipeline.runner import _NUMERICS
+    assert set(_NUMERICS) == {"chunk_rows", "intra_op_threads"}
+    assert {"image_cache", "cache_dir"} <= set(C.to_dict(C.Config().run))
