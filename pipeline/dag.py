@@ -105,6 +105,14 @@ def topo_order(dag: list[Node]) -> list[Node]:
     return list(dag)
 
 
+def frontier(dag: list[Node], names: tuple[str, ...]) -> tuple[str, ...]:
+    """Of ``names`` (a stage's ancestors), those that none of the others runs after: their
+    commit records' flag levels already fold in the rest."""
+    by_name = {n.name: n for n in dag}
+    below = set().union(*(ancestors(dag, by_name[n]) for n in names))
+    return tuple(n for n in names if n not in below)
+
+
 def ancestors(dag: list[Node], node: Node) -> tuple[str, ...]:
     """Every stage ``node`` runs after, directly or not, in DAG order (the source first)."""
     by_name = {n.name: n for n in dag}

@@ -5,9 +5,11 @@ Nothing here imports ray; ``executors/`` wires these functions into ``map_batche
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import sys
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -23,7 +25,13 @@ from vlcurate.schemas import reasons as R
 from .rundir import StageDir
 
 ACTIVE = F.ACTIVE
-INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name)
+INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name, F.FLAG_LEVEL.name)
+
+# The committed kept mask. Each stage commits, per part, every row's flag level after it and all
+# its ancestors: KEPT (no reason yet), FLAGGED, or MANDATORY (an ingest reason: never computed,
+# whatever run.compute_on_flagged says). A stage reads the levels of its frontier (the ancestors
+# no other ancestor descends from: one record in a chain) instead of every ancestor's reasons.
+KEPT, FLAGGED, MANDATORY = 0, 1, 2
 
 
 class AlignmentError(RuntimeError):
@@ -37,6 +45,7 @@ class PartIO:
     stage: str
     stage_root: Optional[str]               # None: <run_dir>/<stage>
     ancestors: tuple[str, ...]              # every upstream stage, in DAG order
+    frontier: tuple[str, ...] = ()          # the ancestors that no other ancestor descends from
     columns: dict = field(default_factory=dict)  # upstream -> [column names to read]
     all_rows: bool = False                  # the stage sees every row (export)
     all_reasons: bool = False               # add F.ALL_REASONS: every upstream stage's reasons
@@ -51,12 +60,27 @@ class PartIO:
         return StageDir(self.run_dir, stage)
 
 
-def _with_position(t: pa.Table, part: int, active: np.ndarray) -> pa.Table:
+def _with_position(t: pa.Table, part: int, active: np.ndarray, levels: np.ndarray) -> pa.Table:
     n = t.num_rows
     return (t.append_column(F.PART.name, pa.array(np.full(n, part, np.int64)))
              .append_column(F.ROW.name, pa.array(np.arange(n, dtype=np.int64)))
              .append_column(F.PART_ROWS.name, pa.array(np.full(n, n, np.int64)))
-             .append_column(ACTIVE.name, pa.array(active, pa.bool_())))
+             .append_column(ACTIVE.name, pa.array(active, pa.bool_()))
+             .append_column(F.FLAG_LEVEL.name, pa.array(levels, pa.int8())))
+
+
+def flag_levels(reasons: list) -> np.ndarray:
+    """Each row's level from its reasons in one stage."""
+    return np.array([MANDATORY if any(r.startswith(R.MANDATORY_PREFIX) for r in rs) else
+                     FLAGGED if rs else KEPT for rs in reasons], np.int8)
+
+
+def pack_levels(levels: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(levels.astype(np.int8).tobytes(), 6)).decode()
+
+
+def unpack_levels(text: str) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), np.int8)
 
 
 def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None, lo: int = 0,
@@ -112,33 +136,60 @@ def pinned_threads(n: int):
 def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
     if io.read_source is not None:
         t = io.read_source(io.source_cfg, spec)
-        return _with_position(t, part, np.ones(t.num_rows, bool))
-    ids = None
-    flagged = None
-    cols: dict[str, pa.ChunkedArray] = {}
-    all_reasons: list[list[str]] = []
+        return _with_position(t, part, np.ones(t.num_rows, bool), np.zeros(t.num_rows, np.int8))
+    levels = None if io.all_reasons else _committed_levels(io, part)
+    table, levels = _read_ancestors(io, part, levels)
+    top = MANDATORY if io.compute_on_flagged else FLAGGED
+    active = np.ones(table.num_rows, bool) if io.all_rows else levels < top
+    return _with_position(table, part, active, levels)
+
+
+def _committed_levels(io: PartIO, part: int) -> Optional[np.ndarray]:
+    """The rows' levels after every ancestor, from the frontier's commit records (each folds in
+    its own ancestors); None when a record predates them (an older run directory)."""
+    out = None
+    for up in io.frontier:
+        text = (io.dir(up).record(part) or {}).get(F.MK.FLAG_LEVELS)
+        if text is None:
+            return None
+        lv = unpack_levels(text)
+        out = lv if out is None else np.maximum(out, lv)
+    return out
+
+
+def _read_ancestors(io: PartIO, part: int, levels: Optional[np.ndarray]
+                    ) -> tuple[pa.Table, np.ndarray]:
+    """The columns the stage reads, zipped by row (co-partitioned tables); the ancestors'
+    reasons too when the levels are not committed or the stage wants every reason."""
+    with_reasons = levels is None
+    ids, cols, all_reasons = None, {}, []
     for up in io.ancestors:
         want = [c for c in io.columns.get(up, ()) if c not in (F.SAMPLE_ID.name, F.REASONS.name)]
-        t = io.dir(up).read(part, columns=[F.SAMPLE_ID.name, F.REASONS.name, *want])
+        if ids is not None and not want and not with_reasons:
+            continue
+        t = io.dir(up).read(part, columns=[F.SAMPLE_ID.name,
+                                           *([F.REASONS.name] if with_reasons else []), *want])
         if ids is None:
             ids = t.column(F.SAMPLE_ID.name)
-            flagged = np.zeros(t.num_rows, bool)
             all_reasons = [[] for _ in range(t.num_rows)]
+            levels = np.zeros(t.num_rows, np.int8) if with_reasons else levels
         elif not t.column(F.SAMPLE_ID.name).equals(ids):
             raise AlignmentError(f"{up} part {part} is not row-aligned with {io.ancestors[0]}: "
                                  "rerun that stage (its table does not match the ingest order)")
-        for i, rs in enumerate(t.column(F.REASONS.name).to_pylist()):
-            if rs:
-                all_reasons[i].extend(rs)
-                if not io.compute_on_flagged or any(r.startswith(R.MANDATORY_PREFIX) for r in rs):
-                    flagged[i] = True
+        if with_reasons:
+            rs = t.column(F.REASONS.name).to_pylist()
+            levels = np.maximum(levels, flag_levels(rs))
+            for mine, r in zip(all_reasons, rs):
+                mine.extend(r or ())
         for c in want:
             cols[c] = t.column(c)
+    if len(levels) != len(ids):
+        raise AlignmentError(f"part {part}: the committed flag levels of {io.frontier} hold "
+                             f"{len(levels)} rows for {len(ids)}: rerun those stages")
     table = pa.table({F.SAMPLE_ID.name: ids, **cols})
     if io.all_reasons:
         table = table.append_column(F.ALL_REASONS.name, pa.array(all_reasons, F.ALL_REASONS.type))
-    active = np.ones(table.num_rows, bool) if io.all_rows else ~flagged
-    return _with_position(table, part, active)
+    return table, levels
 
 
 class StageCall:
@@ -212,8 +263,18 @@ def write_fragments(batch: pa.Table, io: PartIO) -> pa.Table:
         rejects = rejects_of(frag, io.stage)
         sd.write_fragment(p, r0, r1, frag.drop_columns(list(INTERNAL)), rejects)
         records.append(json.dumps({"part": p, F.MK.ROWS: r1 - r0, "part_rows":
-                                   int(frag.column(F.PART_ROWS.name)[0].as_py()), **counts}))
+                                   int(frag.column(F.PART_ROWS.name)[0].as_py()), **counts,
+                                   F.MK.FIRST_ROW: r0,
+                                   F.MK.FLAG_LEVELS: pack_levels(levels_after(frag))}))
     return pa.table({"record": pa.array(records, pa.string())})
+
+
+def levels_after(frag: pa.Table) -> np.ndarray:
+    """The rows' flag levels after this stage: the input's, raised by this stage's reasons."""
+    before = frag.column(F.FLAG_LEVEL.name).to_numpy(zero_copy_only=False)
+    if F.REASONS.name not in frag.column_names:
+        return before
+    return np.maximum(before, flag_levels(frag.column(F.REASONS.name).to_pylist()))
 
 
 def _flagged_active(frag: pa.Table) -> tuple[np.ndarray, list]:
@@ -265,13 +326,17 @@ class Committer:
         self.acc: dict[int, dict] = {}
         self.on_commit = on_commit
         self.committed: list[int] = []
+        self.levels: dict[int, dict[int, np.ndarray]] = {}
 
     def add(self, record: str | dict) -> None:
         rec = json.loads(record) if isinstance(record, str) else record
         p = rec["part"]
         acc = self.acc[p] = add_counts(self.acc.get(p, empty_counts()), rec)
+        self.levels.setdefault(p, {})[rec[F.MK.FIRST_ROW]] = unpack_levels(rec[F.MK.FLAG_LEVELS])
         if acc[F.MK.ROWS] == rec["part_rows"]:
-            self.sd.commit(p, acc)
+            pieces = self.levels.pop(p)
+            levels = np.concatenate([pieces[r] for r in sorted(pieces)])
+            self.sd.commit(p, {**acc, F.MK.FLAG_LEVELS: pack_levels(levels)})
             del self.acc[p]
             self.committed.append(p)
             if self.on_commit:
@@ -292,7 +357,8 @@ class Committer:
         for p in parts:
             if p not in done:
                 self.sd.write_fragment(p, 0, 0, schema.empty_table(), None)
-                self.sd.commit(p, empty_counts())
+                self.sd.commit(p, {**empty_counts(),
+                                   F.MK.FLAG_LEVELS: pack_levels(np.zeros(0, np.int8))})
                 self.committed.append(p)
                 if self.on_commit:
                     self.on_commit(p, empty_counts())

@@ -25,7 +25,7 @@ from vlcurate.schemas import F
 
 from . import config as C
 from . import executors, guards, storage
-from .dag import Node, ancestors, default_dag, select, topo_order
+from .dag import Node, ancestors, default_dag, frontier, select, topo_order
 from .executors import Work, work_items
 from .executors.tasks import TableReader, Upstream, Workdir, prepare_step, workdir_for
 from .params import DEFAULT_RESOURCES, Resources
@@ -339,6 +339,7 @@ class Runner:
         source = stage.kind == Kind.SOURCE
         io = PartIO(run_dir=str(self.run_dir), stage=node.name,
                     stage_root=self.roots.get(node.name), ancestors=ups,
+                    frontier=frontier(self.dag, ups),
                     columns={u: stage.input_columns(u, schemas.get(u), view) for u in ups},
                     all_rows=stage.all_rows, all_reasons=stage.all_reasons,
                     compute_on_flagged=self.config.run.compute_on_flagged,

@@ -67,6 +67,9 @@ ROW = pa.field("_row", pa.int64(), nullable=False)
 PART_ROWS = pa.field("_part_rows", pa.int64(), nullable=False)
 # the row is still kept (no upstream stage flagged it): the runner computes only these
 ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
+# how far a row is flagged after the stages so far (pipeline/parts.py): 0 kept, 1 flagged, 2
+# flagged by a mandatory (ingest) reason; committed per part in each stage's commit record
+FLAG_LEVEL = pa.field("_flag_level", pa.int8(), nullable=False)
 KEEP = pa.field("keep", pa.bool_(), nullable=False, metadata={"doc": "export decision under the policy"})
 ALL_REASONS = pa.field("all_reasons", pa.list_(pa.string()), nullable=False,
                        metadata={"doc": "every reason code any stage flagged the row with"})
@@ -110,6 +113,8 @@ class MK:
     STARTED = M_STARTED.name
     FINISHED = M_FINISHED.name
     FINGERPRINT = M_FINGERPRINT.name
+    FLAG_LEVELS = "flag_levels"     # a commit record's rows' flag levels (zlib, base64)
+    FIRST_ROW = "first_row"         # a fragment record's first row in its part
 
 # --- shard manifest ----------------------------------------------------------------------------
 SH_NAME = pa.field("shard", pa.string(), nullable=False)
