@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vlcurate.stages.base import Kind
 from vlcurate.stages.cat.cat_stage import CatStage
 from vlcurate.stages.cat.textspot_stage import TextSpotStage
-from vlcurate.stages.concepts import ConceptsStage
+from vlcurate.stages.concepts import ConceptsStage, TeacherStage
 from vlcurate.stages.dedup import DedupStage
 from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
 from vlcurate.stages.export import ExportStage
@@ -51,7 +51,8 @@ def default_dag() -> list[Node]:
         Node(PositivesStage, after=("recaption_embed",)),
         # near-duplicate groups keep their first row (the others: dedup.near_duplicate)
         Node(DedupStage, after=("positives",)),
-        Node(ConceptsStage, after=("dedup",)),
+        Node(TeacherStage, after=("dedup",)),
+        Node(ConceptsStage, after=("teacher",)),
         Node(ExportStage),   # a sink: after every stage declared before it
     ]
 
@@ -66,8 +67,14 @@ def select(dag: list[Node], names: "tuple[str, ...] | None") -> list[Node]:
     unknown = sorted(set(names) - known)
     if unknown:
         raise ValueError(f"run.stages: unknown stage(s) {unknown}; the DAG has {sorted(known)}")
-    keep = set(names) | {dag[0].name} | ({"export"} & known)
     by_name = {n.name: n for n in dag}
+    keep = set(names) | {dag[0].name} | ({"export"} & known)
+    todo = list(keep)
+    while todo:     # a kept stage's inputs are kept too (concepts reads the teacher's features)
+        for up in by_name[todo.pop()].stage.inputs:
+            if up in known and up not in keep:
+                keep.add(up)
+                todo.append(up)
 
     def deps(name: str) -> list[str]:
         out: list[str] = []

@@ -23,7 +23,7 @@ MODELS = {
     "embed": (("embed.image_model", "timm", "image encoder"),
               ("embed.text_model", "sentence_transformer", "caption encoder")),
     "recaption": (("recaption.model", "blip2", "captioner"),),
-    "concepts": (("concepts.teacher", "backbone", "teacher"),),
+    "teacher": (("concepts.teacher", "backbone", "teacher"),),
 }
 
 

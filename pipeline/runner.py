@@ -64,7 +64,19 @@ def resources(stage: type[Stage], config: Any) -> Resources:
 
 def stage_sections(stage: type[Stage]) -> tuple[str, ...]:
     """The config sections a stage sees: those it owns, then those it reads."""
-    return (*stage.sections(), *stage.reads)
+    return tuple(dict.fromkeys((*stage.sections(), *(r.split(".")[0] for r in stage.reads))))
+
+
+def read_fields(stage: type[Stage]) -> dict[str, set[str]]:
+    """{section: the only fields of it the stage reads}, for reads naming fields
+    (``reads = ("concepts.teacher",)``); a section read whole is not in it."""
+    whole = {r for r in stage.reads if "." not in r}
+    out: dict[str, set[str]] = {}
+    for r in stage.reads:
+        sec, _, name = r.partition(".")
+        if name and sec not in whole:
+            out.setdefault(sec, set()).add(name)
+    return out
 
 
 def section_of(stage: type[Stage], config: Any, name: str) -> Any:
@@ -99,10 +111,11 @@ def stage_config(stage: type[Stage], config: Any, speed: Optional[dict] = None) 
     """The sections that shape the stage's output, as they enter its fingerprint: without
     ``resources``, ``out_dir`` and the speed-only fields; a section left empty is omitted."""
     speed = C.speed_only() if speed is None else speed
-    out = {}
+    out, only = {}, read_fields(stage)
     for sec in stage_sections(stage):
         params = section_of(stage, config, sec)
         d = C.to_dict(params)
+        d = {k: v for k, v in d.items() if k in only[sec]} if sec in only else d
         unset = [f.name for f in dataclasses.fields(params) if f.name in
                  params.fingerprint_when_set and getattr(params, f.name) == f.default]
         for key in ("resources", "out_dir", *speed.get(sec, ()), *unset):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .cat import CONCEPT_KIND, CAT_ATTRIBUTES, CAT_OBJECTS
+from .fields import embedding
 from .tables import stage_table
 
 OBJECT_WORDS, ATTRIBUTE_WORDS = CAT_OBJECTS, CAT_ATTRIBUTES   # what the stage reads from cat
@@ -30,6 +31,21 @@ CONCEPT_ATTRIBUTE_PROBS = pa.field("concept_attribute_probs", pa.list_(PROB_TYPE
 CONCEPT_TEACHER = pa.field("concept_teacher", pa.string(), metadata={"doc": "teacher model id"})
 CONCEPT_RANDOM = pa.field("concept_random_weights", pa.bool_(), metadata={
     "doc": "true when the teacher backbone had random weights (tests, demo)"})
+
+# the teacher stage's table: each kept image's frozen teacher features (float16), the heads' input
+TEACHER_FEATURES_NAME = "teacher_features"
+
+
+def teacher_features(dim: int) -> pa.Field:
+    return embedding(TEACHER_FEATURES_NAME, dim, float16=True)
+
+
+TEACHER_FEATURES = pa.field(TEACHER_FEATURES_NAME, pa.list_(pa.float16()))  # its name, any width
+
+
+def teacher_table(dim: int) -> pa.Schema:
+    return stage_table(teacher_features(dim), CONCEPT_TEACHER, CONCEPT_RANDOM)
+
 
 CONCEPT_TARGETS = stage_table(CONCEPT_OBJECT_IDS, CONCEPT_OBJECT_PROBS, CONCEPT_ATTRIBUTE_IDS,
                               CONCEPT_ATTRIBUTE_PROBS, CONCEPT_TEACHER, CONCEPT_RANDOM)

@@ -83,7 +83,9 @@ class Stage:
     name: ClassVar[str]
     version: ClassVar[str] = "1"         # bump when the output changes meaning: reruns the stage
     Params: ClassVar[type] = NoParams    # this stage's own config section (key: ``name``)
-    reads: ClassVar[tuple[str, ...]] = ()       # other stages' sections it reads
+    # other stages' sections it reads: "embed" (the whole section) or "concepts.teacher" (one
+    # field: only the fields named enter the stage's fingerprint)
+    reads: ClassVar[tuple[str, ...]] = ()
     speed_only: ClassVar[tuple[str, ...]] = ()  # own fields that change speed, never output
     inputs: ClassVar[Mapping[str, tuple[pa.Field, ...]]] = {}
     output: ClassVar[Optional[pa.Schema]] = None   # None: see output_schema

@@ -406,12 +406,7 @@ def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
     import torchvision
     from torchvision.transforms._presets import ImageClassification
 
-    name = spec.id.split("/", 1)[1]
-    opts = {k: v for k, v in dict(spec.options or {}).items() if k != "weights"}
-    weights = _torchvision_weights(spec, kind)
-    if weights is not None and "image_size" not in opts and "min_size" in weights.meta \
-            and name.startswith("vit"):
-        opts["image_size"] = weights.meta["min_size"][0]
+    name, opts, weights = torchvision_arch(spec, kind)
     device = device_for(spec)
     loc = locate(spec, "torchvision", kind)
     state = None
@@ -426,15 +421,36 @@ def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
         model = torchvision.models.get_model(name, weights=None, **opts)
     if state is not None:
         model.load_state_dict(state)
-    for attr in ("heads", "fc", "classifier", "head"):
-        if isinstance(getattr(model, attr, None), torch.nn.Module):
-            setattr(model, attr, torch.nn.Identity())
-            break
+    drop_classifier(model)
     size = int(opts.get("image_size", 224))
     tf = weights.transforms() if weights is not None else \
         ImageClassification(crop_size=size, resize_size=size)
     return Loaded(_frozen(model, device), device, dtype_for(spec, device), loc.source == "random",
                   loc.source, tf)
+
+
+def torchvision_arch(spec: Any, kind: str = "teacher") -> tuple[str, dict, Any]:
+    """(architecture name, constructor options, torchvision weights enum or None) of a
+    ``torchvision/<name>`` spec: a ViT takes its weights' image size."""
+    name = spec.id.split("/", 1)[1]
+    opts = {k: v for k, v in dict(spec.options or {}).items() if k != "weights"}
+    weights = _torchvision_weights(spec, kind)
+    if weights is not None and "image_size" not in opts and "min_size" in weights.meta \
+            and name.startswith("vit"):
+        opts["image_size"] = weights.meta["min_size"][0]
+    return name, opts, weights
+
+
+def drop_classifier(model: Any) -> int:
+    """Replace a torchvision model's classifier by the identity; return its input width."""
+    import torch
+    for attr in ("heads", "fc", "classifier", "head"):
+        head = getattr(model, attr, None)
+        if isinstance(head, torch.nn.Module):
+            linear = [m for m in head.modules() if isinstance(m, torch.nn.Linear)]
+            setattr(model, attr, torch.nn.Identity())
+            return int(linear[0].in_features) if linear else 0
+    return 0
 
 
 def _torchvision_weights(spec: Any, kind: str = "teacher") -> Any:

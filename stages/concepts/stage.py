@@ -1,15 +1,19 @@
 """The concepts stage: DiHT's concept-distillation targets (paper sec. 3.2, appendix A.1.2).
 
-Global step (``prepare``, once, over the still-kept rows): the frozen teacher's features of every
-image go to ``workdir/features/part-NNNNN.npz`` (computed once, float16); the vocabulary is built
-from the CAT parse (``vocab.py``); linear heads for objects and attributes are trained on the
+The frozen teacher's features of every still-kept image come from the ``teacher`` stage
+(``teacher_stage.py``: part by part, on an actor pool). Global step (``prepare``): over a
+bounded sample of the still-kept rows (``concepts.train_rows``, chosen by a seeded hash of
+``sample_id``: the same rows whatever the parts or their order), the vocabulary is built from
+the CAT parse (``vocab.py``) and linear heads for objects and attributes are trained on the
 features (``heads.py``), the attribute candidates first going through the visualness filter.
-Per part (``__call__``): the stored features of its rows -> softmax -> top-k (default 10),
-renormalised -> concept ids (uint16) and probabilities (float16). ``finalize`` publishes the
-vocabulary table (and the heads) beside the stage's table: ``<run>/concepts/vocab.parquet``.
+Its memory is bounded by the sample, never the dataset. Per part (``__call__``): each row's
+features -> softmax -> top-k (default 10), renormalised -> concept ids (uint16) and
+probabilities (float16). ``finalize`` publishes the vocabulary table (and the heads) beside the
+stage's table: ``<run>/concepts/vocab.parquet``.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -26,11 +30,10 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
 from vlcurate.stages.arrow import list_array
-from vlcurate.stages.base import GlobalStage, Resources, once_per_image
+from vlcurate.stages.base import GlobalStage, Resources
 
 from . import heads as H
 from . import vocab as V
-from .teacher import Teacher
 from .wordnet import open_wordnet
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,10 @@ class ConceptsParams(Params):
     teacher: ModelSpec = ModelSpec(id="torchvision/vit_h_14",
                                    options=FrozenMap({"weights": "IMAGENET1K_SWAG_LINEAR_V1"}))
     teacher_batch_size: int = positive(64)
+    # the heads train (and the vocabulary is counted) on at most this many still-kept rows,
+    # those with the smallest seeded hash of their sample_id (null: every row). It bounds the
+    # global step's memory: rows x the teacher's width x 2 bytes (ViT-H/14: 1.3 GB at 500k).
+    train_rows: Optional[int] = positive(500_000)
     wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
     min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
     min_attribute_count: int = 250
@@ -102,13 +109,53 @@ class ConceptsParams(Params):
             yield ("max_objects", f"ids are uint16, at most 65535, got {self.max_objects}")
 
 
+def _sample_hash(ids: list[str], seed: int) -> np.ndarray:
+    return np.array([int.from_bytes(hashlib.blake2b(f"{seed}\0{i}".encode(), digest_size=8)
+                                    .digest(), "little") for i in ids], np.uint64)
+
+
+def _take(d: dict, sel: np.ndarray) -> dict:
+    return {k: v[sel] for k, v in d.items()}
+
+
+def _part_sample(t: pa.Table, part: int, seed: int) -> dict:
+    col = t.column(S.TEACHER_FEATURES_NAME).combine_chunks()
+    n, d = t.num_rows, col.type.list_size
+    obj, att = np.empty(n, object), np.empty(n, object)
+    obj[:], att[:] = t.column(S.OBJECT_WORDS.name).to_pylist(), \
+        t.column(S.ATTRIBUTE_WORDS.name).to_pylist()
+    return {"key": _sample_hash(t.column(F.SAMPLE_ID.name).to_pylist(), seed),
+            "pos": (np.int64(part) << 32) + t.column(F.ROW.name).to_numpy().astype(np.int64),
+            "x": np.asarray(col.flatten()).reshape(n, d), "obj": obj, "att": att}
+
+
+def training_sample(read: Callable[[int], pa.Table], n_parts: int, limit: Optional[int],
+                    seed: int) -> dict:
+    """The still-kept rows the heads train on, in part order: all of them, or the ``limit``
+    with the smallest seeded hashes of their sample_id (ties: the earlier row). Holds at most
+    ``limit`` rows plus one part."""
+    keep: Optional[dict] = None
+    for part in range(n_parts):
+        t = read(part)
+        if not t.num_rows:
+            continue
+        got = _part_sample(t, part, seed)
+        keep = got if keep is None else {k: np.concatenate([keep[k], got[k]]) for k in got}
+        if limit is not None and len(keep["key"]) > limit:
+            keep = _take(keep, np.lexsort((keep["pos"], keep["key"]))[:limit])
+    if keep is None:
+        return {"x": np.zeros((0, 0), np.float16), "obj": [], "att": []}
+    return _take(keep, np.argsort(keep["pos"], kind="stable"))
+
+
 class ConceptsStage(GlobalStage):
     name = "concepts"
-    version = "1"
+    version = "2"                       # 2: features from the teacher stage, a bounded sample
     Params = ConceptsParams
-    inputs = {"ingest": (F.IMAGE,), "cat": (S.OBJECT_WORDS, S.ATTRIBUTE_WORDS)}
+    inputs = {"teacher": (S.TEACHER_FEATURES, S.CONCEPT_TEACHER, S.CONCEPT_RANDOM),
+              "cat": (S.OBJECT_WORDS, S.ATTRIBUTE_WORDS)}
     output = S.CONCEPT_TARGETS
-    wants_position = True               # a row's features are found by (part, row)
+    wants_position = True               # the training sample's order is the rows' (part, row)
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=0)
 
     @classmethod
@@ -120,22 +167,9 @@ class ConceptsStage(GlobalStage):
     @classmethod
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         c = config.concepts
-        wn = open_wordnet(c.wordnet_dir)          # fails fast, before the teacher loads
-        teacher = Teacher(c.teacher)
-        os.makedirs(os.path.join(workdir, "features"), exist_ok=True)
-        feats, objects, attributes = [], [], []
-        for part in range(n_parts):
-            t = read(part)
-            x = np.stack(once_per_image(t.column(F.IMAGE.name).to_pylist(), lambda ims: list(
-                teacher.encode(ims, c.teacher_batch_size)))) if t.num_rows else \
-                teacher.encode([], c.teacher_batch_size)
-            np.savez(os.path.join(workdir, "features", f"part-{part:05d}.npz"),
-                     rows=t.column(F.ROW.name).to_numpy(), x=x.astype(np.float16))
-            feats.append(x.astype(np.float16))
-            objects += t.column(S.OBJECT_WORDS.name).to_pylist()
-            attributes += t.column(S.ATTRIBUTE_WORDS.name).to_pylist()
-        x = np.concatenate([f for f in feats if f.size]) if any(f.size for f in feats) else \
-            np.zeros((0, 0), np.float16)
+        wn = open_wordnet(c.wordnet_dir)          # fails fast, before the sample is read
+        sample = training_sample(read, n_parts, c.train_rows, c.seed)
+        x, objects, attributes = sample["x"], list(sample["obj"]), list(sample["att"])
         obj, att, obj_labels, att_labels = V.build(objects, attributes, wn, c)
         _empty(V.emptiness(obj, att, len(objects), c), c, workdir)
         device = models.device_for(c.teacher)
@@ -147,8 +181,7 @@ class ConceptsStage(GlobalStage):
             _empty(V.emptiness(obj, att, len(objects), c, "visualness"), c, workdir)
         elif c.max_attributes:
             att = att.keep(att.names[:c.max_attributes])
-        out = {"features": os.path.join(workdir, "features"), "random": teacher.loaded.random,
-               "n_objects": len(obj.names), "n_attributes": len(att.names)}
+        out = {"n_objects": len(obj.names), "n_attributes": len(att.names)}
         for kind, con, labels in (("objects", obj, obj_labels), ("attributes", att, att_labels)):
             head = H.train_head(x, V.to_ids(labels, con), len(con.names), c, device) \
                 if len(x) else None
@@ -170,41 +203,21 @@ class ConceptsStage(GlobalStage):
                 **({"skipped": [empty.read_text()]} if empty.exists() else {})}
 
     def setup(self) -> None:
-        config, state = self.config, self.state
-        self.cfg, st = config.concepts, state or {}
+        self.cfg, st = self.config.concepts, self.state or {}
         self.heads = {k: H.Head.load(st[k]) if st.get(k) else None
                       for k in ("objects", "attributes")}
-        self.random = bool(st.get("random", False))
-        self._part: tuple = (None, None, None)
-
-    def _features(self, parts: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        out = None
-        for p in np.unique(parts):
-            if self._part[0] != p:
-                with np.load(os.path.join(self.state["features"], f"part-{p:05d}.npz")) as f:
-                    self._part = (p, f["rows"], f["x"])
-            _, have, x = self._part
-            sel = parts == p
-            pos = np.searchsorted(have, rows[sel])
-            if (pos >= len(have)).any() or not np.array_equal(have[np.minimum(pos, len(have) - 1)],
-                                                               rows[sel]):
-                raise RuntimeError(f"concepts: part {p} has rows without teacher features: "
-                                   "rerun the stage")
-            out = np.zeros((len(rows), x.shape[1]), np.float32) if out is None else out
-            out[sel] = x[pos]
-        return out if out is not None else np.zeros((0, 0), np.float32)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        n = batch.num_rows
-        x = self._features(batch.column(F.PART.name).to_numpy(),
-                           batch.column(F.ROW.name).to_numpy())
+        col = batch.column(S.TEACHER_FEATURES_NAME).combine_chunks()
+        x = np.asarray(col.flatten()).reshape(batch.num_rows, col.type.list_size) \
+            .astype(np.float32)
         cols = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name)}
         for kind, ids_f, probs_f in (("objects", S.CONCEPT_OBJECT_IDS, S.CONCEPT_OBJECT_PROBS),
                                      ("attributes", S.CONCEPT_ATTRIBUTE_IDS,
                                       S.CONCEPT_ATTRIBUTE_PROBS)):
             ids, probs = H.top_k(self.heads[kind], x, self.cfg.top_k)
             cols[ids_f.name], cols[probs_f.name] = _lists(ids, ids_f), _lists(probs, probs_f)
-        cols[S.CONCEPT_TEACHER.name] = pa.array([self.cfg.teacher.id] * n, pa.string())
-        cols[S.CONCEPT_RANDOM.name] = pa.array([self.random] * n, pa.bool_())
-        cols[F.REASONS.name] = pa.array([[]] * n, F.REASONS.type)
+        cols[S.CONCEPT_TEACHER.name] = batch.column(S.CONCEPT_TEACHER.name)
+        cols[S.CONCEPT_RANDOM.name] = batch.column(S.CONCEPT_RANDOM.name)
+        cols[F.REASONS.name] = pa.array([[]] * batch.num_rows, F.REASONS.type)
         return conform(pa.table(cols), self.output)

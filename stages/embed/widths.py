@@ -26,6 +26,21 @@ def meta_timm(spec: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
+def teacher_width(spec: Any) -> int:
+    """The concept teacher's pooled width: a timm backbone's ``num_features``, a torchvision
+    model's classifier input (the architecture on the meta device)."""
+    if not spec.id.startswith("torchvision/"):
+        models.locate(spec, "timm", "teacher")
+        return int(meta_timm(spec).num_features)
+    models.locate(spec, "torchvision", "teacher")
+    import torch
+    import torchvision
+    name, opts, _ = models.torchvision_arch(spec)
+    with torch.device("meta"):
+        return models.drop_classifier(torchvision.models.get_model(name, weights=None, **opts))
+
+
+@functools.lru_cache(maxsize=8)
 def image_width(spec: Any) -> int:
     models.locate(spec, "timm", "image encoder")
     return int(meta_timm(spec).num_features)

@@ -40,7 +40,9 @@ def test_every_stage_is_one_kind_and_declares_its_sections():
                 params.__name__ == "NoParams"
         cfg = C.default()
         for key in stage.reads:
-            assert key in {f.name for f in dataclasses.fields(cfg)}, (stage.name, key)
+            sec, _, name = key.partition(".")
+            assert sec in {f.name for f in dataclasses.fields(cfg)}, (stage.name, key)
+            assert not name or name in C.to_dict(cfg.section(sec)), (stage.name, key)
 
 
 def test_the_driver_describes_and_builds_stages_without_loading_a_model(no_model_loads,

@@ -44,7 +44,7 @@ def test_missing_path_and_torchvision_weights(demo_data, tmp_path):
     c = cfg(demo_data, tmp_path, **{
         "embed.text_model": {"id": "mine", "path": str(tmp_path / "nope")},
         "concepts.teacher": {"id": "torchvision/vit_b_16"}})
-    bad = found(c, "embed", "concepts")
+    bad = found(c, "embed", "teacher")
     assert bad[0] == f"embed.text_model: caption encoder 'mine': path {tmp_path / 'nope'} does not exist"
     assert bad[1].startswith("concepts.teacher: teacher 'torchvision/vit_b_16': no weights named")
 

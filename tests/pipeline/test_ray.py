@@ -120,11 +120,11 @@ def test_every_stage_of_the_dag_runs_on_ray(ray_local, tmp_path):
     assert not problems(res)
     m = {r.manifest["stage"]: r.manifest for r in res}
     assert list(m) == ["ingest", "ids", "lang", "cat", "textspot", "embed", "hpm", "recaption",
-                       "recaption_embed", "positives", "dedup", "concepts", "export"]
+                       "recaption_embed", "positives", "dedup", "teacher", "concepts", "export"]
     assert m["embed"]["rows_in"] == m["textspot"]["rows_kept"] == m["hpm"]["rows_in"]
     assert m["recaption"]["rows_in"] == m["positives"]["rows_kept"] == m["hpm"]["rows_kept"]
     assert m["dedup"]["rows_in"] == m["positives"]["rows_kept"]
-    assert m["concepts"]["rows_in"] == m["dedup"]["rows_kept"]
+    assert m["concepts"]["rows_in"] == m["teacher"]["rows_in"] == m["dedup"]["rows_kept"]
     assert m["export"]["rows_kept"] == m["concepts"]["rows_kept"]
     ann = table(tmp_path / "run" / "export" / "data")
     kept = ann.filter(ann.column(F.KEEP.name))

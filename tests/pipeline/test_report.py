@@ -49,7 +49,7 @@ def full_dag() -> list[Node]:
     textspot, recaption, concepts): the report must show all of them."""
     from vlcurate.stages.cat.cat_stage import CatStage
     from vlcurate.stages.cat.textspot_stage import TextSpotStage
-    from vlcurate.stages.concepts import ConceptsStage
+    from vlcurate.stages.concepts import ConceptsStage, TeacherStage
     from vlcurate.stages.embed import EmbedStage
     from vlcurate.stages.export import ExportStage
     from vlcurate.stages.ids import IdsStage
@@ -59,9 +59,9 @@ def full_dag() -> list[Node]:
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(EmbedStage, after=("ids",)),
             Node(HpmStage, after=("embed",)), Node(CatStage, after=("ids",)),
             Node(TextSpotStage, after=("cat",)), Node(RecaptionStage, after=("textspot",)),
-            Node(ConceptsStage, after=("cat",)),
+            Node(TeacherStage, after=("cat",)), Node(ConceptsStage, after=("teacher",)),
             Node(ExportStage, after=("ingest", "ids", "embed", "hpm", "cat", "textspot",
-                                     "recaption", "concepts"))]
+                                     "recaption", "teacher", "concepts"))]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from vlcurate.schemas import cat as CS
 from vlcurate.schemas import concepts as S
 from vlcurate.schemas import recaption as R
 from vlcurate.stages.base import Stage
-from vlcurate.stages.concepts import ConceptsStage
+from vlcurate.stages.concepts import ConceptsStage, TeacherStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
@@ -49,8 +49,9 @@ class FakeCat(Stage):
 
 def dag():
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(FakeCat, after=("ids",)),
-            Node(RecaptionStage, after=("cat",)), Node(ConceptsStage, after=("cat",)),
-            Node(ExportStage, after=("ingest", "ids", "cat", "recaption", "concepts"))]
+            Node(RecaptionStage, after=("cat",)), Node(TeacherStage, after=("cat",)),
+            Node(ConceptsStage, after=("teacher",)),
+            Node(ExportStage, after=("ingest", "ids", "cat", "recaption", "teacher", "concepts"))]
 
 
 TEACHER = {"id": "vit_tiny_patch16_224", "random_init": True,
@@ -147,8 +148,8 @@ def test_exported_with_the_annotations(result):
 def real_cat_dag():
     from vlcurate.stages.cat.cat_stage import CatStage
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(CatStage, after=("ids",)),
-            Node(ConceptsStage, after=("cat",)),
-            Node(ExportStage, after=("ingest", "ids", "cat", "concepts"))]
+            Node(TeacherStage, after=("cat",)), Node(ConceptsStage, after=("teacher",)),
+            Node(ExportStage, after=("ingest", "ids", "cat", "teacher", "concepts"))]
 
 
 @pytest.fixture(scope="module")
