@@ -206,9 +206,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
     from .config import ConfigError
     from vlcurate.stages.ingest import SourceError
+    from vlcurate.stages.models import DeviceUnavailable
     try:
         return a.fn(a)
-    except (ConfigError, SourceError) as err:
+    except (ConfigError, SourceError, DeviceUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

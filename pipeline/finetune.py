@@ -72,9 +72,11 @@ def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
     from vlcurate.trainer.data import ShardSet
     from vlcurate.trainer.outdir import check_out_dir
     from vlcurate.trainer.train import check_config
+    from vlcurate.stages import models
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
         n = nproc or ft.nproc
+        models.resolve_device(ft.model.device, "finetune.model.device")
         check_config(ft, ShardSet(shards))
         check_out_dir(ft, shards, out, n, write=False)
     except USER_ERRORS as e:

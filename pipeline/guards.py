@@ -22,6 +22,11 @@ KNOBS = (
     ("lang.other", "lang.keep (the caption languages to keep) or lang.min_prob"),
     ("ingest.duplicate_id", "source.key_column (the column that names each record)"),
     ("ingest.missing_file", "source.path / source.images_dir / source.image_column"),
+    ("ingest.caption_too_long", "ingest.max_caption_chars"),
+    ("ingest.image_too_small", "ingest.min_side"),
+    ("ingest.image_too_large", "ingest.max_pixels"),
+    ("ingest.file_too_large", "source.max_image_bytes"),
+    ("ingest.outside_source", "source.allow_outside_source"),
     ("ingest.*", "the source settings (`vlcurate inspect RUN_DIR` shows examples)"),
     ("*", "this stage's thresholds"),
 )

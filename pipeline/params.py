@@ -133,6 +133,11 @@ class ModelSpec(Params):
     allow_download: bool = False
     options: FrozenMap = FrozenMap()
 
+    def check(self) -> Iterable[tuple[str, str]]:
+        if self.random_init and self.path:
+            yield ("path", f"is set ({self.path}) but random_init is true, which would ignore it: "
+                           "set random_init: false to load these weights")
+
 
 @dataclass(frozen=True)
 class Resources(Params):

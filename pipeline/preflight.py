@@ -21,7 +21,8 @@ from . import config as C
 # stage -> the model specs it loads: (config key, model family, what the messages call it)
 MODELS = {
     "embed": (("embed.image_model", "timm", "image encoder"),
-              ("embed.text_model", "sentence_transformer", "caption encoder")),
+              ("embed.text_model", "sentence_transformer", "caption encoder"),
+              ("embed.cross_model", "clip", "cross-modal encoder")),
     "recaption": (("recaption.model", "blip2", "captioner"),),
     "teacher": (("concepts.teacher", "backbone", "teacher"),),
 }
@@ -44,6 +45,8 @@ def check_models(config: C.Config, stages: set[str]) -> list[Finding]:
     for stage in [s for s in MODELS if s in stages]:
         for key, family, kind in MODELS[stage]:
             spec = _spec(config, key)
+            if spec is None:                  # an optional model left out (embed.cross_model)
+                continue
             if family == "backbone":
                 family = "torchvision" if spec.id.startswith("torchvision/") else "timm"
             try:
@@ -142,7 +145,25 @@ def _planned_columns(specs: list[dict]) -> "set[str] | None":
     return None
 
 
-CHECKS = (check_source, check_models, check_cat, check_wordnet)
+def check_devices(config: C.Config, stages: set[str]) -> list[Finding]:
+    """Every ``device: cuda`` of the run's stages (models, the mining matmuls) on a machine where
+    torch sees no GPU: found here, not when a stage starts."""
+    from vlcurate.stages.models import DeviceUnavailable, resolve_device
+    keys = [f"{key}.device" for stage in MODELS if stage in stages
+            for key, _, _ in MODELS[stage] if _spec(config, key) is not None]
+    keys += ["hpm.device"] if {"hpm", "positives"} & stages else []
+    out = []
+    for key in keys:
+        value = _spec(config, key.rsplit(".", 1)[0]).device if key.count(".") == 2 else \
+            _spec(config, key)
+        try:
+            resolve_device(value, key)
+        except DeviceUnavailable as e:
+            out.append(Finding(False, str(e)))
+    return out
+
+
+CHECKS = (check_source, check_models, check_cat, check_wordnet, check_devices)
 
 
 def preflight(config: C.Config, stages: Iterable[str]) -> list[Finding]:

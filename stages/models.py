@@ -42,6 +42,10 @@ class Loaded:
     processor: Any = None   # the model's own preprocessing (a transformers processor, a transform)
 
 
+class DeviceUnavailable(ValueError):
+    """A config asks for ``cuda`` and torch sees no GPU (a config problem: one line, exit 2)."""
+
+
 def resolve_device(device: str, key: str) -> str:
     """The one device policy (models, the mining index, the trainer): ``auto`` is the GPU when
     torch sees one, else the CPU; ``cuda`` without a visible GPU is an error naming ``key``
@@ -50,8 +54,8 @@ def resolve_device(device: str, key: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"{key} is 'cuda' but torch sees no CUDA GPU: give the stage a GPU "
-                           "(its resources.num_gpus) or set it to auto or cpu")
+        raise DeviceUnavailable(f"{key} is 'cuda' but torch sees no CUDA GPU: give the stage a "
+                                "GPU (its resources.num_gpus) or set it to auto or cpu")
     return device
 
 

@@ -62,14 +62,13 @@ class RayExecutor:
                               batch_format="pyarrow", **io_cpus)
 
     def _pool(self, res: Resources, n_items: int) -> Any:
+        """A fixed pool of ``resources.concurrency`` actors, else one that starts with one
+        actor and grows, up to one actor a part, as far as Ray Data's resource budget allows:
+        the budget follows the cluster, so an autoscaling cluster's new nodes get actors too
+        (and pending actors are what asks the cluster autoscaler for them)."""
         from ray.data import ActorPoolStrategy
-        total = self.ray.cluster_resources()
-        if res.num_gpus:
-            most = max(1, int(total.get("GPU", 0) // res.num_gpus))
-        else:
-            most = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 0.01)))
         return (ActorPoolStrategy(size=res.concurrency) if res.concurrency
-                else ActorPoolStrategy(min_size=1, max_size=min(most, n_items)))
+                else ActorPoolStrategy(min_size=1, max_size=max(1, n_items)))
 
     def call(self, fn: Callable, *args: Any, num_gpus: float = 0) -> Any:
         """A global step as one Ray task, with the stage's GPUs (a teacher model, an index)."""

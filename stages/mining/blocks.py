@@ -365,11 +365,17 @@ def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[Unit
     idx = np.full((n, k), -1, np.int64)
     score = np.zeros((n, k), np.float32)
     support = np.zeros(n, np.int64)
-    pairs = []
+    pairs, held, cut = [], 0, 0
     for r in results:
         merge_rows(idx, score, r.rows, r.idx, r.score, k)
         np.add.at(support, r.rows, r.support)
         pairs.append(r.pairs)
+        held += len(r.pairs["q"])
+        if max_pairs is not None and held > 2 * n * max_pairs + COMPACT_SLACK:
+            # a row's best max_pairs of all its pairs are the best of its best so far and the
+            # new ones: capping as units arrive is exact, and holds ~ n * max_pairs pairs
+            capped, dropped = _cap(_concat(pairs), max_pairs)
+            pairs, held, cut = [capped], len(capped["q"]), cut + dropped
     idx[score <= 0] = -1
     score[score <= 0] = 0.0
     idx, perm = canonical(idx, score)
@@ -378,14 +384,21 @@ def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[Unit
     m_out[lay.order] = lay.m_out
     bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), *tau).numpy()
     cert = (bound <= 0) | ((support >= k) & (score[:, k - 1] >= bound))
-    cat = {f: np.concatenate([x[f] for x in pairs]) if pairs else empty_result(1).pairs[f]
-           for f in ("q", "j", "sii", "stt", "sit")}
-    cat, cut = _cap(cat, max_pairs)
+    cat, dropped = _cap(_concat(pairs), max_pairs)
+    cut += dropped
     o = np.lexsort((cat["j"], cat["q"]))
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(cat["q"], minlength=n), out=offsets[1:])
     return PassResult(idx, score, support, cert, offsets, cat["j"][o], cat["sii"][o],
                       cat["stt"][o], cat["sit"][o], bound, cut)
+
+
+COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather caps them
+
+
+def _concat(pairs: list[dict]) -> dict:
+    return {f: np.concatenate([x[f] for x in pairs]) if pairs else empty_result(1).pairs[f]
+            for f in ("q", "j", "sii", "stt", "sit")}
 
 
 def _cap(cat: dict, max_pairs: Optional[int]) -> tuple[dict, int]:

@@ -44,8 +44,9 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-ALL = ("ingest", "ids", "lang", "cat", "textspot", "embed", "hpm", "positives", "recaption",
-       "concepts", "export")
+def all_stages() -> tuple[str, ...]:
+    from vlcurate.pipeline.dag import default_dag
+    return tuple(n.name for n in default_dag())
 
 
 def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 10_000) -> Path:
@@ -164,7 +165,7 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
     from vlcurate.pipeline.demo import DEMO_MODELS
     from vlcurate.pipeline.runner import run
 
-    stages = [s for s in ALL if ocr or s != "textspot"]
+    stages = [s for s in all_stages() if ocr or s != "textspot"]
     cfg = C.load(None, {"source.kind": "parquet", "source.path": str(data),
                         "source.key_column": "id", "source.rows_per_part": rows_per_part,
                         "run.run_dir": str(run_dir), "run.progress": False,

@@ -15,21 +15,21 @@ The eight mistakes:
  2. ``source.caption_column`` names a column the captions file lacks;
  3. missing model weights: the README's DINO image encoder with no weights offline; preflight
     (``vlcurate check``) and ``vlcurate run`` both report it before any stage runs.
-    3b and 3c are the same mistake in two more forms (xfail, bugs): ``embed.cross_model`` without
-    weights is not located by the preflight, and ``embed.image_model.path`` set on small.yaml
-    (as its own comment says to) is ignored, even when the path does not exist;
+    3b and 3c are the same mistake in two more forms: ``embed.cross_model`` without weights, and
+    ``embed.image_model.path`` set on small.yaml (as its own comment says to) while its
+    ``random_init`` is still true;
  4. ``source.path`` that does not exist, or an empty folder;
- 5. a typo in a config key (``hpm.kk: 3``); 5b (xfail, bug): a typo in a stage name of
-    ``run.stages``, the one config value that names stages;
+ 5. a typo in a config key (``hpm.kk: 3``); 5b: a typo in a stage name of ``run.stages``,
+    the one config value that names stages;
  6. a rerun of ``vlcurate finetune`` into the same ``out_dir`` with another loss: refused, naming
     what changed (one demo run for the module, ``tests/pipeline/test_cli.py``'s fixture);
  7. ``run.max_reject_fraction`` exceeded: images not under ``images/`` (every row
-    ``ingest.missing_file``) stops the run naming the top reason and the knob; 7b (xfail, bug):
-    with every caption too long the stop names the reason but not its knob
-    (``ingest.max_caption_chars``);
- 8. (xfail, bug) ``cuda`` asked for on a machine without a GPU (``embed.image_model.device``,
-    ``finetune.model.device``): no preflight check, a traceback and exit 1 once the stage starts.
-    Skipped on a machine with a GPU.
+    ``ingest.missing_file``) stops the run naming the top reason and the knob; 7b: with every
+    caption too long
+    the stop names the reason and its knob (``ingest.max_caption_chars``);
+ 8. ``cuda`` asked for on a machine without a GPU (``embed.image_model.device``,
+    ``finetune.model.device``): the preflight (and finetune's check before torchrun) names the
+    key. Skipped on a machine with a GPU.
 """
 from __future__ import annotations
 
@@ -165,8 +165,6 @@ def test_3_missing_weights_before_any_stage_runs(user_data, tmp_path):
     assert not (tmp_path / "run").exists()                  # no stage ran
 
 
-@pytest.mark.xfail(strict=True, reason="preflight.MODELS lacks embed.cross_model: check says ok, "
-                   "the run ingests and then dies at embed with a ModelNotFound traceback (exit 1)")
 def test_3b_missing_cross_model_weights(user_data, tmp_path):
     conf = user_config(tmp_path, user_data,
                        embed={"cross_model": {"id": "openai/clip-vit-large-patch14"}})
@@ -178,12 +176,17 @@ def test_3b_missing_cross_model_weights(user_data, tmp_path):
         "local weights (openai/clip-vit-large-patch14)."), text
 
 
-@pytest.mark.xfail(strict=True, reason="models.locate tries random_init before path: small.yaml's "
-                   "advice `embed.image_model.path` is silently ignored, even a path that does "
-                   "not exist (check: ok, RANDOM weights)")
 def test_3c_a_weights_path_on_small_yaml_is_not_ignored(user_data, tmp_path):
+    """small.yaml's models have random weights; a path set on one is never silently ignored:
+    the config says to turn random_init off, and then the preflight looks for the file."""
     conf = user_config(tmp_path, user_data)
-    text = failed(vlc("check", conf, "--set", "embed.image_model.path=/models/dino.pth"))
+    res = vlc("check", conf, "--set", "embed.image_model.path=/models/dino.pth")
+    failed(res)
+    assert res.stderr == ("error: embed.image_model.path: is set (/models/dino.pth) but "
+                          "random_init is true, which would ignore it: set random_init: false "
+                          "to load these weights\n")
+    text = failed(vlc("check", conf, "--set", "embed.image_model.path=/models/dino.pth",
+                      "--set", "embed.image_model.random_init=false"))
     bad = problem_lines(text)
     assert len(bad) == 1 and bad[0].startswith("PROBLEM  embed.image_model: ") \
         and "/models/dino.pth" in bad[0], text
@@ -217,8 +220,6 @@ def test_5_typo_in_a_config_key(user_data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="dag.select raises a bare ValueError for an unknown stage "
-                   "in run.stages; cli.main catches only ConfigError/SourceError: a traceback")
 def test_5b_typo_in_a_stage_name(user_data, tmp_path):
     res = vlc("check", user_config(tmp_path, user_data), "--set", "run.stages=[hmp]")
     failed(res)
@@ -264,9 +265,6 @@ def test_7_max_reject_fraction_names_the_top_reason_and_the_knob(user_data, tmp_
     assert not (tmp_path / "run" / "ids").exists()           # nothing after the stage ran
 
 
-@pytest.mark.xfail(strict=True, reason="guards.KNOBS maps every ingest.* reason but "
-                   "duplicate_id/missing_file to 'the source settings': the stop does not name "
-                   "ingest.max_caption_chars")
 def test_7b_every_caption_too_long_names_its_knob(user_data, tmp_path):
     import shutil
     data = tmp_path / "pairs"
@@ -292,9 +290,6 @@ def no_gpu():
         pytest.skip("this machine has a CUDA GPU: asking for cuda is no mistake here")
 
 
-@pytest.mark.xfail(strict=True, reason="the preflight checks no device; models.resolve_device "
-                   "raises a RuntimeError naming the model id, not the key, once embed starts: "
-                   "check exits 0, run prints a traceback and exits 1")
 def test_8_cuda_without_a_gpu_names_the_key(no_gpu, user_data, tmp_path):
     conf = user_config(tmp_path, user_data)
     wish = ("--set", "embed.image_model.device=cuda")
@@ -310,9 +305,6 @@ def test_8_cuda_without_a_gpu_names_the_key(no_gpu, user_data, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="finetune: resolve_device's RuntimeError is not among "
-                   "pipeline/finetune.py's USER_ERRORS and is not checked before torchrun: a "
-                   "rank traceback and exit 1")
 def test_8b_finetune_cuda_without_a_gpu_names_the_key(no_gpu, demo_run, tmp_path):  # noqa: F811
     out, _ = demo_run
     res = vlc("finetune", out / "run", *FT_QUICK, "--set", f"finetune.out_dir={tmp_path / 'ft'}",

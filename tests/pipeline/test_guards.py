@@ -69,16 +69,22 @@ def test_a_sensible_run_is_quiet(demo_data, tmp_path):
     assert "WARNING" not in format_summary(res)
 
 
-def test_stages_with_no_row_left_finish_at_once_without_running(demo_data, tmp_path):
+def test_stages_with_no_row_left_finish_at_once_without_running(demo_data, tmp_path,
+                                                               monkeypatch):
     """Nothing survives `lang` (keep: fr): embed then writes null columns for every row without
     building its encoders, and the books still balance."""
     from vlcurate.pipeline.summary import problems
     from vlcurate.schemas import embed as E
     import pyarrow.dataset as ds
+    from vlcurate.stages.embed import EmbedStage
+
+    def never(self):
+        raise AssertionError("embed was set up although no row is left to compute")
+
+    monkeypatch.setattr(EmbedStage, "setup", never)
     logs: list[str] = []
     cfg = _cfg(demo_data, tmp_path / "r", **{"lang.keep": ["xx"], "lang.min_prob": 1.0,
-                                              "run.stages": ["ids", "lang", "embed"],
-                                              "embed.image_model.path": "/nowhere.pth"})
+                                              "run.stages": ["ids", "lang", "embed"]})
     res = run(cfg, executor="local", log=logs.append)
     assert "[embed] no row is left to compute: null columns written, stage not run" in logs
     m = {r.manifest["stage"]: r.manifest for r in res}

@@ -187,7 +187,7 @@ def test_cuda_requested_without_gpu_is_a_clear_error():
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+    with pytest.raises(models.DeviceUnavailable, match="no CUDA GPU"):
         ImageEncoder(tiny_spec(device="cuda"))
 
 

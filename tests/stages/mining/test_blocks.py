@@ -133,3 +133,16 @@ def test_actor_pool_equals_in_process(ray_local, tmp_path):
     for f in ("score", "pair_sii", "pair_stt"):
         np.testing.assert_allclose(getattr(remote, f), getattr(local, f), rtol=1e-6)
     assert local.certified.any() and (~local.certified).any()
+
+
+def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
+    """gather caps the pairs it holds whenever they pass 2 n max_pairs (+ slack): with no slack
+    it compacts after nearly every unit, and the result is the same as one cap at the end."""
+    img, txt = data()
+    p = params(4, 2, floor_i=0.3, floor_t=0.3)
+    _, once = B.neighbour_pass(img, txt, p, max_pairs=3)
+    monkeypatch.setattr(B, "COMPACT_SLACK", -2 * len(img) * 3)
+    _, often = B.neighbour_pass(img, txt, p, max_pairs=3)
+    for f in ("offsets", "pair_j", "pair_sii", "pair_stt", "pair_sit", "idx", "score"):
+        np.testing.assert_array_equal(getattr(often, f), getattr(once, f))
+    assert often.cut == once.cut > 0
