@@ -34,9 +34,11 @@ def main() -> None:
     from vlcurate.stages.cat import textspot as T
     from vlcurate.stages.cat.textspot_stage import TextSpotStage
     caps, ims = rows(a.rows)
-    stage = build_stage(TextSpotStage, C.load(None, {}))
+    from vlcurate.stages.ingest.stage import image_hash
+    stage = build_stage(TextSpotStage, C.load(None, {"run.image_cache": False}))
     batch = pa.table({F.SAMPLE_ID.name: [str(i) for i in range(len(caps))], F.CAPTION.name: caps,
-                      F.IMAGE.name: pa.array(ims, pa.binary())})
+                      F.IMAGE.name: pa.array(ims, pa.binary()),
+                      F.IMAGE_HASH.name: [image_hash(b) for b in ims]})
     t0 = time.perf_counter()
     per_row = T.spot_all(stage.ocr, ims, stage.config.textspot.max_side)
     t_row = time.perf_counter() - t0

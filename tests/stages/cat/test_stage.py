@@ -15,6 +15,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
+from vlcurate.stages.ingest.stage import image_hash
 from vlcurate.pipeline.dag import Node
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
@@ -34,13 +35,15 @@ needs_ud = pytest.mark.skipif(importlib.util.find_spec(UD_MODEL) is None,
 
 
 def cfg(**over) -> C.Config:
-    return C.load(None, {"cat.spacy_model": UD_MODEL, "run.progress": False, **over})
+    return C.load(None, {"cat.spacy_model": UD_MODEL, "run.progress": False,
+                         "run.image_cache": False, **over})
 
 
 def batch(captions, images=None) -> pa.Table:
     cols = {F.SAMPLE_ID.name: [f"id{i}" for i in range(len(captions))], F.CAPTION.name: captions}
     if images is not None:
         cols[F.IMAGE.name] = pa.array(images, pa.binary())
+        cols[F.IMAGE_HASH.name] = [image_hash(b) for b in images]
     return pa.table(cols)
 
 
