@@ -39,6 +39,7 @@ vectors), whatever the data size.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class PassParams:
     seed: int = 0
     query_block: int = 1024
     block_size: int = 8192
+    max_pairs: Optional[int] = None    # candidate pairs kept per row (highest similarity first)
 
     def clusters(self, n: int) -> int:
         c = self.n_clusters or max(1, round(n / 2048))
@@ -208,6 +210,7 @@ class UnitResult:
     score: np.ndarray         # [q, k]
     support: np.ndarray       # [q] pairs with s > 0 within the unit
     pairs: dict = field(default_factory=dict)   # q, j (global rows), sii, stt, sit (float32)
+    cut: int = 0              # pairs the per-row cap left out already (within the unit)
 
 
 class Vectors:
@@ -233,7 +236,8 @@ def run_unit(lay: Layout, vec: Vectors, c: int, p: PassParams, device: str = "cp
         return empty_result(p.k)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
     return UnitResult(*(np.concatenate([getattr(x, f) for x in parts])
-                        for f in ("rows", "idx", "score", "support")), pairs)
+                        for f in ("rows", "idx", "score", "support")), pairs,
+                      sum(x.cut for x in parts))
 
 
 def empty_result(k: int) -> UnitResult:
@@ -282,7 +286,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     j, s = _finish(best_s, best_j)
     order = lay.order
     j = np.where(j >= 0, order[np.maximum(j, 0)], -1)
-    return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), _pairs(found, order, qpos_np))
+    # a query block's pairs are capped per row at once (a row's best max_pairs overall are among
+    # its best in each block): a unit holds at most query_block x max_pairs pairs a block
+    pairs, cut = _cap(_pairs(found, order, qpos_np), p.max_pairs)
+    return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), pairs, cut)
 
 
 def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -359,6 +366,7 @@ def merge_rows(idx, score, rows, j, s, k: int) -> None:
 
 def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[UnitResult],
            max_pairs: Optional[int] = None) -> PassResult:
+    """(``max_pairs``: the pass's ``PassParams.max_pairs``, which its units applied too.)"""
     """Merge the units' partial top-k (a query is searched by ``probe`` units), sum their
     support, and certify: bound = score_bound(m_out)."""
     n = len(lay.order)
@@ -367,6 +375,7 @@ def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[Unit
     support = np.zeros(n, np.int64)
     pairs, held, cut = [], 0, 0
     for r in results:
+        cut += r.cut
         merge_rows(idx, score, r.rows, r.idx, r.score, k)
         np.add.at(support, r.rows, r.support)
         pairs.append(r.pairs)
@@ -417,13 +426,14 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
                    ) -> tuple[Layout, PassResult]:
     """The whole pass in memory (tests, the benchmark): layout, sorted copies, every unit.
     ``runner(lay, vec, p, units)`` -> iterable of UnitResult (default: in process)."""
+    p = p if max_pairs is None else dataclasses.replace(p, max_pairs=max_pairs)
     lay = build_layout(img, txt, p, device)
     o = lay.order
     vec = Vectors(*(None if x is None else np.ascontiguousarray(x[o], np.float32)
                     for x in (img, txt, ximg, xtxt)))
     units = range(lay.n_clusters)
     results = (runner or (lambda *a: run_units(*a, device=device)))(lay, vec, p, units)
-    return lay, gather(lay, p.k, (p.tau_i, p.tau_t), results, max_pairs)
+    return lay, gather(lay, p.k, (p.tau_i, p.tau_t), results, p.max_pairs)
 
 
 def ray_units(actors: int, num_cpus: float = 1, num_gpus: float = 0, device: str = "cpu",

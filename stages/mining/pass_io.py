@@ -41,7 +41,8 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
     return blocks.PassParams(
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
-        n_clusters=c, probe=c if exact else cfg.probe, seed=cfg.seed, query_block=cfg.query_block, block_size=cfg.block_size)
+        n_clusters=c, probe=c if exact else cfg.probe, seed=cfg.seed, query_block=cfg.query_block,
+        block_size=cfg.block_size, max_pairs=cfg.max_pairs)
 
 
 def runner(cfg: Any, device: str, vec_dir: str):
@@ -71,7 +72,7 @@ def run_pass(store: Store, p: blocks.PassParams, workdir: str, cfg: Any) -> dict
     vec = blocks.load_vectors(vec_dir, store.n)
     run = runner(cfg, device, vec_dir) or (lambda *a: blocks.run_units(*a, device=device))
     r = blocks.gather(lay, p.k, (p.tau_i, p.tau_t), run(lay, vec, p, range(lay.n_clusters)),
-                      cfg.max_pairs)
+                      p.max_pairs)
     if not (r.support >= p.k).any():
         raise ValueError(small_data_error(p.k, store.n, int(r.support.max())))
     out = os.path.join(workdir, "pass")
