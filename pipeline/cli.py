@@ -109,7 +109,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     if a.out:
         overrides["export.out_dir"] = str(Path(a.out).resolve()) if storage.is_local(a.out) \
             else a.out
-    cfg = C.from_dict(data)
+    cfg = C.from_snapshot(data)
     cfg = cfg.replace(**overrides) if overrides else cfg
     return _run(cfg, a.executor, only={"export"})
 
@@ -124,7 +124,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
             print(f"error: {storage.redact(target)} is not a vlcurate run directory (no run.json)",
                   file=sys.stderr)
             return 2
-        cfg = C.from_dict(run_json["config"])
+        cfg = C.from_snapshot(run_json["config"])
         # the run directory as given here: run.json records it redacted (no credentials in it)
         run_dir = str(Path(target).resolve()) if storage.is_local(target) else target
         overrides = {"run.run_dir": run_dir, **C.parse_overrides(a.overrides)}

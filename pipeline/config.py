@@ -8,6 +8,7 @@ and checked the same way (``params.py``): an unknown key, a wrong type or a bad 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from dataclasses import dataclass, field
@@ -185,6 +186,25 @@ def from_dict(data: dict | None, dag: Any = None) -> Any:
     return _build_config(config_class(dag), data or {})
 
 
+def from_snapshot(data: dict, dag: Any = None) -> Any:
+    """The config a run recorded in its run.json, read as it ran. A model spec with both
+    ``random_init`` and a ``path`` ran with random weights before such a spec became an error:
+    its path is dropped here, so that old run directories still export and train."""
+    return from_dict(_ignored_paths_dropped(copy.deepcopy(data)), dag)
+
+
+def _ignored_paths_dropped(d: Any) -> Any:
+    if isinstance(d, dict):
+        if d.get("random_init") is True and d.get("path"):
+            d["path"] = None
+        for v in d.values():
+            _ignored_paths_dropped(v)
+    elif isinstance(d, list):
+        for v in d:
+            _ignored_paths_dropped(v)
+    return d
+
+
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     cur = data
@@ -267,5 +287,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["Config", "ConfigError", "Resources", "ModelSpec", "FrozenMap", "RunConfig",
            "RayConfig", "FinetuneConfig", "load", "from_dict", "to_dict", "to_json",
-           "parse_overrides", "field", "config_class", "compose", "sections_of", "speed_only",
-           "at_least", "Literal"]
+           "parse_overrides", "from_snapshot", "field", "config_class", "compose", "sections_of",
+           "speed_only", "at_least", "Literal"]

@@ -71,7 +71,7 @@ def _with_position(t: pa.Table, part: int, active: np.ndarray, levels: np.ndarra
 
 def flag_levels(reasons: list) -> np.ndarray:
     """Each row's level from its reasons in one stage."""
-    return np.array([MANDATORY if any(r.startswith(R.MANDATORY_PREFIX) for r in rs) else
+    return np.array([MANDATORY if any(r.startswith(R.MANDATORY_PREFIX) for r in rs or ()) else
                      FLAGGED if rs else KEPT for rs in reasons], np.int8)
 
 
@@ -153,6 +153,9 @@ def _committed_levels(io: PartIO, part: int) -> Optional[np.ndarray]:
         if text is None:
             return None
         lv = unpack_levels(text)
+        if out is not None and len(lv) != len(out):
+            raise AlignmentError(f"part {part}: the committed flag levels of {io.frontier} hold "
+                                 f"{len(lv)} and {len(out)} rows: rerun those stages")
         out = lv if out is None else np.maximum(out, lv)
     return out
 

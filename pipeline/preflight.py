@@ -11,6 +11,7 @@ are opened, as the stages would open them.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +104,11 @@ def check_source(config: C.Config, stages: set[str]) -> list[Finding]:
     """Each source plans (the reader's own checks: path, captions file, columns) into parts with
     records, and a configured key column exists."""
     from vlcurate.stages.ingest.sources import all_sources
-    return [f for s in all_sources(config.source) for f in _check_one_source(s)]
+    return [f for i, s in enumerate(all_sources(config.source))
+            for f in _check_one_source(s, "source" if i == 0 else f"source.also[{i - 1}]")]
 
 
-def _check_one_source(s: Any) -> list[Finding]:
+def _check_one_source(s: Any, key: str) -> list[Finding]:
     from vlcurate.stages.ingest import SourceError
     from vlcurate.stages.ingest.readers import plan
     try:
@@ -115,13 +117,13 @@ def _check_one_source(s: Any) -> list[Finding]:
             rows = _planned_rows(specs)
             columns = _planned_columns(specs)
     except (SourceError, OSError, ValueError) as e:
-        return [Finding(False, f"source: {e}")]
+        return [Finding(False, f"{key}: {e}")]
     if not specs:
-        return [Finding(False, f"source: {s.kind} source {s.path!r} holds no records (no parts)")]
-    out = [Finding(True, f"source: {s.kind} {s.path} in {len(specs)} parts"
+        return [Finding(False, f"{key}: {s.kind} source {s.path!r} holds no records (no parts)")]
+    out = [Finding(True, f"{key}: {s.kind} {s.path} in {len(specs)} parts"
                          + (f", {rows} records" if rows is not None else ""))]
     if s.key_column and columns is not None and s.key_column not in columns:
-        out.append(Finding(False, f"source.key_column: the source has no column {s.key_column!r} "
+        out.append(Finding(False, f"{key}.key_column: the source has no column {s.key_column!r} "
                                   f"(columns: {sorted(columns)}); set it to the column that names "
                                   "each record, so that sample_ids do not depend on row order"))
     return out
@@ -147,8 +149,12 @@ def _planned_columns(specs: list[dict]) -> "set[str] | None":
 
 def check_devices(config: C.Config, stages: set[str]) -> list[Finding]:
     """Every ``device: cuda`` of the run's stages (models, the mining matmuls) on a machine where
-    torch sees no GPU: found here, not when a stage starts."""
+    torch sees no GPU: found here, not when a stage starts. On an embedded Ray only: a driver
+    submitting to a cluster need not have the GPUs its stages get."""
     from vlcurate.stages.models import DeviceUnavailable, resolve_device
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        return []           # the stages run on the cluster's nodes, not on this driver
     keys = [f"{key}.device" for stage in MODELS if stage in stages
             for key, _, _ in MODELS[stage] if _spec(config, key) is not None]
     keys += ["hpm.device"] if {"hpm", "positives"} & stages else []

@@ -14,8 +14,11 @@ Layout: ``<cache_dir>/<stage>/<namespace digest>/`` holds ``namespace.json`` (wh
 stands for) and segments ``seg-<digest>.parquet`` (``image_hash``, ``value`` as JSON), one per
 stage call that computed anything, named by their content: two workers writing the same
 results write the same object, and a segment is never rewritten. A worker lists the folder and
-reads the segments' hash columns once, at its first lookup, into a sorted array (16 bytes per
-cached image); hits read their segments' values. Nothing is ever renamed, so a bucket works.
+reads the segments' hash columns once, at its first lookup, into a sorted array (20 bytes per
+cached image: a 16-byte hash and its segment's number; one GET per segment); hits read their
+segments' values. Nothing is ever renamed, so a bucket works. A cache shared by many runs
+grows with every image it has seen: give a new namespace (another cache_dir) when that is
+more than a worker should index.
 """
 from __future__ import annotations
 
@@ -71,12 +74,13 @@ class ImageCache:
         keys, where = [], []
         for name in names:
             col = _hashes(storage.join(self.dir, name))
-            keys += [bytes.fromhex(h) for h in col]
-            where += [len(self._segments)] * len(col)
+            keys.append(np.frombuffer(bytes.fromhex("".join(col)), "S16"))
+            where.append(np.full(len(col), len(self._segments), np.int32))
             self._segments.append(name)
-        order = np.argsort(np.array(keys, dtype="S16"), kind="stable")
-        self._keys = np.array(keys, dtype="S16")[order]
-        self._where = np.array(where, dtype=np.int32)[order]
+        keys_a = np.concatenate(keys) if keys else np.zeros(0, "S16")
+        order = np.argsort(keys_a, kind="stable")
+        self._keys = keys_a[order]
+        self._where = (np.concatenate(where) if where else np.zeros(0, np.int32))[order]
 
     def _segment(self, n: int) -> dict:
         name = self._segments[n]

@@ -44,7 +44,19 @@ def _cache_key(c: TextSpotParams) -> dict:
     own = {"tesseract": (c.tesseract_lang, c.tesseract_psm),
            "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights)}
     return {"backend": T.backend_identity(c), "max_side": c.max_side,
-            "settings": own.get(c.backend, ())}
+            "settings": own.get(c.backend, ()),
+            "libraries": _versions("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
+
+
+def _versions(*dists: str) -> dict:
+    from importlib import metadata
+    out = {}
+    for d in dists:
+        try:
+            out[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def _encode(pair: tuple) -> list:
@@ -80,8 +92,9 @@ class TextSpotStage(MapStage):
         c = self.config.textspot
         self.ocr, self.skipped = decide(lambda: T.make_backend(c), c.if_missing,
                                          f"text spotting ({c.backend})")
-        self.cache = ImageCache.of(self.config.run, self.name, _cache_key(c),
-                                   encode=_encode, decode=_decode, keep=_keep)
+        # mmocr batches the images it is given (its results depend on the batch): not cached
+        self.cache = None if c.backend == "mmocr" else ImageCache.of(
+            self.config.run, self.name, _cache_key(c), encode=_encode, decode=_decode, keep=_keep)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(F.SAMPLE_ID.name)

@@ -1,14 +1,14 @@
 """The concepts stage: DiHT's concept-distillation targets (paper sec. 3.2, appendix A.1.2).
 
 The frozen teacher's features of every still-kept image come from the ``teacher`` stage
-(``teacher_stage.py``: part by part, on an actor pool). Global step (``prepare``): over a
-bounded sample of the still-kept rows (``concepts.train_rows``, chosen by a seeded hash of
-``sample_id``: the same rows whatever the parts or their order), the vocabulary is built from
-the CAT parse (``vocab.py``) and linear heads for objects and attributes are trained on the
-features (``heads.py``), the attribute candidates first going through the visualness filter.
-Its memory is bounded by the sample, never the dataset. Per part (``__call__``): each row's
-features -> softmax -> top-k (default 10), renormalised -> concept ids (uint16) and
-probabilities (float16). ``finalize`` publishes the vocabulary table (and the heads) beside the
+(``teacher_stage.py``: part by part, on an actor pool). Global step (``prepare``): the
+vocabulary is built from the CAT parse of every kept row (``vocab.py``, counted part by part),
+and linear heads for objects and attributes are trained on the features of a bounded sample of
+those rows (``concepts.train_rows``, chosen by a seeded hash of ``sample_id``: the same rows
+whatever the parts or their order; ``heads.py``), the attribute candidates first going through
+the visualness filter. Its memory is bounded by the sample and the vocabulary, never the
+dataset. Per part (``__call__``): each row's features -> softmax -> top-k (default 10),
+renormalised -> concept ids (uint16) and probabilities (float16). ``finalize`` publishes the vocabulary table (and the heads) beside the
 stage's table: ``<run>/concepts/vocab.parquet``.
 """
 from __future__ import annotations
@@ -78,9 +78,10 @@ class ConceptsParams(Params):
     teacher: ModelSpec = ModelSpec(id="torchvision/vit_h_14",
                                    options=FrozenMap({"weights": "IMAGENET1K_SWAG_LINEAR_V1"}))
     teacher_batch_size: int = positive(64)
-    # the heads train (and the vocabulary is counted) on at most this many still-kept rows,
-    # those with the smallest seeded hash of their sample_id (null: every row). It bounds the
-    # global step's memory: rows x the teacher's width x 2 bytes (ViT-H/14: 1.3 GB at 500k).
+    # the heads train on at most this many still-kept rows, those with the smallest seeded hash
+    # of their sample_id (null: every row); the vocabulary is still counted over every kept row.
+    # It bounds the global step's memory: rows x the teacher's width x 2 bytes (ViT-H/14:
+    # 1.3 GB at 500k).
     train_rows: Optional[int] = positive(500_000)
     wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
     min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
@@ -130,16 +131,19 @@ def _part_sample(t: pa.Table, part: int, seed: int) -> dict:
 
 
 def training_sample(read: Callable[[int], pa.Table], n_parts: int, limit: Optional[int],
-                    seed: int) -> dict:
+                    seed: int, tally: Optional[V.Tally] = None) -> dict:
     """The still-kept rows the heads train on, in part order: all of them, or the ``limit``
     with the smallest seeded hashes of their sample_id (ties: the earlier row). Holds at most
-    ``limit`` rows plus one part."""
+    ``limit`` rows plus one part. Every row's words go to ``tally`` (the vocabulary is
+    counted over all of them, as DiHT counts over the whole dataset)."""
     keep: Optional[dict] = None
     for part in range(n_parts):
         t = read(part)
         if not t.num_rows:
             continue
         got = _part_sample(t, part, seed)
+        if tally is not None:
+            tally.add(list(got["obj"]), list(got["att"]))
         keep = got if keep is None else {k: np.concatenate([keep[k], got[k]]) for k in got}
         if limit is not None and len(keep["key"]) > limit:
             keep = _take(keep, np.lexsort((keep["pos"], keep["key"]))[:limit])
@@ -168,17 +172,18 @@ class ConceptsStage(GlobalStage):
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         c = config.concepts
         wn = open_wordnet(c.wordnet_dir)          # fails fast, before the sample is read
-        sample = training_sample(read, n_parts, c.train_rows, c.seed)
+        tally = V.Tally(wn)
+        sample = training_sample(read, n_parts, c.train_rows, c.seed, tally)
         x, objects, attributes = sample["x"], list(sample["obj"]), list(sample["att"])
-        obj, att, obj_labels, att_labels = V.build(objects, attributes, wn, c)
-        _empty(V.emptiness(obj, att, len(objects), c), c, workdir)
+        obj, att, obj_labels, att_labels = V.build(objects, attributes, wn, c, tally)
+        _empty(V.emptiness(obj, att, tally.n_images, c), c, workdir)
         device = models.device_for(c.teacher)
         if c.min_visualness is not None and att.names and len(x):
             vis = H.visualness(x, V.to_ids(att_labels, att), len(att.names), c, device)
             att.visualness = {n: float(v) for n, v in zip(att.names, vis, strict=True)
                               if not np.isnan(v)}
             att = att.keep(H.select_attributes(att.names, vis, att.sharedness, c))
-            _empty(V.emptiness(obj, att, len(objects), c, "visualness"), c, workdir)
+            _empty(V.emptiness(obj, att, tally.n_images, c, "visualness"), c, workdir)
         elif c.max_attributes:
             att = att.keep(att.names[:c.max_attributes])
         out = {"n_objects": len(obj.names), "n_attributes": len(att.names)}

@@ -83,8 +83,9 @@ def _labels(rows: Iterable[Optional[Sequence[str]]], canon: Canonicaliser,
     return out
 
 
-def _backoff(labels: list[list[str]], kept: set[str], canon: Canonicaliser) -> list[list[str]]:
-    """Relabel synsets outside ``kept`` to their nearest hypernym inside it (breadth first)."""
+def _lifter(kept: set[str], canon: Canonicaliser, backoff: bool):
+    """synset -> itself when kept, else (with ``backoff``) its nearest kept hypernym (breadth
+    first), else None."""
     memo: dict[str, Optional[str]] = {}
 
     def up(name: str) -> Optional[str]:
@@ -105,38 +106,59 @@ def _backoff(labels: list[list[str]], kept: set[str], canon: Canonicaliser) -> l
                 frontier = nxt
         return memo[name]
 
-    return [list(dict.fromkeys(n if n in kept else up(n) for n in row if n in kept or up(n)))
-            for row in labels]
+    return lambda n: n if n in kept else (up(n) if backoff else None)
 
 
-def build(objects: list, attributes: list, wn: WordNet,
-          cfg) -> tuple[Concepts, Concepts, list[list[str]], list[list[str]]]:
+class Tally:
+    """The vocabulary's counts over every kept image, added part by part (memory: the
+    vocabulary, never the images): images per synset, the caption words mapped to each, and
+    which object synsets each attribute synset shares an image with (its sharedness)."""
+
+    def __init__(self, wn: WordNet) -> None:
+        self.canon_n, self.canon_a = Canonicaliser(wn, "n"), Canonicaliser(wn, "a")
+        self.obj, self.att = Concepts(OBJECT), Concepts(ATTRIBUTE)
+        self.obj_count: Counter = Counter()
+        self.att_count: Counter = Counter()
+        self.pairs: set[tuple[str, str]] = set()        # (attribute, object) in one image
+        self.n_images = 0
+
+    def add(self, objects: list, attributes: list) -> "Tally":
+        o_rows = _labels(objects, self.canon_n, self.obj.words)
+        a_rows = _labels(attributes, self.canon_a, self.att.words)
+        for o_row, a_row in zip(o_rows, a_rows, strict=True):
+            self.obj_count.update(o_row)
+            self.att_count.update(a_row)
+            self.pairs.update((a, o) for a in a_row for o in o_row)
+        self.n_images += len(o_rows)
+        return self
+
+
+def build(objects: list, attributes: list, wn: WordNet, cfg, tally: Optional[Tally] = None
+          ) -> tuple[Concepts, Concepts, list[list[str]], list[list[str]]]:
     """Per-image word lists -> (object vocabulary, attribute candidates, per-image object
     synsets, per-image attribute synsets); ``to_ids`` maps the latter onto a vocabulary.
-    ``cfg``: the ``concepts`` config section."""
-    canon_n, canon_a = Canonicaliser(wn, "n"), Canonicaliser(wn, "a")
-    obj = Concepts(OBJECT)
-    att = Concepts(ATTRIBUTE)
-    obj_labels = _labels(objects, canon_n, obj.words)
-    att_labels = _labels(attributes, canon_a, att.words)
-    obj.count = dict(Counter(n for row in obj_labels for n in row))
-    att.count = dict(Counter(n for row in att_labels for n in row))
+    The vocabulary comes from ``tally`` (every kept image: DiHT counts over the whole dataset)
+    when given, else from these rows; the labels are these rows'. ``cfg``: ``concepts``."""
+    tally = tally if tally is not None else Tally(wn).add(objects, attributes)
+    obj, att = tally.obj, tally.att
+    obj_labels = _labels(objects, tally.canon_n, {})
+    att_labels = _labels(attributes, tally.canon_a, {})
+    obj.count, att.count = dict(tally.obj_count), dict(tally.att_count)
     ranked = sorted((n for n, c in obj.count.items() if c >= cfg.min_object_count),
                     key=lambda n: (-obj.count[n], n))
     obj.names = ranked[:min(cfg.max_objects or MAX_VOCAB, MAX_VOCAB)]
-    kept = set(obj.names)
-    if cfg.hypernym_backoff:
-        obj_labels = _backoff(obj_labels, kept, canon_n)
-    obj_labels = [[n for n in row if n in kept] for row in obj_labels]
-    partners: dict[str, set] = {}
-    for o_row, a_row in zip(obj_labels, att_labels, strict=True):
-        for a in a_row:
-            partners.setdefault(a, set()).update(o_row)
+    lift = _lifter(set(obj.names), tally.canon_n, cfg.hypernym_backoff)
+    obj_labels = [list(dict.fromkeys(m for m in map(lift, row) if m)) for row in obj_labels]
+    partners: dict[str, set] = {a: set() for a in att.count}
+    for a, o in tally.pairs:
+        m = lift(o)
+        if m:
+            partners[a].add(m)
     att.sharedness = {a: len(p) for a, p in partners.items()}
     att.names = sorted((a for a, c in att.count.items() if c >= cfg.min_attribute_count
                         and att.sharedness.get(a, 0) >= cfg.min_sharedness),
                        key=lambda a: (-att.sharedness[a], -att.count[a], a))
-    for c, canon in ((obj, canon_n), (att, canon_a)):
+    for c, canon in ((obj, tally.canon_n), (att, tally.canon_a)):
         c.gloss = {n: canon.synsets[n].gloss for n in c.names}
     return obj, att, obj_labels, att_labels
 

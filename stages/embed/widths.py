@@ -31,7 +31,8 @@ def teacher_width(spec: Any) -> int:
     model's classifier input (the architecture on the meta device)."""
     if not spec.id.startswith("torchvision/"):
         models.locate(spec, "timm", "teacher")
-        return int(meta_timm(spec).num_features)
+        m = meta_timm(spec)         # the teacher's features are forward_head(pre_logits=True)
+        return int(getattr(m, "head_hidden_size", None) or m.num_features)
     models.locate(spec, "torchvision", "teacher")
     import torch
     import torchvision

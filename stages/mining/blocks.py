@@ -366,9 +366,9 @@ def merge_rows(idx, score, rows, j, s, k: int) -> None:
 
 def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[UnitResult],
            max_pairs: Optional[int] = None) -> PassResult:
-    """(``max_pairs``: the pass's ``PassParams.max_pairs``, which its units applied too.)"""
     """Merge the units' partial top-k (a query is searched by ``probe`` units), sum their
-    support, and certify: bound = score_bound(m_out)."""
+    support, and certify: bound = score_bound(m_out). ``max_pairs``: the pass's
+    ``PassParams.max_pairs``, which its units applied too."""
     n = len(lay.order)
     idx = np.full((n, k), -1, np.int64)
     score = np.zeros((n, k), np.float32)

@@ -79,3 +79,12 @@ def test_a_partial_nested_value_keeps_the_fields_own_defaults():
     # naming another model starts from a blank spec: no options of the default architecture
     c = C.load(None, {"concepts.teacher": {"id": "vit_tiny_patch16_224"}})
     assert dict(c.concepts.teacher.options) == {} and c.concepts.teacher.path is None
+
+
+def test_a_model_path_with_random_init_is_an_error_but_an_old_snapshot_still_loads():
+    spec = {"id": "vit_tiny_patch16_224", "random_init": True, "path": "/models/w.pth"}
+    with pytest.raises(C.ConfigError, match="embed.image_model.path: is set .* random_init is "
+                                            "true, which would ignore it"):
+        C.from_dict({"embed": {"image_model": spec}})
+    old = C.from_snapshot({"embed": {"image_model": spec}})        # a run.json of before the rule
+    assert old.embed.image_model.random_init and old.embed.image_model.path is None

@@ -75,6 +75,31 @@ def test_vocabulary_cutoffs_sharedness_and_backoff(wn):
     assert rows[0]["synset"] == "dog.n.01" and rows[0]["words"][0] == "dog"
 
 
+@pytest.mark.parametrize("backoff", [False, True])
+def test_the_vocabulary_counts_every_row_even_when_labels_are_a_sample(wn, backoff):
+    """The concepts stage trains on a sample but tallies every kept row, part by part: the
+    vocabulary (names, counts, words, sharedness) equals one built on all rows at once, and the
+    sample's labels equal those rows' labels in the full build."""
+    objects = [["dog", "ball"]] * 3 + [["dogs"], ["car", "dog"], ["automobile"], ["cars"],
+                                       ["puppies"], ["puppy", "ball"], ["xyzzy"]]
+    attributes = [["red"], ["reddish"], ["big"], ["red"], ["red", "stone"], ["big"], [], [], [], []]
+    cfg = vcfg(hypernym_backoff=backoff)
+    full = V.build(objects, attributes, wn, cfg)
+    tally = V.Tally(wn)
+    for lo in range(0, len(objects), 3):                       # three parts, then one of one row
+        tally.add(objects[lo:lo + 3], attributes[lo:lo + 3])
+    sample = [0, 4, 7, 8]
+    part = V.build([objects[i] for i in sample], [attributes[i] for i in sample], wn, cfg, tally)
+    for a, b in zip(full[:2], part[:2]):
+        assert (a.names, a.count, a.words, a.sharedness) == (b.names, b.count, b.words,
+                                                              b.sharedness)
+    assert part[2] == [full[2][i] for i in sample] and part[3] == [full[3][i] for i in sample]
+    assert tally.n_images == len(objects)
+    # the sample alone would see other counts: dog in 2 of 4 rows, under the cutoff of 3
+    assert "dog.n.01" not in V.build([objects[i] for i in sample],
+                                     [attributes[i] for i in sample], wn, cfg)[0].names
+
+
 def synthetic(n=1500, d=24, n_classes=8, seed=0):
     """Separable features: an image's feature is the sum of its concepts' means, plus noise;
     concept frequencies are long-tailed."""

@@ -78,3 +78,13 @@ def test_the_training_sample_is_bounded_and_independent_of_the_parts(limit):
             for t in _parts(300, 300)]))
     else:
         assert _sample(_parts(300, 300), limit, seed=1)[0] != words   # the seed picks rows
+
+
+def test_the_declared_width_is_what_the_teacher_returns_with_a_pre_logits_layer():
+    """timm models with a pre-logits layer (mobilenetv3) return head_hidden_size features,
+    not num_features: the schema must say the same, or every part fails to commit."""
+    spec = {"id": "mobilenetv3_small_100", "random_init": True}
+    stage = build_stage(TeacherStage, C.load(None, {"concepts.teacher": spec}))
+    out = stage(pa.table({F.SAMPLE_ID.name: ["a"], F.IMAGE.name: [corpus.jpeg(seed=3)]}))
+    width = out.column(S.TEACHER_FEATURES_NAME).type.list_size
+    assert width == stage.schema.field(S.TEACHER_FEATURES_NAME).type.list_size == 1024
