@@ -155,13 +155,11 @@ def check_devices(config: C.Config, stages: set[str]) -> list[Finding]:
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         return []           # the stages run on the cluster's nodes, not on this driver
-    keys = [f"{key}.device" for stage in MODELS if stage in stages
-            for key, _, _ in MODELS[stage] if _spec(config, key) is not None]
-    keys += ["hpm.device"] if {"hpm", "positives"} & stages else []
+    wanted = [(f"{key}.device", spec.device) for stage in MODELS if stage in stages
+              for key, _, _ in MODELS[stage] if (spec := _spec(config, key)) is not None]
+    wanted += [("hpm.device", config.hpm.device)] if {"hpm", "positives"} & stages else []
     out = []
-    for key in keys:
-        value = _spec(config, key.rsplit(".", 1)[0]).device if key.count(".") == 2 else \
-            _spec(config, key)
+    for key, value in wanted:
         try:
             resolve_device(value, key)
         except DeviceUnavailable as e:

@@ -9,12 +9,17 @@ _PACKAGES = ("vlcurate", "ray", "pyarrow", "numpy", "pillow", "torch", "timm", "
              "sentence-transformers", "spacy", "faiss-cpu", "webdataset")
 
 
-@functools.lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for p in _PACKAGES:
+def installed(*dists: str) -> dict[str, str]:
+    """{distribution: version} of those installed (the others are left out)."""
+    out = {}
+    for d in dists:
         try:
-            out[p] = metadata.version(p)
+            out[d] = metadata.version(d)
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    return {"python": platform.python_version(), **installed(*_PACKAGES)}

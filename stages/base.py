@@ -218,6 +218,8 @@ def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], lis
     With a ``cache`` (``stages/cache.py``) and the rows' ``hashes``, images it holds are not
     computed at all."""
     from .cache import cached
+    if cache is not None and (hashes is None or len(hashes) != len(images)):
+        raise ValueError("once_per_image: a cache needs every row's image hash")
     index: dict[bytes, int] = {}
     first = [index.setdefault(b, len(index)) for b in images]
     distinct = list(index)

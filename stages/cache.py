@@ -56,6 +56,7 @@ class ImageCache:
         self._where: Optional[np.ndarray] = None     # their segment numbers
         self._segments: list[str] = []
         self._values: OrderedDict[str, dict] = OrderedDict()
+        self._described = False                       # namespace.json written (or found)
         self.hits = self.misses = 0
 
     @classmethod
@@ -120,8 +121,11 @@ class ImageCache:
         table = pa.table({"image_hash": [h for h, _ in rows], "value": [v for _, v in rows]},
                          schema=_SCHEMA)
         name = f"seg-{_digest(chr(10).join(h + v for h, v in rows))}.parquet"
-        if not storage.exists(storage.join(self.dir, "namespace.json")):
-            storage.write_bytes(storage.join(self.dir, "namespace.json"), self.namespace.encode())
+        if not self._described:                       # once per instance, not per segment
+            about = storage.join(self.dir, "namespace.json")
+            if not storage.exists(about):
+                storage.write_bytes(about, self.namespace.encode())
+            self._described = True
         buf = pa.BufferOutputStream()
         pq.write_table(table, buf)
         storage.write_bytes(storage.join(self.dir, name), buf.getvalue().to_pybytes())

@@ -13,6 +13,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import MapStage, Resources, once_per_image
+from vlcurate.pipeline.versions import installed
 from vlcurate.stages.cache import ImageCache
 
 from . import textspot as T
@@ -45,18 +46,7 @@ def _cache_key(c: TextSpotParams) -> dict:
            "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights)}
     return {"backend": T.backend_identity(c), "max_side": c.max_side,
             "settings": own.get(c.backend, ()),
-            "libraries": _versions("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
-
-
-def _versions(*dists: str) -> dict:
-    from importlib import metadata
-    out = {}
-    for d in dists:
-        try:
-            out[d] = metadata.version(d)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+            "libraries": installed("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
 
 
 def _encode(pair: tuple) -> list:
