@@ -167,7 +167,15 @@ def check_devices(config: C.Config, stages: set[str]) -> list[Finding]:
     return out
 
 
-CHECKS = (check_source, check_models, check_cat, check_wordnet, check_devices)
+def check_mining(config: C.Config, stages: set[str]) -> list[Finding]:
+    """The positives' FFF thresholds against the hpm floors that keep their candidates."""
+    if not {"hpm", "positives"} <= stages:
+        return []
+    from vlcurate.stages.mining.positives_stage import floor_problems
+    return [Finding(False, text) for _, text in floor_problems(config)]
+
+
+CHECKS = (check_source, check_models, check_cat, check_wordnet, check_devices, check_mining)
 
 
 def preflight(config: C.Config, stages: Iterable[str]) -> list[Finding]:

@@ -31,20 +31,31 @@ CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
            "the triangle bound on every unprobed cluster, or no pair left out can score > 0; "
            "FastHPM: the same test with a bound estimated from the IVF-PQ search)"})
 
-# what hpm's neighbour pass found besides hard pairs (issue 15): every pair with S_I, S_T (or,
-# with cross-modal vectors, S_it) above hpm's pair floors, with its exact similarities; the
-# positives stage applies FFF Eq. 1 and the duplicate rule to them, so a positives threshold
-# change reruns positives only. Aligned lists, sorted by the other row's global position.
+# what hpm's neighbour pass found besides hard pairs (issue 15): every pair with S_I or S_T (and,
+# with cross-modal vectors, X_ii, X_tt or S_it) above hpm's pair floors, with its exact
+# similarities. They are the positives stage's candidates: it applies FFF Eq. 1 and the
+# duplicate rule to them, so a positives threshold change reruns positives only, with no
+# search. Aligned lists, sorted by the other row's global position.
 PAIR_IDS = pa.field("hpm_pair_ids", pa.list_(pa.string()), metadata={
-    "doc": "sample_ids j of the candidate pairs (i, j): S_ii > hpm.pair_image or S_tt > "
-           "hpm.pair_text or S_it > hpm.pair_cross; null when not mined or method fast"})
+    "doc": "sample_ids j of the candidate pairs (i, j): S_ii or X_ii > hpm.pair_image, S_tt or "
+           "X_tt > hpm.pair_text, or S_it > hpm.pair_cross; null when not mined or method fast"})
 PAIR_SII = pa.field("hpm_pair_sii", pa.list_(pa.float32()), metadata={
-    "doc": "exact image-image cosine S_ii of each candidate pair"})
+    "doc": "exact image-image cosine S_ii of each candidate pair (HELIP's image encoder)"})
 PAIR_STT = pa.field("hpm_pair_stt", pa.list_(pa.float32()), metadata={
-    "doc": "exact text-text cosine S_tt of each candidate pair"})
+    "doc": "exact text-text cosine S_tt of each candidate pair (HELIP's text encoder)"})
 PAIR_SIT = pa.field("hpm_pair_sit", pa.list_(pa.float32()), metadata={
     "doc": "exact cross-modal S_it = <cross image i, cross text j> (directed); null without "
            "cross-modal embeddings"})
+PAIR_XII = pa.field("hpm_pair_xii", pa.list_(pa.float32()), metadata={
+    "doc": "exact image-image cosine X_ii of each candidate pair on the cross-modal model (FFF's "
+           "S_ii); null without cross-modal embeddings"})
+PAIR_XTT = pa.field("hpm_pair_xtt", pa.list_(pa.float32()), metadata={
+    "doc": "exact caption-caption cosine X_tt of each candidate pair on the cross-modal model "
+           "(FFF's S_tt on the original captions); null without cross-modal embeddings"})
+PAIRS_CUT = pa.field("hpm_pairs_cut", pa.int32(), metadata={
+    "doc": "candidate pairs above the floors that hpm.max_pairs left out of this row's "
+           "hpm_pair_* lists (the lowest max(S_ii, S_tt, S_it)); null when not mined or "
+           "method fast"})
 
 # --- positives stage --------------------------------------------------------------------------------
 POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={
@@ -73,7 +84,7 @@ RELATIONS = (REL_DUPLICATE, REL_IMAGE, REL_CROSS, REL_TEXT)
 
 # --- tables -------------------------------------------------------------------------------------------
 HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED, PAIR_IDS, PAIR_SII,
-                         PAIR_STT, PAIR_SIT)
+                         PAIR_STT, PAIR_SIT, PAIR_XII, PAIR_XTT, PAIRS_CUT)
 POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_CAPTIONS, POSITIVE_RELATIONS, POSITIVE_SCORES,
                         POSITIVE_COUNT)
 

@@ -6,19 +6,24 @@ I, T: <j_a, j_b> = m = (S_I + S_T) / 2) on a seeded sample, every row assigned t
 centroid, rows sorted by (cluster, row) so that a cluster is a contiguous slice. Per cluster:
 its member mean mu_c and radius r_c = max ||j - mu_c||.
 
-Routing: each row (query) searches the ``probe`` clusters whose means are nearest to its joint
-vector, its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this gives the
-units of work (``run_unit``): cluster c and every query routed to it. Scores are exact fp32
+Mining rows (``mine``, wherever they are: the hpm stage mines each chunk of each part on its
+actor pool): each row (query) is routed to the ``probe`` clusters whose means are nearest to its
+joint vector, its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this
+gives the units of work (``run_unit``): cluster c and the queries routed to it. Scores are exact fp32
 GEMMs of the gathered queries (query_block at a time) against c's members (a contiguous slice,
 block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 
 * the HPM score s = S~I * S~T with Alg. 1's thresholds and the duplicate rule (hpm.pair_scores),
   merged into a running top-k, and its support (pairs with s > 0 among c's members);
-* every pair with S_I > floor_i, S_T > floor_t (or, with cross-modal vectors, S_it > floor_x):
-  the candidates of FFF Eq. 1 and of HELIP's duplicates, kept with their exact similarities.
+* every pair with S_I > floor_i or S_T > floor_t (with cross-modal vectors also X_ii > floor_i,
+  X_tt > floor_t or S_it = <x_i, t_j> > floor_x): the candidates of FFF Eq. 1 (in the space the
+  positives stage judges it: the cross-modal one when there is one) and of HELIP's duplicates,
+  kept with their exact similarities.
 
-``gather`` merges a query's ``probe`` partial top-k lists (canonical order: score, then lower
-global row) and sums its supports (clusters are disjoint, so nothing is counted twice).
+``gather`` merges each query's ``probe`` partial top-k lists (canonical order: score, then lower
+global row), sums its supports (clusters are disjoint, so nothing is counted twice) and caps its
+pairs. A row's result depends only on the layout and its own routing, not on which rows are
+mined with it, on which worker, or in which order.
 
 Certificate (a proof, not an estimate): a row of a cluster c' that q did not search has joint
 similarity <q, mu_c'> + <q, j - mu_c'> <= <q, mu_c'> + r_c' (|q| = 1). With m_out the largest
@@ -32,10 +37,9 @@ probe < all clusters it certifies almost no target (0% on the 200k and 1M synthe
 tests/benchmarks/bench_mining.py): it is a proof (precision 100%, tested at k = 5 and 500),
 not a recall estimate; recall at the defaults is measured there instead (issue 12).
 
-Units are independent: ``run_units`` runs them in process, ``ray_units`` on an actor pool; the
-result of a unit depends only on the layout and the unit, never on which actor ran it. A unit's
-memory is bounded by query_block x block_size scores (plus its slices of the memory-mapped
-vectors), whatever the data size.
+Memory: the layout is O(N) indices plus O(C x D) means; mining q rows holds q x (k + max_pairs)
+results and query_block x block_size scores (plus slices of the memory-mapped sorted vectors),
+whatever N is. No process ever holds the pass's whole output (issue 14).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import torch
@@ -51,6 +55,10 @@ import torch
 from .hpm import _finish, _merge_block, as_tensor, pair_scores, score_bound
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
+# a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
+# directed S_it = <x_i, t_j>, X_ii = <x_i, x_j>, X_tt = <t_i, t_j> (NaN without them)
+SIMS = ("sii", "stt", "sit", "xii", "xtt")
+PAIR_FIELDS = ("q", "j") + SIMS
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,8 @@ class PassParams:
     dup: Optional[float] = 0.98
     floor_i: float = 2.0           # keep pairs with S_I > floor_i (2.0: none)
     floor_t: float = 2.0
-    floor_x: float = 2.0           # S_it > floor_x (needs cross-modal vectors)
+    floor_x: float = 2.0           # S_it > floor_x (needs cross-modal vectors; X_ii and X_tt
+                                   # are held to floor_i and floor_t)
     n_clusters: Optional[int] = None   # None: auto (clusters of about 2048 rows)
     probe: int = 40                # clusters searched per query (all: exhaustive)
     iters: int = 10
@@ -79,30 +88,25 @@ class PassParams:
 @dataclass
 class Layout:
     """Rows sorted by cluster: sorted position p holds global row order[p]; cluster c is
-    positions bounds[c]:bounds[c+1]. Routing: the queries (sorted positions, ascending) that
-    search cluster c are route_q[route_off[c]:route_off[c+1]]; m_out[p] bounds the joint
-    similarity of query p to any row of a cluster it does not search."""
+    positions bounds[c]:bounds[c+1], with member mean means[c] and radius radius[c]. What a
+    worker needs to mine any rows (``mine``): O(C x D + N) numbers, no routing table."""
     means: np.ndarray         # [C, D] member means
     radius: np.ndarray        # [C]
     order: np.ndarray         # [N] int64
     bounds: np.ndarray        # [C + 1] int64
-    route_off: np.ndarray     # [C + 1] int64
-    route_q: np.ndarray       # [N x probe] int64
-    m_out: np.ndarray         # [N] float32, by sorted position
 
     @property
     def n_clusters(self) -> int:
         return len(self.bounds) - 1
 
-    def queries(self, c: int) -> np.ndarray:
-        return self.route_q[self.route_off[c]:self.route_off[c + 1]]
+    def cluster_of(self, pos: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.bounds, pos, side="right") - 1
 
-    def light(self) -> "Layout":
-        """What a unit needs besides its queries: the order and the cluster bounds (an actor's
-        copy; 8 bytes per row)."""
-        z = np.zeros(0, np.float32)
-        return Layout(z.reshape(0, 0), z, self.order, self.bounds,
-                      np.zeros(len(self.bounds), np.int64), np.zeros(0, np.int64), z)
+    def positions(self) -> np.ndarray:
+        """Sorted position of each global row (the inverse of ``order``)."""
+        pos = np.empty(len(self.order), np.int64)
+        pos[self.order] = np.arange(len(self.order))
+        return pos
 
 
 def joint_t(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -113,10 +117,10 @@ def _rows(x, a: int, b: int, device: str) -> torch.Tensor:
     return as_tensor(x[a:b], device)
 
 
-def _joint_sims(img, txt, cent: torch.Tensor, device: str, chunk: int = 32768):
-    """Per chunk of rows (in table order): (first row, [rows, C] joint similarities to cent)."""
+def _chunks(img, txt, device: str, chunk: int = 32768):
+    """Per chunk of rows (in table order): (first row, their joint vectors)."""
     for a in range(0, len(img), chunk):
-        yield a, joint_t(_rows(img, a, a + chunk, device), _rows(txt, a, a + chunk, device)) @ cent.T
+        yield a, joint_t(_rows(img, a, a + chunk, device), _rows(txt, a, a + chunk, device))
 
 
 def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> torch.Tensor:
@@ -135,21 +139,15 @@ def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> torch.Tensor
     return cent
 
 
-def _chunks(img, txt, device: str, chunk: int = 32768):
-    for a in range(0, len(img), chunk):
-        yield a, joint_t(_rows(img, a, a + chunk, device), _rows(txt, a, a + chunk, device))
-
-
 def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
-    """k-means, assignment, member means and radii, then routing: each row searches the
-    ``probe`` clusters whose means are nearest to it (its own always among them), and
-    m_out = max over the others of <q, mu_c> + r_c (the certificate's bound)."""
+    """k-means, assignment, member means and radii (one streaming read of the vectors; memory
+    O(N) indices + O(C x D)). Routing is per query, where the query is mined (``route``)."""
     n = len(img)
     c = p.clusters(n)
     with torch.no_grad():
         cent = kmeans(img, txt, c, p, device)
-        lab = torch.cat([m.argmax(1) for _, m in _joint_sims(img, txt, cent, device)]).cpu().numpy()
-        labt = torch.as_tensor(lab, device=device)
+        lab = torch.cat([(x @ cent.T).argmax(1) for _, x in _chunks(img, txt, device)])
+        labt, lab = lab, lab.cpu().numpy()
         order = np.lexsort((np.arange(n), lab)).astype(np.int64)   # by cluster, then row
         bounds = np.searchsorted(lab[order], np.arange(c + 1)).astype(np.int64)
         sums = torch.zeros(cent.shape, dtype=torch.float64, device=device)
@@ -161,46 +159,27 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
         for a, x in _chunks(img, txt, device):
             la = labt[a:a + len(x)]
             radius = radius.scatter_reduce(0, la, (x - means[la]).norm(dim=1), "amax")
-        route, m_out = _route(img, txt, means, radius, labt, np.diff(bounds) == 0,
-                              min(p.probe, c), device)
-    pos = np.empty(n, np.int64)
-    pos[order] = np.arange(n)
-    probe = route.shape[1]
-    rq, rc = pos.repeat(probe), route.ravel()
-    o = np.lexsort((rq, rc))
-    route_off = np.searchsorted(rc[o], np.arange(c + 1)).astype(np.int64)
-    m_sorted = np.where(np.isfinite(m_out), m_out + SLACK, -np.inf).astype(np.float32)[order]
-    return Layout(means.cpu().numpy(), radius.cpu().numpy(), order, bounds, route_off, rq[o],
-                  m_sorted)
+    return Layout(means.cpu().numpy(), radius.cpu().numpy(), order, bounds)
 
 
-def restrict(lay: Layout, rows: np.ndarray) -> Layout:
-    """The same layout with only ``rows`` (global) as queries: their results are complete, the
-    other rows are not mined (the benchmark's sampled targets)."""
-    keep = np.isin(lay.order[lay.route_q], rows)
-    counts = np.add.reduceat(keep, lay.route_off[:-1]) if len(keep) else np.zeros(0, np.int64)
-    counts = np.where(np.diff(lay.route_off) > 0, counts, 0)
-    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return Layout(lay.means, lay.radius, lay.order, lay.bounds, off, lay.route_q[keep], lay.m_out)
-
-
-def _route(img, txt, means, radius, labt, empty_np, probe: int, device):
-    """Per row: its ``probe`` nearest non-empty clusters by <q, mu_c> (its own first), and the
-    bound max over the other non-empty clusters of <q, mu_c> + r_c (-inf when none)."""
-    n, c = len(img), len(means)
-    route = np.empty((n, probe), np.int64)
-    m_out = np.full(n, -np.inf, np.float32)
-    empty = torch.as_tensor(empty_np, device=device)
-    for a, m in _joint_sims(img, txt, means, device):
-        own = labt[a:a + len(m)].unsqueeze(1)
-        m.masked_fill_(empty, -math.inf)
-        key = m.clone().scatter_(1, own, math.inf)
-        top = key.topk(probe, dim=1).indices
-        route[a:a + len(m)] = top.cpu().numpy()
-        if probe < c:
-            m.add_(radius.unsqueeze(0)).scatter_(1, top, -math.inf)
-            m_out[a:a + len(m)] = m.max(1).values.cpu().numpy()
-    return route, m_out
+def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str = "cpu"
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """For the queries at sorted positions ``pos``: their ``probe`` nearest non-empty clusters by
+    <q, mu_c> (their own first), and m_out = max over the other non-empty clusters of
+    <q, mu_c> + r_c (+ SLACK; -inf when none), the certificate's bound."""
+    c = lay.n_clusters
+    probe = min(probe, c)
+    means, radius = as_tensor(lay.means, device), as_tensor(lay.radius, device)
+    m = joint_t(_take(vec.img, pos, device), _take(vec.txt, pos, device)) @ means.T
+    own = torch.as_tensor(lay.cluster_of(pos), device=device).unsqueeze(1)
+    m.masked_fill_(torch.as_tensor(np.diff(lay.bounds) == 0, device=device), -math.inf)
+    top = m.clone().scatter_(1, own, math.inf).topk(probe, dim=1).indices
+    m_out = np.full(len(pos), -np.inf, np.float32)
+    if probe < c:
+        m.add_(radius.unsqueeze(0)).scatter_(1, top, -math.inf)
+        m_out = m.max(1).values.cpu().numpy()
+    m_out = np.where(np.isfinite(m_out), m_out + SLACK, -np.inf).astype(np.float32)
+    return top.cpu().numpy().astype(np.int64), m_out
 
 
 @dataclass
@@ -209,8 +188,8 @@ class UnitResult:
     idx: np.ndarray           # [q, k] global rows, -1 padded, best first (within the unit)
     score: np.ndarray         # [q, k]
     support: np.ndarray       # [q] pairs with s > 0 within the unit
-    pairs: dict = field(default_factory=dict)   # q, j (global rows), sii, stt, sit (float32)
-    cut: int = 0              # pairs the per-row cap left out already (within the unit)
+    pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q, j (global rows), similarities
+    cut: np.ndarray = None    # [q] pairs the per-row cap left out already (within the unit)
 
 
 class Vectors:
@@ -224,27 +203,25 @@ class Vectors:
         return self.ximg is not None
 
 
-def run_unit(lay: Layout, vec: Vectors, c: int, p: PassParams, device: str = "cpu",
-             qs: Optional[np.ndarray] = None) -> UnitResult:
-    """Cluster c: every query routed to it (``qs``, sorted positions; default from the layout;
-    gathered query_block at a time) against its members (a contiguous slice, block_size at a
-    time)."""
-    qs = lay.queries(c) if qs is None else qs
+def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
+             device: str = "cpu") -> UnitResult:
+    """Cluster c: the queries routed to it (``qs``, sorted positions, gathered query_block at a
+    time) against its members (a contiguous slice, block_size at a time)."""
     parts = [_query_block(lay, vec, qs[a:a + p.query_block], c, p, device)
              for a in range(0, len(qs), p.query_block)]
     if not parts:
         return empty_result(p.k)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
-    return UnitResult(*(np.concatenate([getattr(x, f) for x in parts])
-                        for f in ("rows", "idx", "score", "support")), pairs,
-                      sum(x.cut for x in parts))
+    rows, idx, score, support, cut = (np.concatenate([getattr(x, f) for x in parts])
+                                      for f in ("rows", "idx", "score", "support", "cut"))
+    return UnitResult(rows, idx, score, support, pairs, cut)
 
 
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
     return UnitResult(z, np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), z,
                       {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
-                       for f in ("q", "j", "sii", "stt", "sit")})
+                       for f in PAIR_FIELDS}, z)
 
 
 def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
@@ -254,7 +231,7 @@ def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
 def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
                  device) -> UnitResult:
     k, nq = p.k, len(qpos_np)
-    Iq, Tq, Xq = (_take(x, qpos_np, device) for x in (vec.img, vec.txt, vec.ximg))
+    q = {x: _take(getattr(vec, x), qpos_np, device) for x in ("img", "txt", "ximg", "xtxt")}
     qpos = torch.as_tensor(qpos_np, device=device)
     best_s = torch.full((nq, k), -1.0, device=device)
     best_j = torch.full((nq, k), -1, dtype=torch.long, device=device)
@@ -263,19 +240,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
-        si = Iq @ _rows(vec.img, s0, s1, device).T
-        st = Tq @ _rows(vec.txt, s0, s1, device).T
-        sx = Xq @ _rows(vec.xtxt, s0, s1, device).T if vec.cross else None
+        sims = _sims(q, vec, s0, s1, device)
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
-        keep = (si > p.floor_i) | (st > p.floor_t)
-        if sx is not None:
-            keep |= sx > p.floor_x
-        keep[own, qpos[own] - s0] = False                    # the target itself
-        r, cc = keep.nonzero(as_tuple=True)
-        if len(r):
-            found.append((r, cc + s0, si[r, cc], st[r, cc],
-                          sx[r, cc] if sx is not None else torch.full_like(si[r, cc], math.nan)))
-        s = pair_scores(si, st, p.tau_i, p.tau_t, p.dup)
+        found += _above_floors(sims, p, own, qpos[own] - s0, s0)
+        s = pair_scores(sims["sii"], sims["stt"], p.tau_i, p.tau_t, p.dup)
         s[own, qpos[own] - s0] = 0.0
         support += torch.count_nonzero(s, dim=1)         # s >= 0: thresholds are >= 0
         if s1 - s0 == b - a:                             # one block: its top-k is the result
@@ -288,8 +256,36 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     j = np.where(j >= 0, order[np.maximum(j, 0)], -1)
     # a query block's pairs are capped per row at once (a row's best max_pairs overall are among
     # its best in each block): a unit holds at most query_block x max_pairs pairs a block
-    pairs, cut = _cap(_pairs(found, order, qpos_np), p.max_pairs)
+    cut = np.zeros(nq, np.int64)
+    pairs = _cap(_pairs(found, order), p.max_pairs, cut)
+    pairs["q"] = order[qpos_np[pairs["q"]]]
     return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), pairs, cut)
+
+
+def _sims(q: dict, vec: Vectors, s0: int, s1: int, device) -> dict:
+    """The block's similarities (queries x members s0:s1): S_I, S_T and, with cross-modal
+    vectors, X_ii, X_tt and the directed S_it = <x_query, t_member>."""
+    out = {"sii": q["img"] @ _rows(vec.img, s0, s1, device).T,
+           "stt": q["txt"] @ _rows(vec.txt, s0, s1, device).T}
+    if vec.cross:
+        xt = _rows(vec.xtxt, s0, s1, device)
+        out.update(sit=q["ximg"] @ xt.T, xii=q["ximg"] @ _rows(vec.ximg, s0, s1, device).T,
+                   xtt=q["xtxt"] @ xt.T)
+    return out
+
+
+def _above_floors(sims: dict, p: PassParams, own_r, own_c, s0: int) -> list:
+    """The (query, member) pairs of a block above a floor, with every similarity (NaN for the
+    cross-modal ones when there are none), the target itself left out."""
+    keep = (sims["sii"] > p.floor_i) | (sims["stt"] > p.floor_t)
+    if "sit" in sims:
+        keep |= (sims["sit"] > p.floor_x) | (sims["xii"] > p.floor_i) | (sims["xtt"] > p.floor_t)
+    keep[own_r, own_c] = False
+    r, cc = keep.nonzero(as_tuple=True)
+    if not len(r):
+        return []
+    nan = torch.full((len(r),), math.nan, device=r.device)
+    return [(r, cc + s0, *(sims[f][r, cc] if f in sims else nan for f in SIMS))]
 
 
 def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -300,26 +296,20 @@ def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(j, perm, 1), perm
 
 
-def _pairs(found, order: np.ndarray, qpos: np.ndarray) -> dict:
+def _pairs(found, order: np.ndarray) -> dict:
+    """A query block's pairs: q its query (within the block), j the member's global row."""
     if not found:
         return empty_result(1).pairs
-    r, j, sii, stt, sit = (torch.cat(x).cpu().numpy() for x in zip(*found))
-    return {"q": order[qpos[r]], "j": order[j], "sii": sii.astype(np.float32),
-            "stt": stt.astype(np.float32), "sit": sit.astype(np.float32)}
+    r, j, *sims = (torch.cat(x).cpu().numpy() for x in zip(*found))
+    return {"q": r.astype(np.int64), "j": order[j],
+            **{f: x.astype(np.float32) for f, x in zip(SIMS, sims)}}
 
 
-# --- running units ---------------------------------------------------------------------------------
-def run_units(lay: Layout, vec: Vectors, p: PassParams, units: Iterable[int],
-              device: str = "cpu") -> Iterable[UnitResult]:
-    with torch.no_grad():
-        for c in units:
-            yield run_unit(lay, vec, c, p, device)
-
-
+# --- mining rows ---------------------------------------------------------------------------------
 @dataclass
 class Found:
-    """What the pass found, by global row: top-k, support, certificate, and the pairs in CSR form
-    (row g's pairs are pair_*[offsets[g]:offsets[g+1]], sorted by j). What it persists."""
+    """What the pass found for a set of rows, in their order: top-k, support, certificate, and
+    the pairs in CSR form (row i's pairs are pair_*[offsets[i]:offsets[i+1]], sorted by j)."""
     idx: np.ndarray
     score: np.ndarray
     support: np.ndarray
@@ -328,15 +318,19 @@ class Found:
     pair_j: np.ndarray
     pair_sii: np.ndarray
     pair_stt: np.ndarray
-    pair_sit: np.ndarray
+    pair_sit: np.ndarray       # NaN without cross-modal vectors, as are:
+    pair_xii: np.ndarray
+    pair_xtt: np.ndarray
 
 
 @dataclass
 class PassResult(Found):
-    """The pass's result in memory, plus ``bound``: the largest score a pair outside the searched
-    clusters can have, and ``cut``: pairs left out by the per-row cap."""
+    """Found, plus ``bound``: the largest score a pair outside the searched clusters can have;
+    ``cut``: each row's pairs left out by the per-row cap; ``scored``: (query, member) pairs
+    scored, for FLOP counts."""
     bound: np.ndarray
-    cut: int = 0
+    cut: np.ndarray
+    scored: int = 0
 
     @property
     def noise(self) -> np.ndarray:
@@ -346,13 +340,34 @@ class PassResult(Found):
         """The certificate for the top-k prefix (k <= the pass's k)."""
         return (self.bound <= 0) | ((self.support >= k) & (self.score[:, k - 1] >= self.bound))
 
+    @staticmethod
+    def concat(parts: list["PassResult"]) -> "PassResult":
+        base = np.cumsum([0] + [len(x.pair_j) for x in parts])
+        offsets = np.concatenate([[0]] + [x.offsets[1:] + b for x, b in zip(parts, base)])
+        cat = {f.name: np.concatenate([getattr(x, f.name) for x in parts])
+               for f in dataclasses.fields(PassResult) if f.name not in ("offsets", "scored")}
+        return PassResult(**cat, offsets=offsets, scored=sum(x.scored for x in parts))
 
-def flops(lay: Layout, dims: int, units: Optional[Iterable[int]] = None) -> float:
-    """Multiply-adds x 2 of the units' GEMMs: routed queries x members x (d_I + d_T [+ d_X])."""
-    cs = np.arange(lay.n_clusters) if units is None else np.asarray(list(units))
-    q = (lay.route_off[cs + 1] - lay.route_off[cs]).astype(np.float64)
-    m = (lay.bounds[cs + 1] - lay.bounds[cs]).astype(np.float64)
-    return float(2.0 * dims * (q * m).sum())
+
+def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu"
+         ) -> PassResult:
+    """The rows at sorted positions ``pos`` (results in that order): route each to its ``probe``
+    clusters, group the queries by cluster (units, in cluster order, queries by position), run
+    the units and merge. A row's result depends only on the layout and its own routing, never
+    on the other rows mined with it; memory is bounded by len(pos), not N."""
+    pos = np.asarray(pos, np.int64)
+    routes, m_out = route(lay, vec, pos, p.probe, device)
+    q = np.repeat(pos, routes.shape[1])
+    c = routes.ravel()
+    o = np.lexsort((q, c))
+    q, c = q[o], c[o]
+    cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
+    units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
+    with torch.no_grad():
+        results = (run_unit(lay, vec, u, qs, p, device) for u, qs in units)
+        r = gather(lay.order[pos], p, results, m_out)
+    r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
+    return r
 
 
 def merge_rows(idx, score, rows, j, s, k: int) -> None:
@@ -364,42 +379,43 @@ def merge_rows(idx, score, rows, j, s, k: int) -> None:
     idx[rows], score[rows] = cj.gather(1, t).numpy(), v.numpy()
 
 
-def gather(lay: Layout, k: int, tau: tuple[float, float], results: Iterable[UnitResult],
-           max_pairs: Optional[int] = None) -> PassResult:
-    """Merge the units' partial top-k (a query is searched by ``probe`` units), sum their
-    support, and certify: bound = score_bound(m_out). ``max_pairs``: the pass's
-    ``PassParams.max_pairs``, which its units applied too."""
-    n = len(lay.order)
+def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray
+           ) -> PassResult:
+    """Merge the units' partial top-k of ``rows`` (global rows; each is searched by ``probe``
+    units), sum their support, cap their pairs at p.max_pairs, and certify with m_out (the
+    bound on a left-out row's joint similarity, per row)."""
+    n, k = len(rows), p.k
+    sorter = np.argsort(rows)
+    local = lambda g: sorter[np.searchsorted(rows, g, sorter=sorter)]      # noqa: E731
     idx = np.full((n, k), -1, np.int64)
     score = np.zeros((n, k), np.float32)
     support = np.zeros(n, np.int64)
-    pairs, held, cut = [], 0, 0
+    cut = np.zeros(n, np.int64)
+    pairs, held = [], 0
     for r in results:
-        cut += r.cut
-        merge_rows(idx, score, r.rows, r.idx, r.score, k)
-        np.add.at(support, r.rows, r.support)
-        pairs.append(r.pairs)
+        at = local(r.rows)
+        cut[at] += r.cut
+        merge_rows(idx, score, at, r.idx, r.score, k)
+        support[at] += r.support
+        pairs.append(dict(r.pairs, q=local(r.pairs["q"])))
         held += len(r.pairs["q"])
-        if max_pairs is not None and held > 2 * n * max_pairs + COMPACT_SLACK:
+        if p.max_pairs is not None and held > 2 * n * p.max_pairs + COMPACT_SLACK:
             # a row's best max_pairs of all its pairs are the best of its best so far and the
             # new ones: capping as units arrive is exact, and holds ~ n * max_pairs pairs
-            capped, dropped = _cap(_concat(pairs), max_pairs)
-            pairs, held, cut = [capped], len(capped["q"]), cut + dropped
+            capped = _cap(_concat(pairs), p.max_pairs, cut)
+            pairs, held = [capped], len(capped["q"])
     idx[score <= 0] = -1
     score[score <= 0] = 0.0
     idx, perm = canonical(idx, score)
     score = np.take_along_axis(score, perm, 1)
-    m_out = np.empty(n, np.float32)
-    m_out[lay.order] = lay.m_out
-    bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), *tau).numpy()
+    bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), p.tau_i, p.tau_t).numpy()
     cert = (bound <= 0) | ((support >= k) & (score[:, k - 1] >= bound))
-    cat, dropped = _cap(_concat(pairs), max_pairs)
-    cut += dropped
+    cat = _cap(_concat(pairs), p.max_pairs, cut)
     o = np.lexsort((cat["j"], cat["q"]))
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(cat["q"], minlength=n), out=offsets[1:])
-    return PassResult(idx, score, support, cert, offsets, cat["j"][o], cat["sii"][o],
-                      cat["stt"][o], cat["sit"][o], bound, cut)
+    return PassResult(idx, score, support, cert, offsets, cat["j"][o],
+                      *(cat[f][o] for f in SIMS), bound, cut)
 
 
 COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather caps them
@@ -407,60 +423,42 @@ COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather c
 
 def _concat(pairs: list[dict]) -> dict:
     return {f: np.concatenate([x[f] for x in pairs]) if pairs else empty_result(1).pairs[f]
-            for f in ("q", "j", "sii", "stt", "sit")}
+            for f in PAIR_FIELDS}
 
 
-def _cap(cat: dict, max_pairs: Optional[int]) -> tuple[dict, int]:
-    """At most max_pairs pairs per row, highest max(S_ii, S_tt, S_it) first."""
+def _cap(cat: dict, max_pairs: Optional[int], cut: Optional[np.ndarray] = None) -> dict:
+    """At most max_pairs pairs per row q, highest max(S_ii, S_tt, S_it) first; what it leaves out
+    is counted per row in ``cut``."""
     if max_pairs is None or not len(cat["q"]):
-        return cat, 0
-    best = np.fmax(np.maximum(cat["sii"], cat["stt"]), cat["sit"])
+        return cat
+    best = np.fmax.reduce([cat[f] for f in SIMS])
     o = np.lexsort((cat["j"], -best, cat["q"]))
     q = cat["q"][o]
-    keep = o[np.arange(len(q)) - np.searchsorted(q, q) < max_pairs]
-    return {f: v[keep] for f, v in cat.items()}, len(o) - len(keep)
+    over = np.arange(len(q)) - np.searchsorted(q, q) >= max_pairs
+    if cut is not None:
+        np.add.at(cut, q[over], 1)
+    keep = o[~over]
+    return {f: v[keep] for f, v in cat.items()}
+
+
+def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None) -> Vectors:
+    """In-memory copies in layout order (tests, the benchmark; the stage memory-maps them)."""
+    return Vectors(*(None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order],
+                                                                 np.float32)
+                     for x in (img, txt, ximg, xtxt)))
 
 
 def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = "cpu",
-                   runner: Optional[Callable] = None, max_pairs: Optional[int] = None
+                   max_pairs: Optional[int] = None, rows: int = 4096
                    ) -> tuple[Layout, PassResult]:
-    """The whole pass in memory (tests, the benchmark): layout, sorted copies, every unit.
-    ``runner(lay, vec, p, units)`` -> iterable of UnitResult (default: in process)."""
+    """The whole pass in memory (tests, the benchmark): layout, then every row mined, ``rows``
+    at a time, by global row."""
     p = p if max_pairs is None else dataclasses.replace(p, max_pairs=max_pairs)
     lay = build_layout(img, txt, p, device)
-    o = lay.order
-    vec = Vectors(*(None if x is None else np.ascontiguousarray(x[o], np.float32)
-                    for x in (img, txt, ximg, xtxt)))
-    units = range(lay.n_clusters)
-    results = (runner or (lambda *a: run_units(*a, device=device)))(lay, vec, p, units)
-    return lay, gather(lay, p.k, (p.tau_i, p.tau_t), results, p.max_pairs)
-
-
-def ray_units(actors: int, num_cpus: float = 1, num_gpus: float = 0, device: str = "cpu",
-              vec_dir: Optional[str] = None):
-    """A runner for neighbour_pass / the stage: the units on a pool of Ray actors. Each actor
-    gets the layout and the (sorted) vectors once - from ``vec_dir`` memory-mapped files when
-    given, else through the object store - and returns one UnitResult per unit, in unit order."""
-    import ray
-    from ray.util import ActorPool
-
-    @ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)
-    class PassActor:
-        def __init__(self, lay, vec, p) -> None:
-            torch.set_num_threads(max(1, int(num_cpus)))   # its share of the node, no more
-            self.lay, self.p = lay, p
-            self.vec = vec if vec_dir is None else load_vectors(vec_dir, len(lay.order))
-
-        def unit(self, c: int, qs: np.ndarray) -> UnitResult:
-            with torch.no_grad():
-                return run_unit(self.lay, self.vec, c, self.p, device, qs)
-
-    def run(lay: Layout, vec: Vectors, p: PassParams, units: Iterable[int]):
-        lay_ref = ray.put(lay.light())
-        vec_ref = ray.put(vec if vec_dir is None else None)
-        pool = ActorPool([PassActor.remote(lay_ref, vec_ref, p) for _ in range(actors)])
-        return pool.map(lambda a, c: a.unit.remote(c, lay.queries(c)), list(units))  # ordered
-    return run
+    vec = sorted_vectors(lay, img, txt, ximg, xtxt)
+    pos = lay.positions()
+    return lay, PassResult.concat([mine(lay, vec, pos[a:a + rows], p, device)
+                                   for a in range(0, max(len(pos), 1), rows)])
 
 
 # --- sorted vectors on disk ----------------------------------------------------------------------
@@ -494,3 +492,20 @@ def load_vectors(dir_: str, n: int) -> Vectors:
         out.append(np.memmap(path, np.float32, "r", shape=(n, d)) if n else
                    np.zeros((0, d), np.float32))
     return Vectors(*out)
+
+
+LAYOUT = ("means", "radius", "order", "bounds")
+
+
+def save_layout(dir_: str, lay: Layout) -> None:
+    os.makedirs(dir_, exist_ok=True)
+    for f in LAYOUT:
+        np.save(os.path.join(dir_, f"{f}.npy"), getattr(lay, f))
+    np.save(os.path.join(dir_, "positions.npy"), lay.positions())
+
+
+def load_layout(dir_: str) -> tuple[Layout, np.ndarray]:
+    """The layout (its order memory-mapped) and the sorted position of each global row."""
+    lay = Layout(*(np.load(os.path.join(dir_, f"{f}.npy"), mmap_mode="r" if f == "order" else None)
+                   for f in LAYOUT))
+    return lay, np.load(os.path.join(dir_, "positions.npy"), mmap_mode="r")

@@ -151,6 +151,31 @@ class Positives:
                            for f in ("idx", "code", "score", "caption", "count")))
 
 
+def stable_topk(key: torch.Tensor, k: int, floor: float = 0.0) -> torch.Tensor:
+    """Column indices of each row's k largest keys, largest first, equal keys >= ``floor`` by
+    ascending column (torch.topk breaks ties in any order; a full stable sort of a wide block
+    costs ~20x a top-k). Only rows where equal keys >= floor straddle the k-th place are
+    re-picked: every key above the k-th value, then the first columns equal to it. Keys below
+    ``floor`` (rank_key's -1: not a positive) are never kept, so their order is moot."""
+    if k == 0 or key.shape[1] == 0:
+        return torch.zeros((key.shape[0], 0), dtype=torch.long, device=key.device)
+    v, top = key.topk(k, dim=1)
+    kth = v[:, -1:]
+    rows = (kth[:, 0] >= floor).nonzero().flatten()
+    if len(rows):
+        sub, th = key[rows], kth[rows]
+        tied = (sub == th).sum(1) > (v[rows] == th).sum(1)
+        rows, sub, th = rows[tied], sub[tied], th[tied]
+    if len(rows):
+        equal = sub == th
+        room = (k - (sub > th).sum(1)).unsqueeze(1)
+        pick = (sub > th) | (equal & (equal.cumsum(1) <= room))
+        top[rows] = pick.nonzero()[:, 1].view(len(rows), k)
+    cols = top.sort(dim=1).values                                   # ascending in each row
+    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
+    return cols.gather(1, order)
+
+
 class _Best:
     """Running top-P of (key, text idx, code, score) per query; ties keep the lower index."""
 
@@ -163,9 +188,10 @@ class _Best:
         self.count = torch.zeros(nq, dtype=torch.long, device=device)
 
     def add(self, key, idx, code, score) -> None:
+        """A block whose ``idx`` ascend along each row, after blocks of lower ``idx``: equal keys
+        keep the lower index (a stable sort: top-k would break ties in any order)."""
         self.count += (code >= 0).sum(1)
-        kk = min(self.p, key.shape[1])
-        top = key.topk(kk, dim=1).indices
+        top = stable_topk(key, min(self.p, key.shape[1]))
         cat = [torch.cat([a, b.gather(1, top)], 1) for a, b in
                ((self.key, key), (self.idx, idx), (self.code, code), (self.score, score))]
         order = torch.sort(cat[0], dim=1, descending=True, stable=True).indices[:, :self.p]
@@ -245,13 +271,13 @@ def index_sources(f: Features) -> dict[str, tuple[Any, Any, bool]]:
     return out
 
 
-class FastPositives:
-    """Approximate positives at scale: an IVF-PQ index per space (``index_sources``), the union
-    of each target's k' candidate images from each, all their texts, then the exact rule on them.
-    ``count`` is then the positives among the candidates (a lower bound)."""
+class Candidates:
+    """Exact Eq. 1 over given candidate images: every text of each (sec. 4.3: its caption and
+    recaptions), the rule on exact dots (FAISS by-index inner products on the CPU, gather + bmm
+    on a GPU). ``count`` is the positives among the candidates: every positive, when the
+    candidates hold them all (the hpm pass's pairs, exhaustive, floors below the thresholds)."""
 
-    def __init__(self, indexes: dict, f: Features, device: str = "cpu") -> None:
-        self.indexes = indexes                   # name -> faiss index
+    def __init__(self, f: Features, device: str = "cpu") -> None:
         self.device = device
 
         def keep(x):                             # CPU: FAISS reads them in place (memmaps)
@@ -265,39 +291,26 @@ class FastPositives:
                       np.searchsorted(f.owner, np.arange(n + 1))).astype(np.int64)
         self.k = int(np.diff(self.first).max()) if n else 1
 
-    @staticmethod
-    def build(f: Features, params: dict[str, IvfParams], seed: int = 0) -> dict:
-        return {name: build_ivfpq(np.asarray(base, np.float32), params[name], seed)
-                for name, (base, _, _) in index_sources(f).items()}
-
-    def query(self, qidx: np.ndarray, rule: Rule, max_positives: int = 64, k_prime: int = 64,
-              block: int = 2048) -> Positives:
-        qidx = np.asarray(qidx, np.int64)
-        return Positives.concat([self._block(qidx[q0:q0 + block], rule, max_positives, k_prime)
-                                 for q0 in range(0, len(qidx), block)], max_positives)
-
     def _rows(self, base, idx: np.ndarray) -> np.ndarray:
         x = base[idx] if self.device == "cpu" else base[torch.as_tensor(idx, device=self.device)]
         return x if self.device == "cpu" else x.cpu().numpy()
 
-    def _candidates(self, qidx: np.ndarray, k_prime: int) -> np.ndarray:
-        """[q, C*k] texts of the candidate images (-1: none), the query's own excluded."""
-        cands = []
-        for name, (_, query, texts) in index_sources(self.f).items():
-            index = self.indexes[name]
-            hit = index.search(self._rows(query, qidx), min(k_prime, index.ntotal))[1]
-            cands.append(np.where(hit >= 0, self.f.owner[np.maximum(hit, 0)], -1) if texts else hit)
-        c = np.sort(np.concatenate(cands, 1), axis=1)
+    def texts(self, qidx: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """[q, C] candidate images (-1: none; repeats and the query itself dropped) -> [q, C*k]
+        their texts, ascending (-1 last)."""
+        c = np.sort(c, axis=1)
         repeat = np.zeros(c.shape, bool)
         repeat[:, 1:] = c[:, 1:] == c[:, :-1]
         c = np.where((c >= 0) & ~repeat & (c != qidx[:, None]), c, -1)
         start, size = self.first[np.maximum(c, 0)], np.diff(self.first)[np.maximum(c, 0)]
         j = np.arange(self.k)
-        t = start[:, :, None] + j
-        return np.where((c[:, :, None] >= 0) & (j < size[:, :, None]), t, -1).reshape(len(c), -1)
+        t = np.where((c[:, :, None] >= 0) & (j < size[:, :, None]), start[:, :, None] + j, -1)
+        return _ascending(t.reshape(len(c), -1))
 
-    def _block(self, qidx, rule, max_positives, k_prime) -> Positives:
-        t = self._candidates(qidx, k_prime)
+    def score(self, qidx: np.ndarray, c: np.ndarray, rule: Rule, max_positives: int
+              ) -> Positives:
+        """Positives of the query images ``qidx`` among candidate images ``c`` [q, C]."""
+        t = self.texts(qidx, c)
         f, dev = self.f, self.device
         img_of = t if f.owner is None else np.where(t >= 0, f.owner[np.maximum(t, 0)], -1)
 
@@ -308,5 +321,44 @@ class FastPositives:
                              per_image(f.dtxt))
         code.masked_fill_(torch.as_tensor(t < 0, device=code.device), -1)
         best = _Best(len(qidx), max_positives, dev)
-        best.add(rank_key(code, score), torch.as_tensor(np.maximum(t, 0), device=dev), code, score)
+        best.add(rank_key(code, score), torch.as_tensor(np.maximum(t, 0), device=dev), code,
+                 score)
         return best.result(f)
+
+
+def _ascending(t: np.ndarray) -> np.ndarray:
+    """Each row's texts ascending, the -1 padding last."""
+    big = np.iinfo(np.int64).max
+    s = np.sort(np.where(t >= 0, t, big), axis=1)
+    return np.where(s == big, -1, s)
+
+
+class FastPositives(Candidates):
+    """Approximate positives at scale, without the hpm pass's pairs (hpm.method fast): an IVF-PQ
+    index per space (``index_sources``), the union of each target's k' candidate images from
+    each, then the exact rule on them (``count`` is then a lower bound)."""
+
+    def __init__(self, indexes: dict, f: Features, device: str = "cpu") -> None:
+        super().__init__(f, device)
+        self.indexes = indexes                   # name -> faiss index
+
+    @staticmethod
+    def build(f: Features, params: dict[str, IvfParams], seed: int = 0) -> dict:
+        return {name: build_ivfpq(np.asarray(base, np.float32), params[name], seed)
+                for name, (base, _, _) in index_sources(f).items()}
+
+    def query(self, qidx: np.ndarray, rule: Rule, max_positives: int = 64, k_prime: int = 64,
+              block: int = 2048) -> Positives:
+        qidx = np.asarray(qidx, np.int64)
+        return Positives.concat([self.score(q, self._candidates(q, k_prime), rule, max_positives)
+                                 for q in (qidx[a:a + block] for a in range(0, len(qidx), block))],
+                                max_positives)
+
+    def _candidates(self, qidx: np.ndarray, k_prime: int) -> np.ndarray:
+        """[q, C] candidate images: each index's k' hits (a text hit: its image)."""
+        cands = []
+        for name, (_, query, texts) in index_sources(self.f).items():
+            index = self.indexes[name]
+            hit = index.search(self._rows(query, qidx), min(k_prime, index.ntotal))[1]
+            cands.append(np.where(hit >= 0, self.f.owner[np.maximum(hit, 0)], -1) if texts else hit)
+        return np.concatenate(cands, 1)

@@ -2,18 +2,22 @@
 
 Global step (``prepare``, once): the image/text (and cross-modal, when embed wrote them)
 embeddings of every kept row go to files in the stage's workdir (store.py, the one collect of
-mining). Methods exact/blocks/auto: the neighbour pass (blocks.py, pass_io.py) mines every row
-there, on an actor pool when ``hpm.pass_actors`` > 0 and Ray runs, and keeps its results by
-global row in the workdir; ``fast``: FastHPM's pool and IVF-PQ index (legacy). Before any part
-is written it stops with an actionable error naming ``hpm.k`` when no kept row can have k
-supporting pairs (issue 12: every row would be a noise pair). The state it returns is paths.
+mining). Methods exact/blocks/auto: the neighbour pass's layout (k-means of the joint vectors,
+rows sorted by cluster: blocks.py, pass_io.py); ``fast``: FastHPM's pool and IVF-PQ index
+(legacy). Before any part is mined it stops with an actionable error naming ``hpm.k`` when no
+row of a seeded sample (every row, on small data) can have k supporting pairs (issue 12: every
+row would be a noise pair). The state it returns is paths.
 
-Per part (``on_actors``: each actor maps the results / loads the index once): the part's rows
-get their hard ids and scores, support, noise flag, certificate and (pass only) their candidate
-pairs with exact similarities (``hpm_pair_*``), which the positives stage can read.
+Per part (``on_actors``: each actor memory-maps the layout and vectors, or loads the index,
+once): the part's rows are mined there, chunk by chunk, so the pass runs on the stage's actor
+pool (CPU or GPU, as many actors as the cluster gives it) and commits part by part, and no
+process ever holds the whole pass's output (issue 14). They get their hard ids and scores,
+support, noise flag, certificate and (pass only) their candidate pairs with exact similarities
+(``hpm_pair_*``), which the positives stage can read.
 
-``finalize`` hands the run summary the pass's figures (``_info.json``): the candidate pairs that
-``hpm.max_pairs`` cut (a NOTE when any: issue 12, no silent cap), clusters, probe, certified.
+``finalize`` hands the run summary the pass's figures (``_info.json``), from the committed
+parts: the candidate pairs that ``hpm.max_pairs`` cut (a NOTE when any: issue 12, no silent
+cap), clusters, probe, the certified fraction.
 
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
 under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
@@ -34,11 +38,11 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, above, at_least, positive, unit, within
+from vlcurate.pipeline.params import Params, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
-from . import hpm
-from .pass_io import load_result, pass_info, pass_params, run_pass, small_data_error
+from . import blocks, hpm
+from .pass_io import Miner, pass_info, pass_params, prepare_pass, small_data_error
 from vlcurate.stages.arrow import list_array, masked_lists, spread
 
 from .store import Store, collect
@@ -88,12 +92,11 @@ class HpmParams(Params):
     # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@k >= 0.99 for
     # k = 5..100 (5..500 at 200k; tests/benchmarks/bench_mining.py); 56 adds < 0.002
     probe: int = positive(40)
-    pass_actors: int = at_least(0, 0)   # blocks: Ray actors for the pass; 0 = in the global step
-    pass_cpus: float = above(1.0, 0)   # blocks: CPUs per pass actor (its torch threads)
-    # candidate pairs kept for the positives stage (its thresholds must not be below these)
-    pair_image: float = unit(0.9)       # S_ii > pair_image
-    pair_text: float = unit(0.9)        # S_tt > pair_text
-    pair_cross: float = unit(0.24)      # S_it > pair_cross (cross-modal embeddings only)
+    # candidate pairs kept for the positives stage, which reads them instead of searching (its
+    # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
+    pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
+    pair_text: float = within(0.9, -1, 1)     # S_tt or X_tt > pair_text
+    pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
     max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it) first
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
@@ -110,15 +113,17 @@ class HpmParams(Params):
     device: Literal["auto", "cpu", "cuda"] = "auto"    # torch matmuls and the FAISS index
     block_size: int = positive(8192)    # exact: rows per score block
     query_block: int = positive(1024)   # exact: targets per score block
-    build_threads: Optional[int] = positive(None)  # threads of the global index build; null = all
+    # threads of the global step (k-means layout, FastHPM's index build); null = all. Mining
+    # itself runs per part on the stage's actors (hpm.resources), with run.intra_op_threads
+    build_threads: Optional[int] = positive(None)
     resources: Resources = Resources()
 
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "2"
+    version = "3"        # 3: mined per part on the actors, hpm_pairs_cut
     Params = HpmParams
-    speed_only = ("build_threads", "pass_actors", "pass_cpus")  # threads / actors of the search
+    speed_only = ("build_threads",)   # threads of the global step
     inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
     output = M.HARD_PAIRS
     resources = Resources(num_cpus=1, batch_size=0)
@@ -134,8 +139,8 @@ class HpmStage(GlobalStage):
 
     @classmethod
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
-        """Collect the kept rows' vectors once; then the neighbour pass (method exact/blocks:
-        every row mined here, results by global row in ``workdir``) or FastHPM's index."""
+        """Collect the kept rows' vectors once; then the neighbour pass's layout (method
+        exact/blocks: the rows are mined per part, on the actors) or FastHPM's index."""
         cfg = config.hpm
         set_threads(cfg.build_threads)
         meta = collect(read, n_parts, workdir, columns(read, n_parts))
@@ -145,80 +150,89 @@ class HpmStage(GlobalStage):
         if state["fast"]:
             state.update(_build_fast(cfg, meta, workdir))
         elif meta.n:
-            state["pass"] = run_pass(Store(meta), pass_params(cfg, meta.n), workdir, cfg)
+            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n), workdir,
+                                         hpm.resolve_device(cfg.device))
         return state
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
-        """The pass's figures for the run summary (``_info.json``): pairs cut by hpm.max_pairs
-        (with a note when any), clusters, probe, certified fraction."""
-        return pass_info(ctx.workdir)
+        """The pass's figures for the run summary (``_info.json``), from the committed parts:
+        pairs cut by hpm.max_pairs (with a note when any), clusters, probe, certified fraction."""
+        cols = (M.CERTIFIED.name, M.PAIRS_CUT.name)
+        tables = [ctx.read(cls.name, part, list(cols)) for part in range(len(ctx.counts))]
+        cert, cut = ([np.asarray(t.column(c).drop_null().to_numpy(zero_copy_only=False), dtype)
+                      for t in tables] for c, dtype in zip(cols, (bool, np.int64)))
+        cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
+        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64))
 
     def setup(self) -> None:
         config, state = self.config, self.state
         self.cfg = config.hpm
         self.device = hpm.resolve_device(self.cfg.device)
         self.store = Store(state["store"])
-        self.img = self.store.vec[E.IMAGE_EMB_NAME]
-        self.txt = self.store.vec[E.TEXT_EMB_NAME]
-        self.fast = self.found = None
+        self.fast = self.miner = None
         if state["fast"]:
+            img, txt = self.store.vec[E.IMAGE_EMB_NAME], self.store.vec[E.TEXT_EMB_NAME]
             pool = np.load(state["pool"])
             index = hpm.load_index(state["index"], state["params"].nprobe, self.device)
-            sub = (self.img, self.txt) if len(pool) == self.store.n else \
-                (self.img[pool], self.txt[pool])
+            sub = (img, txt) if len(pool) == self.store.n else (img[pool], txt[pool])
             self.fast = hpm.FastHPM(index, pool, *sub, self.device)
         elif self.store.n:
-            self.found = load_result(state["pass"])
+            self.miner = Miner(state["pass"], self.device)
 
-    def mine(self, gidx: np.ndarray) -> tuple[hpm.TopK, Optional[dict]]:
+    def mine(self, gidx: np.ndarray) -> tuple[hpm.TopK, Optional[blocks.PassResult]]:
+        """Hard pairs of global rows ``gidx`` (and, from the pass, their candidate pairs)."""
         c = self.cfg
         if self.fast is not None:
-            return self.fast.query(self.img[gidx], self.txt[gidx], gidx, c.k, c.tau_image,
-                                   c.tau_text, c.dup_threshold, c.k_prime, c.k_prime_max,
-                                   c.widen), None
-        f = self.found
-        return hpm.TopK(f.idx[gidx], f.score[gidx], f.support[gidx], f.certified[gidx]), \
-            f.rows_pairs(gidx)
+            v = self.store.vec
+            return self.fast.query(v[E.IMAGE_EMB_NAME][gidx], v[E.TEXT_EMB_NAME][gidx], gidx,
+                                   c.k, c.tau_image, c.tau_text, c.dup_threshold, c.k_prime,
+                                   c.k_prime_max, c.widen), None
+        r = self.miner.mine(gidx)
+        return hpm.TopK(r.idx, r.score, r.support, r.certified), r
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         gidx = self.store.locate(batch.column(F.PART.name).to_numpy(),
                                  batch.column(F.ROW.name).to_numpy())
         present = gidx >= 0                    # rows without embeddings are not mined: nulls
-        r, pairs = self.mine(gidx[present])
+        r, found = self.mine(gidx[present])
         noise = r.noise
         keep = (r.idx >= 0) & ~noise[:, None]  # Alg. 1: a noise pair's hard set is empty
-        drop = self.cfg.noise_action == "drop"
         flag = np.zeros(len(gidx), bool)
-        flag[present] = noise & drop
-        k = self.cfg.k
-        support = spread(pa.array(r.support, pa.int32()), present).to_pylist()
+        flag[present] = noise & (self.cfg.noise_action == "drop")
+        support = spread(pa.array(r.support, pa.int32()), present)
         return pa.table({
             F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
             M.HARD_IDS.name: spread(self.store.id_lists(np.where(keep, r.idx, -1)), present),
             M.HARD_SCORES.name: spread(masked_lists(r.score, keep, pa.float32()), present),
-            M.SUPPORT.name: spread(pa.array(r.support, pa.int32()), present),
+            M.SUPPORT.name: support,
             M.IS_NOISE.name: spread(pa.array(noise, pa.bool_()), present),
             M.CERTIFIED.name: spread(pa.array(r.certified, pa.bool_()), present),
-            **self.pair_columns(pairs, present),
+            **self.pair_columns(found, present),
             F.REASONS.name: reasons_array([[R.HPM_NOISE] if f else [] for f in flag]),
             F.REASON_DETAIL.name: pa.array(
-                [f"{s} pairs support it, fewer than k={k}" if f else None
-                 for f, s in zip(flag, support)], pa.string()),
+                [f"{s} pairs support it, fewer than k={self.cfg.k}" if f else None
+                 for f, s in zip(flag, support.to_pylist())], pa.string()),
         }, schema=self.output)
 
-    def pair_columns(self, pairs: Optional[dict], present: np.ndarray) -> dict:
-        n = len(present)
-        if pairs is None:                       # FastHPM: no candidate pairs
-            return {f.name: pa.nulls(n, f.type) for f in (M.PAIR_IDS, M.PAIR_SII, M.PAIR_STT,
-                                                          M.PAIR_SIT)}
-        sizes = np.diff(pairs["offsets"])
-        col = {M.PAIR_IDS.name: list_array(sizes, self.store.ids.take(pa.array(pairs["j"])))}
-        for f, key in ((M.PAIR_SII, "sii"), (M.PAIR_STT, "stt"), (M.PAIR_SIT, "sit")):
-            col[f.name] = list_array(sizes, pa.array(pairs[key], pa.float32()))
-        if not pairs["cross"]:
-            col[M.PAIR_SIT.name] = pa.nulls(int(present.sum()), M.PAIR_SIT.type)
+    def pair_columns(self, found: Optional[blocks.PassResult], present: np.ndarray) -> dict:
+        """The pass's candidate pairs (hpm_pair_*, hpm_pairs_cut); nulls for FastHPM, and for
+        the cross-modal similarities without cross-modal embeddings."""
+        if found is None:
+            return {f.name: pa.nulls(len(present), f.type) for f in PAIR_COLUMNS}
+        sizes = np.diff(found.offsets)
+        col = {M.PAIR_IDS.name: list_array(sizes, self.store.ids.take(pa.array(found.pair_j))),
+               M.PAIRS_CUT.name: pa.array(found.cut, pa.int32())}
+        for f, x in PAIR_SIMS.items():
+            col[f.name] = (list_array(sizes, pa.array(getattr(found, x), pa.float32()))
+                           if self.miner.vec.cross or x in ("pair_sii", "pair_stt")
+                           else pa.nulls(int(present.sum()), f.type))
         return {c: spread(a, present) for c, a in col.items()}
+
+
+PAIR_SIMS = {M.PAIR_SII: "pair_sii", M.PAIR_STT: "pair_stt", M.PAIR_SIT: "pair_sit",
+             M.PAIR_XII: "pair_xii", M.PAIR_XTT: "pair_xtt"}
+PAIR_COLUMNS = (M.PAIR_IDS, *PAIR_SIMS, M.PAIRS_CUT)
 
 
 def _build_fast(cfg: Any, meta, workdir: str) -> dict:

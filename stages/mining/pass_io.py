@@ -1,17 +1,16 @@
-"""The hpm stage's neighbour pass on disk: run it over the collected rows, keep what it found by
-global row in the stage's workdir (memory-mapped by every part's actor), read it back.
+"""The hpm stage's neighbour pass on disk: the layout its global step builds once, and what each
+worker loads to mine the rows of its parts.
 
-Files in ``<workdir>/pass/`` (global row g = the store's order: part by part, row by row):
-``idx.npy`` [N, k] int64 hard rows (-1 padded, best first), ``score.npy`` [N, k] float32,
-``support.npy`` [N] int64, ``certified.npy`` [N] bool, and the candidate pairs in CSR form:
-``offsets.npy`` [N + 1] int64, ``pair_j.npy``, ``pair_sii.npy``, ``pair_stt.npy``,
-``pair_sit.npy`` (row g's pairs are entries offsets[g]:offsets[g+1], sorted by j; S_it is NaN
-without cross-modal vectors). The stage copies each part's share into its committed table
-(schemas/mining.py PAIR_*), which is what the positives stage reads.
+Files in ``<workdir>/pass/``: the layout (``means``, ``radius``, ``order``, ``bounds``,
+``positions``: blocks.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
+and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``: blocks.save_vectors), all
+memory-mapped by every worker. Nothing of the pass's output is stored here: each part's rows are
+mined where the part is computed, and their hard pairs, support, certificate and candidate
+pairs go straight into the part's committed table (schemas/mining.py), which is what the
+positives stage and the run summary read.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,15 +21,18 @@ from vlcurate.schemas import embed as E
 from . import blocks, hpm
 from .store import Store
 
-FIELDS = ("idx", "score", "support", "certified", "offsets", "pair_j", "pair_sii", "pair_stt",
-          "pair_sit")
+GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
 
 
-def small_data_error(k: int, n: int, max_support: int) -> str:
-    """Issue 12: the message when no kept row can have k supporting pairs."""
-    return (f"hpm.k = {k} cannot be supported by the {n} rows kept for mining: every row would "
-            f"be flagged as a noise pair (the best-supported row has {max_support} pairs "
-            f"scoring > 0). Set hpm.k to at most {max_support} (and > 0), or mine more rows.")
+def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
+    """Issue 12: the message when no kept row (or none of ``sampled`` rows) can have k
+    supporting pairs."""
+    who = (f"the best-supported row has {max_support}" if not sampled else
+           f"the best-supported of {sampled} rows sampled has {max_support}")
+    return (f"hpm.k = {k} cannot be supported by the {n} rows kept for mining: "
+            f"{'every' if not sampled else 'nearly every'} row would be flagged as a noise pair "
+            f"({who} pairs scoring > 0). Set hpm.k to at most {max_support} (and > 0), or mine "
+            f"more rows.")
 
 
 def pass_params(cfg: Any, n: int) -> blocks.PassParams:
@@ -45,83 +47,85 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
         block_size=cfg.block_size, max_pairs=cfg.max_pairs)
 
 
-def runner(cfg: Any, device: str, vec_dir: str):
-    """In the global step's process, or on hpm.pass_actors Ray actors when Ray is running
-    (never more actors than the free CPUs can hold: an actor that cannot be placed would
-    never take its share of the units)."""
-    if cfg.pass_actors <= 0:
-        return None
-    import ray
-    if not ray.is_initialized():
-        return None
-    free = ray.available_resources().get("CPU", 0.0)
-    actors = max(1, min(cfg.pass_actors, int(free // cfg.pass_cpus)))
-    return blocks.ray_units(actors, cfg.pass_cpus, 1 if device == "cuda" else 0, device, vec_dir)
+@dataclass(frozen=True)
+class PassState:
+    """What the global step hands every worker: where the layout and sorted vectors are."""
+    dir: str
+    n: int
+    params: blocks.PassParams
 
 
-def run_pass(store: Store, p: blocks.PassParams, workdir: str, cfg: Any) -> dict:
-    device = hpm.resolve_device(cfg.device)
+def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) -> PassState:
+    """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, and
+    stop with issue 12's error when no row of a seeded sample (every row, up to GUARD_SAMPLE)
+    has k supporters."""
     v = store.vec
-    cross = E.CROSS_IMAGE_EMB_NAME in v
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = blocks.build_layout(img, txt, p, device)
-    vec_dir = os.path.join(workdir, "sorted")
-    blocks.save_vectors(vec_dir, lay, {"img": img, "txt": txt,
-                                       "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
-                                       "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)})
-    vec = blocks.load_vectors(vec_dir, store.n)
-    run = runner(cfg, device, vec_dir) or (lambda *a: blocks.run_units(*a, device=device))
-    r = blocks.gather(lay, p.k, (p.tau_i, p.tau_t), run(lay, vec, p, range(lay.n_clusters)),
-                      p.max_pairs)
-    if not (r.support >= p.k).any():
-        raise ValueError(small_data_error(p.k, store.n, int(r.support.max())))
     out = os.path.join(workdir, "pass")
-    os.makedirs(out, exist_ok=True)
-    for f in FIELDS:
-        np.save(os.path.join(out, f"{f}.npy"), getattr(r, f))
-    info = {"pairs_cut": r.cut, "max_pairs": cfg.max_pairs, "clusters": lay.n_clusters,
-            "probe": min(p.probe, lay.n_clusters), "certified": float(r.certified.mean())}
-    with open(os.path.join(out, INFO), "w") as fh:
-        json.dump(info, fh)
-    return {"dir": out, "cross": cross, **info}
+    blocks.save_layout(out, lay)
+    blocks.save_vectors(out, lay, {"img": img, "txt": txt,
+                                   "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
+                                   "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)})
+    state = PassState(out, store.n, p)
+    miner = Miner(state, device)
+    rows = np.arange(store.n) if store.n <= GUARD_SAMPLE else np.sort(
+        np.random.default_rng(p.seed).choice(store.n, GUARD_SAMPLE, replace=False))
+    r = miner.mine(rows)
+    if not (r.support >= p.k).any():
+        raise ValueError(small_data_error(p.k, store.n, int(r.support.max()),
+                                          0 if len(rows) == store.n else len(rows)))
+    return state
 
 
-INFO = "info.json"
+class Miner:
+    """A worker's view of the pass: the layout and sorted vectors memory-mapped once; ``mine``
+    any global rows (results in their order)."""
+
+    def __init__(self, state: PassState, device: str) -> None:
+        self.lay, self.pos = blocks.load_layout(state.dir)
+        self.vec = resident(blocks.load_vectors(state.dir, state.n), device)
+        self.params, self.device = state.params, device
+
+    def mine(self, gidx: np.ndarray) -> blocks.PassResult:
+        return blocks.mine(self.lay, self.vec, self.pos[np.asarray(gidx, np.int64)], self.params,
+                           self.device)
 
 
-def pass_info(workdir: str) -> dict:
-    """What the pass reported (``run_pass``) for the run summary: the pairs hpm.max_pairs cut
-    (a note when any), clusters, probe, the certified fraction; {} when no pass ran."""
-    path = os.path.join(workdir, "pass", INFO)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as fh:
-        info = json.load(fh)
+GPU_SHARE = 0.25       # the sorted vectors move to a GPU once when they fit in this share of it
+
+
+def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
+    """On a GPU, the sorted vectors once on the device when they fit in GPU_SHARE of its memory
+    (every unit then reads them there); else, and on the CPU, the memory-mapped files, a unit's
+    slices copied as it needs them. The same code reads either."""
+    arrays = [getattr(vec, x) for x in blocks.NAMES]
+    size = sum(a.nbytes for a in arrays if a is not None)
+    if not device.startswith("cuda"):
+        return vec
+    import torch
+    if size > GPU_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory:
+        return vec
+    return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays))
+
+
+def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
+    """The run summary's figures from the committed parts (``certified``: every mined row's
+    flag, ``cut``: the pass's rows' hpm_pairs_cut): clusters and probe (the pass), the
+    certified fraction, and the pairs hpm.max_pairs cut (a note when any)."""
+    info: dict = {"certified": float(certified.mean()) if len(certified) else 1.0}
+    if cfg.method == "fast" or not len(certified):
+        return info
+    p = pass_params(cfg, len(certified))
+    info.update(clusters=p.clusters(len(certified)), probe=min(p.probe, p.clusters(len(certified))),
+                pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
             f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above hpm.pair_*) were cut "
-            f"by hpm.max_pairs = {info['max_pairs']} per row (each row keeps its highest "
-            f"max(S_ii, S_tt, S_it)); the positives stage never sees them: raise hpm.max_pairs "
-            f"to keep them"]
+            f"by hpm.max_pairs = {cfg.max_pairs} per row (each row keeps its highest "
+            f"max(S_ii, S_tt, S_it); hpm_pairs_cut counts them per row); the positives stage "
+            f"never sees them: raise hpm.max_pairs to keep them"]
     return info
 
 
-@dataclass
-class Stored(blocks.Found):
-    """The pass's results as the stage stored them, memory-mapped."""
-    cross: bool
-
-    def rows_pairs(self, gidx: np.ndarray) -> dict:
-        """The candidate pairs of rows ``gidx``, as list offsets over those rows."""
-        a, b = self.offsets[gidx], self.offsets[gidx + 1]
-        take = np.concatenate([np.arange(x, y) for x, y in zip(a, b)]) if len(gidx) else \
-            np.zeros(0, np.int64)
-        take = take.astype(np.int64)
-        offsets = np.concatenate([[0], np.cumsum(b - a)])
-        return {"offsets": offsets, "j": self.pair_j[take], "sii": self.pair_sii[take],
-                "stt": self.pair_stt[take], "sit": self.pair_sit[take], "cross": self.cross}
-
-
-def load_result(state: dict) -> Stored:
-    arrays = {f: np.load(os.path.join(state["dir"], f"{f}.npy"), mmap_mode="r") for f in FIELDS}
-    return Stored(**arrays, cross=state["cross"])
+__all__ = ["Miner", "PassState", "pass_info", "pass_params", "prepare_pass", "small_data_error"]

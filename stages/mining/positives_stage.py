@@ -5,10 +5,20 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
 * it runs after noise removal, so (with ``hpm.noise_action: drop``) noise pairs are neither
   given positives nor named as anyone's positive: the trainer's multi-positive labels only
   point at rows that survived;
-* its search is different: positives need one high similarity in one space, so they are near
-  neighbours *per space*, which the joint HPM index does not find;
 * its table is exactly the positives table (sample_id, ids, captions, relations, scores, count),
   which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
+
+Candidates (issue 15: one neighbour pass serves both stages): when hpm ran its neighbour pass
+(hpm.method auto/exact/blocks), a row's candidates are its ``hpm_pair_ids``, every pair the pass
+found above hpm's floors (hpm.pair_image/text/cross, in the spaces this rule judges: the
+cross-modal one when there is one); this stage only applies the rule to them, with exact
+similarities, and searches nothing. The floors must not be above the thresholds, which the
+preflight checks (``floor_problems``); with an exhaustive pass the result is then exact Eq. 1
+(tested), short only of pairs hpm.max_pairs cut (counted in the summary). Sec. 4.3's recaptions
+join after hpm, so a pair whose only link is a recaption is found only if one of the pass's
+floors fires on it too (hpm.pair_cross = 0.24 below p1 = 0.27 leaves a margin). Without the
+pass's pairs (hpm.method fast, or no hpm stage in the DAG) it runs its own search, exact
+blockwise or per-space IVF-PQ (``use_fast``).
 
 The rule (fff.py): with ``embed.cross_model`` set, FFF's full Eq. 1 on the cross-modal
 embeddings, and with recaptions (stage ``recaption_embed``, ``positives.recaptions`` > 0) over
@@ -22,7 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +52,31 @@ from .store import Store, collect, vectors
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
+
+
+HPM = "hpm"
+
+
+def uses_pass(config: Any, names: Sequence[str]) -> bool:
+    """Candidates from hpm's pass: its table has the pair lists, and hpm ran the pass."""
+    return config.hpm.method != "fast" and M.PAIR_IDS.name in names
+
+
+def floor_problems(config: Any) -> list[tuple[str, str]]:
+    """(key, message) for each FFF threshold below the hpm floor that keeps its candidates (the
+    pass would not keep every pair the rule needs)."""
+    h, p = config.hpm, config.positives
+    need = [("positives.p2", p.p2, "hpm.pair_image", h.pair_image),
+            ("positives.p3", p.p3, "hpm.pair_text", h.pair_text)]
+    if cross(config):
+        need.append(("positives.p1", p.p1, "hpm.pair_cross", h.pair_cross))
+    if p.duplicates and h.dup_threshold is not None:
+        need += [("hpm.dup_threshold", h.dup_threshold, "hpm.pair_image", h.pair_image),
+                 ("hpm.dup_threshold", h.dup_threshold, "hpm.pair_text", h.pair_text)]
+    return [(key, f"{key} = {v} is below {floor} = {f}: hpm's pass keeps only the pairs above "
+                  f"{floor} as the positives' candidates, so the pairs between them would be "
+                  f"missed; lower {floor} to at most {v} (or raise {key})")
+            for key, v, floor, f in need if v < f and config.hpm.method != "fast"]
 
 
 def cross(config: Any) -> bool:
@@ -155,7 +190,7 @@ class PositivesParams(Params):
 
 class PositivesStage(GlobalStage):
     name = "positives"
-    version = "2"
+    version = "3"        # 3: candidates from hpm's pass (issue 15)
     Params = PositivesParams
     reads = ("hpm", "embed")   # hpm: the search and duplicate settings; embed: cross_model
     inputs = {EMBED: ()}
@@ -169,6 +204,8 @@ class PositivesStage(GlobalStage):
         if upstream == EMBED:
             return list(columns(config))
         names = schema.names if schema is not None else []
+        if upstream == HPM:
+            return [M.PAIR_IDS.name] if uses_pass(config, names) else []
         if upstream == RECAPTIONS and cross(config) and config.positives.recaptions:
             return [E.RECAPTION_CROSS_EMB_NAME] if E.RECAPTION_CROSS_EMB_NAME in names else []
         if upstream == "recaption" and cross(config) and config.positives.recaptions:
@@ -177,20 +214,27 @@ class PositivesStage(GlobalStage):
 
     @classmethod
     def notes(cls, config: Any) -> list[str]:
-        if cross(config):
-            return []
-        return ["positives: no cross-modal model (embed.cross_model is null), so FFF Eq. 1's "
-                "main clause S_it > p1 is OFF and S_tt > p3 is not gated by S_it > p1': positives "
-                "come only from S_ii > p2 or S_tt > p3 on HELIP's unimodal encoders (and HELIP "
-                "duplicates). Set embed.cross_model (a CLIP) for the full rule."]
+        out = [] if cross(config) else [
+            "positives: no cross-modal model (embed.cross_model is null), so FFF Eq. 1's "
+            "main clause S_it > p1 is OFF and S_tt > p3 is not gated by S_it > p1': positives "
+            "come only from S_ii > p2 or S_tt > p3 on HELIP's unimodal encoders (and HELIP "
+            "duplicates). Set embed.cross_model (a CLIP) for the full rule."]
+        if config.hpm.method == "fast":
+            out.append("positives: hpm.method is fast (FastHPM finds no candidate pairs), so "
+                       "positives runs a second search of its own (per-space IVF-PQ above "
+                       "hpm.exact_max_n rows, exact below)")
+        return out
 
     @classmethod
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         meta = collect(read, n_parts, workdir, columns(config))
-        state: dict = {"store": meta, "fast": use_fast(h, meta.n) and meta.n > 1, "indexes": {},
-                       "captions": None}
+        pairs = bool(n_parts) and uses_pass(config, read(0).column_names)
+        if pairs and floor_problems(config):
+            raise ValueError(floor_problems(config)[0][1])
+        state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
+                       "fast": not pairs and use_fast(h, meta.n) and meta.n > 1}
         if cross(config) and p.recaptions:
             state["captions"] = gather_recaptions(read, n_parts, Store(meta), p.recaptions,
                                                   workdir)
@@ -229,27 +273,43 @@ class PositivesStage(GlobalStage):
         self.device = hpm.resolve_device(config.hpm.device)
         self.rule = rule(config)
         self.store = Store(state["store"])
-        self.fast = None
-        if not state["fast"]:        # the base on the device once (on the CPU: the memmaps)
+        self.search = None
+        if state["pass"]:              # the pass's candidates: exact dots, no index
+            f = _features(config, self.store, state["captions"], None)
+            self.search = fff.Candidates(f, device=self.device)
+        elif not state["fast"]:        # the base on the device once (on the CPU: the memmaps)
             self.features = _features(config, self.store, state["captions"], self.device)
         else:
             f = _features(config, self.store, state["captions"], None)
             indexes = {k: hpm.load_index(path, nprobe, self.device)
                        for k, (path, nprobe) in state["indexes"].items()}
-            self.fast = fff.FastPositives(indexes, f, device=self.device)
+            self.search = fff.FastPositives(indexes, f, device=self.device)
 
-    def find(self, gidx: np.ndarray) -> fff.Positives:
+    def find(self, gidx: np.ndarray, batch: pa.Table) -> fff.Positives:
         p, h = self.config.positives, self.config.hpm
-        if self.fast is not None:
-            return self.fast.query(gidx, self.rule, p.max_positives, p.k_prime)
+        if self.state["pass"]:
+            return self.search.score(gidx, self.candidates(batch), self.rule, p.max_positives)
+        if self.search is not None:
+            return self.search.query(gidx, self.rule, p.max_positives, p.k_prime)
         return fff.search(self.features, self.rule, p.max_positives, gidx, h.block_size,
                           h.query_block, self.device)
+
+    def candidates(self, batch: pa.Table) -> np.ndarray:
+        """[rows, C] the rows' hpm pair lists as this stage's rows (-1: padding, or a row not kept
+        any more, e.g. a noise pair)."""
+        col = batch.column(M.PAIR_IDS.name).combine_chunks()
+        sizes = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        g = self.store.lookup(col.flatten())
+        out = np.full((len(sizes), max(int(sizes.max(initial=0)), 1)), -1, np.int64)
+        row = np.repeat(np.arange(len(sizes)), sizes)
+        out[row, np.arange(len(row)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = g
+        return out
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         gidx = self.store.locate(batch.column(F.PART.name).to_numpy(),
                                  batch.column(F.ROW.name).to_numpy())
         present = gidx >= 0
-        r = self.find(gidx[present])
+        r = self.find(gidx[present], batch.filter(pa.array(present)))
         ok = r.idx >= 0
         rel = np.array(fff.CODES, dtype=object)[np.where(ok, r.code, 0)]
         return pa.table({

@@ -102,6 +102,18 @@ class Store:
             out[sel[hit]] = s + pos[hit]
         return out
 
+    def lookup(self, ids: pa.Array) -> np.ndarray:
+        """Global row of each sample id; -1 for an id that was not stored (a sorted index of the
+        ids, built once per process: 8 bytes plus 4 per character of an id, per row)."""
+        if not hasattr(self, "_sorted"):
+            keys = np.asarray(self.ids.to_numpy(zero_copy_only=False), dtype=str)
+            self._order = np.argsort(keys, kind="stable")
+            self._sorted = keys[self._order]
+        want = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=str)
+        at = np.minimum(np.searchsorted(self._sorted, want), max(len(self._sorted) - 1, 0))
+        hit = (self._sorted[at] == want) if len(self._sorted) else np.zeros(len(want), bool)
+        return np.where(hit, self._order[at] if len(self._sorted) else -1, -1).astype(np.int64)
+
     def id_lists(self, idx: np.ndarray) -> pa.ListArray:
         """[q, k] global rows, -1 padded -> list<string> of sample ids (the -1 left out)."""
         valid = idx >= 0

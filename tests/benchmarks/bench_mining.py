@@ -303,17 +303,25 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     print(f"plain fp32 GEMM now: {peak:.0f} GFLOP/s (torch threads {torch.get_num_threads()})")
     t = time.time()
     lay = B.build_layout(img, txt, p)
-    o = lay.order
-    vec = B.Vectors(np.ascontiguousarray(img[o]), np.ascontiguousarray(txt[o]))
+    vec = B.sorted_vectors(lay, img, txt)
     t_build = time.time() - t
     rng = np.random.default_rng(0)
     mined = np.arange(n) if not a.targets else np.sort(rng.choice(n, min(a.targets, n),
                                                                   replace=False))
-    sub = lay if not a.targets else B.restrict(lay, mined)
-    t = time.time()
-    r = B.gather(sub, kmax, tau, B.run_units(sub, vec, p, range(lay.n_clusters)))
+    pos = lay.positions()[mined]
+    t = time.time()       # chunks of run.chunk_rows, as the stage mines them
+    parts = [B.mine(lay, vec, pos[c:c + a.chunk], p) for c in range(0, len(pos), a.chunk)]
     t_units = time.time() - t
-    gflop = B.flops(sub, dims) / 1e9
+    found = B.PassResult.concat(parts)
+    by_row = ("idx", "score", "support", "certified", "bound", "cut")
+    r = B.PassResult(**{f: np.zeros((n,) + getattr(found, f).shape[1:], getattr(found, f).dtype)
+                        for f in by_row},
+                     **{f: getattr(found, f) for f in ("offsets", "pair_j", "pair_sii",
+                                                       "pair_stt", "pair_sit", "pair_xii",
+                                                       "pair_xtt")})
+    for f in ("idx", "score", "support", "certified", "bound"):
+        getattr(r, f)[mined] = getattr(found, f)                 # by global row
+    gflop = 2.0 * dims * found.scored / 1e9
     us_pass = t_units / len(mined) * 1e6
     total = t_build + us_pass * n / 1e6
     qs = np.sort(rng.choice(mined, min(len(mined), a.exact_queries), replace=False))
@@ -348,7 +356,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     exf = fff.exact_positives(img, txt, rule, 512, queries=qs)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
     code, _ = fff.relate(torch.from_numpy(r.pair_sii), torch.from_numpy(r.pair_stt), None, rule)
-    q_of = np.repeat(np.arange(n), np.diff(r.offsets))
+    q_of = np.repeat(mined, np.diff(r.offsets))          # the pairs of the mined rows
     inq = np.isin(q_of, qs) & (code.numpy() >= 0)
     got = set(zip(q_of[inq].tolist(), r.pair_j[inq].tolist()))
     print(f"FFF Eq. 1 (unimodal: p2 0.92, p3 0.99, dup 0.98) positives of the {len(qs)} targets: "
@@ -380,6 +388,7 @@ def main() -> int:
     ap.add_argument("--clusters", type=int, help="pass: k-means clusters (default auto)")
     ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.probe)")
     ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
+    ap.add_argument("--chunk", type=int, default=1024, help="pass: rows mined together (run.chunk_rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
     ap.add_argument("--targets", type=int, help="pass: mine only this many random rows")
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")

@@ -6,7 +6,7 @@ import pytest
 from vlcurate.stages.mining import blocks as B
 from vlcurate.stages.mining import fff, hpm
 
-from .naive import naive_fff, naive_hpm, pairs
+from .naive import naive_fff, naive_fff_captions, naive_hpm, pairs
 from .test_hpm import assert_matches_naive
 
 TAU = 0.3
@@ -41,45 +41,57 @@ def brute_pairs(img, txt, fi, ft, ximg=None, xtxt=None, fx=2.0):
     si, st = img @ img.T, txt @ txt.T
     keep = (si > fi) | (st > ft)
     if ximg is not None:
-        keep |= (ximg @ xtxt.T) > fx
+        keep |= ((ximg @ xtxt.T) > fx) | ((ximg @ ximg.T) > fi) | ((xtxt @ xtxt.T) > ft)
     np.fill_diagonal(keep, False)
     return {(int(a), int(b)) for a, b in zip(*np.nonzero(keep))}
 
 
+def cross_vectors(img, seed):
+    rng = np.random.default_rng(seed)
+    return (hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6))),
+            hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6))))
+
+
 def test_exhaustive_pairs_are_every_pair_above_the_floors_with_exact_similarities():
     img, txt = data()
-    rng = np.random.default_rng(1)
-    ximg = hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6)))
-    xtxt = hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6)))
+    ximg, xtxt = cross_vectors(img, 1)
     p = params(5, 4, floor_i=0.8, floor_t=0.85, floor_x=0.9)
     _, r = B.neighbour_pass(img, txt, p, ximg, xtxt)
     got = {(g, int(j)) for g in range(len(img)) for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
     assert got == brute_pairs(img, txt, 0.8, 0.85, ximg, xtxt, 0.9) and len(got) > 20
+    assert got != brute_pairs(img, txt, 0.8, 0.85)              # the cross-modal floors count
     q = np.repeat(np.arange(len(img)), np.diff(r.offsets))
-    np.testing.assert_allclose(r.pair_sii, (img[q] * img[r.pair_j]).sum(1), atol=1e-5)
-    np.testing.assert_allclose(r.pair_stt, (txt[q] * txt[r.pair_j]).sum(1), atol=1e-5)
-    np.testing.assert_allclose(r.pair_sit, (ximg[q] * xtxt[r.pair_j]).sum(1), atol=1e-5)
+    for got_, (a, b) in ((r.pair_sii, (img, img)), (r.pair_stt, (txt, txt)),
+                         (r.pair_sit, (ximg, xtxt)), (r.pair_xii, (ximg, ximg)),
+                         (r.pair_xtt, (xtxt, xtxt))):
+        np.testing.assert_allclose(got_, (a[q] * b[r.pair_j]).sum(1), atol=1e-5)
 
 
 @pytest.mark.parametrize("cross", [False, True])
 def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
     """Eq. 1 (and HELIP's duplicates) applied to the persisted pairs = the naive loop over every
-    pair, when the floors are at or below the rule's thresholds."""
+    pair, when the floors are at or below the rule's thresholds: on HELIP's encoders without a
+    cross-modal model, on the cross-modal one (X_ii, X_tt, S_it) with it."""
     img, txt = data()
-    rng = np.random.default_rng(2)
-    ximg = hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6))) if cross else None
-    xtxt = hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6))) if cross else None
+    ximg, xtxt = cross_vectors(img, 2) if cross else (None, None)
     rule = fff.Rule(p1=0.9, p1_text=0.85, p2=0.85, p3=0.9, dup=0.98, cross=cross)
     p = params(5, 3, floor_i=0.85, floor_t=0.9, floor_x=0.85)
     _, r = B.neighbour_pass(img, txt, p, ximg, xtxt)
     import torch
-    sit = torch.from_numpy(r.pair_sit) if cross else None
-    code, score = fff.relate(torch.from_numpy(r.pair_sii), torch.from_numpy(r.pair_stt), sit, rule)
+    t = {f: torch.from_numpy(getattr(r, f)) for f in ("pair_sii", "pair_stt", "pair_sit",
+                                                       "pair_xii", "pair_xtt")}
+    if cross:
+        code, score = fff.relate(t["pair_xii"], t["pair_xtt"], t["pair_sit"], rule,
+                                 t["pair_sii"], t["pair_stt"])
+        ref = naive_fff_captions(ximg, [[x] for x in xtxt], 0.9, 0.85, 0.85, 0.9, 0.98, img, txt)
+        want = {(i, j): v for i, row in ref.items() for (j, _), v in row.items()}
+    else:
+        code, score = fff.relate(t["pair_sii"], t["pair_stt"], None, rule)
+        ref = naive_fff(img, txt, 0.9, 0.85, 0.85, 0.9, 0.98)
+        want = {(i, j): v for i, row in ref.items() for j, v in row.items()}
     q = np.repeat(np.arange(len(img)), np.diff(r.offsets))
     got = {(int(a), int(b)): (fff.CODES[c], s) for a, b, c, s in
            zip(q, r.pair_j, code.numpy(), score.numpy()) if c >= 0}
-    ref = naive_fff(img, txt, 0.9, 0.85, 0.85, 0.9, 0.98, ximg, xtxt)
-    want = {(i, j): v for i, row in ref.items() for j, v in row.items()}
     assert got.keys() == want.keys() and len(want) > 10
     for key, (rel, s) in want.items():
         assert got[key][0] == rel and abs(got[key][1] - s) < 1e-5
@@ -116,23 +128,38 @@ def test_gather_caps_pairs_per_row_by_similarity():
     _, capped = B.neighbour_pass(img, txt, p, max_pairs=3)
     n_full = np.diff(full.offsets)
     assert (np.diff(capped.offsets) == np.minimum(n_full, 3)).all()
-    assert capped.cut == int(np.maximum(n_full - 3, 0).sum()) > 0
+    np.testing.assert_array_equal(capped.cut, np.maximum(n_full - 3, 0))
+    assert capped.cut.sum() > 0
     g = int(np.argmax(n_full))
     best = np.maximum(full.pair_sii, full.pair_stt)[full.offsets[g]:full.offsets[g + 1]]
     kept = np.maximum(capped.pair_sii, capped.pair_stt)[capped.offsets[g]:capped.offsets[g + 1]]
     np.testing.assert_allclose(np.sort(kept), np.sort(best)[-3:])
 
 
-def test_actor_pool_equals_in_process(ray_local, tmp_path):
+def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
+    """The stage mines each chunk of each part on its own: any split of the rows (and any order)
+    gives every row the same hard pairs, support, certificate and candidate pairs as mining
+    them all at once (issue 14). Scores agree to float rounding only: a GEMM's last bits depend
+    on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads."""
     img, txt = pairs(500, 16, seed=4, spread=0.6, n_clusters=8)
-    p = params(5, 7, probe=3, floor_i=0.7, floor_t=0.7)
-    _, local = B.neighbour_pass(img, txt, p)
-    _, remote = B.neighbour_pass(img, txt, p, runner=B.ray_units(3, num_cpus=0.5))
-    for f in ("idx", "support", "certified", "offsets", "pair_j"):
-        np.testing.assert_array_equal(getattr(remote, f), getattr(local, f))
-    for f in ("score", "pair_sii", "pair_stt"):
-        np.testing.assert_allclose(getattr(remote, f), getattr(local, f), rtol=1e-6)
-    assert local.certified.any() and (~local.certified).any()
+    p = params(5, 7, probe=3, floor_i=0.7, floor_t=0.7, max_pairs=4)
+    lay, whole = B.neighbour_pass(img, txt, p, rows=500)
+    vec = B.sorted_vectors(lay, img, txt)
+    perm = np.random.default_rng(0).permutation(500)
+    pos = lay.positions()[perm]
+    split = B.PassResult.concat([B.mine(lay, vec, pos[a:b], p)
+                                 for a, b in ((0, 1), (1, 38), (38, 500))])
+    inv = np.argsort(perm)
+    for f in ("idx", "support", "certified", "cut"):
+        np.testing.assert_array_equal(getattr(split, f)[inv], getattr(whole, f))
+    np.testing.assert_allclose(split.score[inv], whole.score, rtol=1e-6)
+    for g in range(500):
+        a, b = split.offsets[inv[g]], split.offsets[inv[g] + 1]
+        c, d = whole.offsets[g], whole.offsets[g + 1]
+        np.testing.assert_array_equal(split.pair_j[a:b], whole.pair_j[c:d])
+        np.testing.assert_allclose(split.pair_sii[a:b], whole.pair_sii[c:d], rtol=1e-6)
+    assert len(whole.pair_j) > 50 and whole.cut.sum() > 0
+    assert whole.certified.any() and (~whole.certified).any()
 
 
 def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
@@ -145,4 +172,5 @@ def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
     _, often = B.neighbour_pass(img, txt, p, max_pairs=3)
     for f in ("offsets", "pair_j", "pair_sii", "pair_stt", "pair_sit", "idx", "score"):
         np.testing.assert_array_equal(getattr(often, f), getattr(once, f))
-    assert often.cut == once.cut > 0
+    np.testing.assert_array_equal(often.cut, once.cut)
+    assert once.cut.sum() > 0

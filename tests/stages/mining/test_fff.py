@@ -143,3 +143,18 @@ def test_fast_positives_with_exhaustive_search_equal_exact():
     got = fp.query(np.arange(300), rule, 32, k_prime=300)
     assert_same(as_dict(got), as_dict(ex))
     assert sum(len(v) for v in as_dict(got).values()) > 100
+
+
+def test_stable_topk_breaks_ties_by_the_lower_column():
+    """Equal keys (a duplicated image gives two positives one score) keep the lower text index,
+    as a full stable sort would; keys below the floor (not positives) may come in any order."""
+    import torch
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.integers(0, 5, (200, 300)).astype(np.float32))
+    for k in (1, 7, 64, 300):
+        want = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :k]
+        assert torch.equal(fff.stable_topk(x, k), want)
+    y = torch.full((3, 50), -1.0)
+    y[:, [4, 9, 30]] = torch.tensor([0.5, 0.7, 0.5])
+    top = fff.stable_topk(y, 5)
+    assert top[:, :3].tolist() == [[9, 4, 30]] * 3 and (y.gather(1, top[:, 3:]) == -1).all()

@@ -20,6 +20,7 @@ from vlcurate.schemas import recaption as RC
 from vlcurate.stages.embed import EmbedStage, RecaptionEmbedStage
 from vlcurate.stages.ingest import IngestStage
 from vlcurate.stages.mining import fff, hpm
+from vlcurate.stages.mining.hpm_stage import HpmStage
 from vlcurate.stages.mining.positives_stage import PositivesStage
 from vlcurate.stages.recaption import RecaptionStage
 
@@ -68,6 +69,12 @@ FULL = EMBED + [Node(RecaptionStage, after=("embed",)),
                 Node(PositivesStage, after=("recaption_embed",))]
 
 
+# the default DAG's order: hpm's pass finds the candidates, recaptions join after it
+PASS = EMBED + [Node(HpmStage, after=("embed",)), Node(RecaptionStage, after=("hpm",)),
+                Node(RecaptionEmbedStage, after=("recaption",)),
+                Node(PositivesStage, after=("recaption_embed",))]
+
+
 def positives(run_dir: Path) -> dict:
     rows = table(run_dir, "positives").to_pylist()
     return {r[F.SAMPLE_ID.name]: list(zip(r[M.POSITIVE_IDS.name], r[M.POSITIVE_CAPTIONS.name],
@@ -104,12 +111,25 @@ def test_cross_clause_reaches_positives_and_changes_them(source, tmp_path):
     assert "main clause" not in format_summary(res)
 
 
-def test_sec_4_3_recaptions_reach_positives_over_k_captions(source, tmp_path):
+# hpm's pass with floors that keep every pair as a candidate: positives must then be exact
+EVERY_PAIR = {"hpm.k": 1, "hpm.tau_image": 0.0, "hpm.tau_text": 0.0, "hpm.noise_action": "mark",
+              "hpm.pair_image": -1.0, "hpm.pair_text": -1.0, "hpm.pair_cross": -1.0,
+              "hpm.method": "exact"}
+
+
+@pytest.mark.parametrize("dag", ["own search", "hpm pass"])
+def test_sec_4_3_recaptions_reach_positives_over_k_captions(source, tmp_path, dag):
+    """Without hpm (positives' own search), and with hpm's pass as the candidates (issue 15):
+    sec. 4.3 over images x k captions, equal to the exact rule either way."""
     # the tiny random CLIP's S_it sit around -0.1 (test 1 measures them): about half fire
     over = {"embed.cross_model": CLIP, "positives.p1": -0.1, "positives.p1_text": -0.2,
             "positives.p2": 0.999, "positives.p3": 0.999, "hpm.dup_threshold": 0.9999,
-            "positives.max_positives": 3}
-    res = run(cfg(source, tmp_path, **over), FULL, "local", log=quiet)
+            "positives.max_positives": 3, **(EVERY_PAIR if dag == "hpm pass" else {})}
+    res = run(cfg(source, tmp_path, **over), FULL if dag == "own search" else PASS, "local",
+              log=quiet)
+    if dag == "hpm pass":                       # every pair was hpm's candidate, and is read
+        pairs = table(tmp_path, "hpm").column(M.PAIR_IDS.name).to_pylist()
+        assert all(len(p) == N - 1 for p in pairs)
     emb, rec = table(tmp_path, "embed"), table(tmp_path, "recaption_embed")
     flags = table(tmp_path, "recaption").column(RC.RECAPTION_FLAGS.name).to_pylist()
     xt, owner, number = [], [], []

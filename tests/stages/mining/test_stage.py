@@ -208,18 +208,13 @@ def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
             "hpm.clusters": 4, "hpm.probe": 2}
     run(cfg(source, local, **over), small, executor="local", log=quiet)
     shutil.copytree(local, remote, ignore=shutil.ignore_patterns("hpm", "positives"))
-    # the pass on an actor pool (pass_* are resources: the same fingerprint, the same tables)
-    res = run(cfg(source, remote, **over, **{"hpm.pass_actors": 3, "hpm.pass_cpus": 0.5}),
+    # every part mined on an actor pool of 2 (resources: the same fingerprint, the same bytes)
+    res = run(cfg(source, remote, **over, **{"hpm.resources": {"num_cpus": 0.5,
+                                                                "concurrency": 2}}),
               small, executor="ray", log=quiet)
     assert [r.status for r in res] == ["skipped", "skipped", "ran", "ran"]
-    floats = {"hpm": (M.HARD_SCORES.name, M.PAIR_SII.name, M.PAIR_STT.name),
-              "positives": (M.POSITIVE_SCORES.name,)}
-    for stage, cols in floats.items():
-        a, b = table(remote, stage), table(local, stage)
-        assert a.drop_columns(list(cols)).equals(b.drop_columns(list(cols)))
-        for c in cols:
-            for x, y in zip(a.column(c).to_pylist(), b.column(c).to_pylist()):
-                np.testing.assert_allclose(x or [], y or [], rtol=1e-5)   # threads: rounding
+    for stage in ("hpm", "positives"):
+        assert table(remote, stage).equals(table(local, stage))
     assert table(remote, "hpm").column(M.IS_NOISE.name).to_pylist().count(True) > 0
 
 
@@ -309,3 +304,41 @@ def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
     again = {r.manifest["stage"]: r for r in run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}),
                                                  dag(), executor="local", log=quiet)}["hpm"]
     assert again.status == "skipped" and again.info["pairs_cut"] == want
+
+
+def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(source, tmp_path,
+                                                                               monkeypatch):
+    """Issue 15, the seam hpm -> positives: positives' candidates are hpm's persisted pairs (its
+    own search never runs), so hpm.max_pairs changes the positives; a positives threshold change
+    reruns positives alone, reading the same pairs, with the result exact Eq. 1 again."""
+    def runs(**over):
+        with monkeypatch.context() as m:
+            m.setattr(fff, "search", no_search)
+            m.setattr(fff.FastPositives, "query", no_search)
+            return run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
+
+    def no_search(*a, **k):
+        raise AssertionError("positives searched on its own")
+    res = runs()
+    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+    kept, r, q_of = expected(ids)
+    survivors = [i for i in kept if not r.noise[q_of[ids[i]]]]
+
+    def check(p2):
+        ref = fff.exact_positives(IMG[survivors], TXT[survivors], fff.Rule(p2=p2, p3=0.95), 64)
+        got = {x[F.SAMPLE_ID.name]: x[M.POSITIVE_IDS.name]
+               for x in table(tmp_path, "positives").to_pylist()}
+        for q, i in enumerate(survivors):
+            assert got[ids[i]] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
+        return sum(len(v or []) for v in got.values())
+    before = check(0.9)
+    again = runs(**{"positives.p2": 0.7})
+    status = {x.manifest["stage"]: x.status for x in again}
+    assert status["hpm"] == "skipped" and status["positives"] == "ran"
+    assert check(0.7) > before > 0
+    # fewer candidate pairs from hpm: fewer positives (the values cross the seam)
+    runs(**{"hpm.max_pairs": 1})
+    counts = table(tmp_path, "positives").column(M.POSITIVE_COUNT.name).to_pylist()
+    assert 0 < sum(c or 0 for c in counts) < before
+    assert max(c or 0 for c in counts) <= 1
+    assert [x.status for x in res].count("ran") == len(res)
