@@ -123,15 +123,27 @@ def _chunks(img, txt, device: str, chunk: int = 32768):
         yield a, joint_t(_rows(img, a, a + chunk, device), _rows(txt, a, a + chunk, device))
 
 
+MAX_SAMPLE = 1 << 17   # k-means training rows at most (p.sample per cluster below that)
+
+
+def nearest(x: torch.Tensor, cent: torch.Tensor) -> torch.Tensor:
+    """argmax_c <x_i, cent_c>, a few rows at a time: the scores held are ~4M floats, whatever
+    the number of clusters (C grows with N)."""
+    step = max(256, (1 << 22) // max(len(cent), 1))
+    return torch.cat([(x[a:a + step] @ cent.T).argmax(1) for a in range(0, len(x), step)]) \
+        if len(x) else torch.zeros(0, dtype=torch.long, device=x.device)
+
+
 def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> torch.Tensor:
-    """Spherical k-means on a seeded sample of the joint vectors; unit centroids [c, D]."""
+    """Spherical k-means on a seeded sample of the joint vectors (p.sample rows per cluster, at
+    most MAX_SAMPLE); unit centroids [c, D]."""
     n = len(img)
     rng = np.random.default_rng(p.seed)
-    pick = np.sort(rng.choice(n, size=min(n, p.sample * c), replace=False))
+    pick = np.sort(rng.choice(n, size=min(n, p.sample * c, max(MAX_SAMPLE, c)), replace=False))
     x = joint_t(as_tensor(img[pick], device), as_tensor(txt[pick], device))
     cent = x[torch.as_tensor(np.sort(rng.choice(len(x), size=c, replace=False)), device=device)]
     for _ in range(p.iters):
-        lab = (x @ cent.T).argmax(1)
+        lab = nearest(x, cent)
         s = torch.zeros_like(cent).index_add_(0, lab, x)
         empty = s.norm(dim=1) == 0
         s[empty] = cent[empty]                       # an empty cluster keeps its centroid
@@ -146,7 +158,7 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
     c = p.clusters(n)
     with torch.no_grad():
         cent = kmeans(img, txt, c, p, device)
-        lab = torch.cat([(x @ cent.T).argmax(1) for _, x in _chunks(img, txt, device)])
+        lab = torch.cat([nearest(x, cent) for _, x in _chunks(img, txt, device)])
         labt, lab = lab, lab.cpu().numpy()
         order = np.lexsort((np.arange(n), lab)).astype(np.int64)   # by cluster, then row
         bounds = np.searchsorted(lab[order], np.arange(c + 1)).astype(np.int64)
