@@ -54,8 +54,8 @@ PAIR_XTT = pa.field("hpm_pair_xtt", pa.list_(pa.float32()), metadata={
            "(FFF's S_tt on the original captions); null without cross-modal embeddings"})
 PAIRS_CUT = pa.field("hpm_pairs_cut", pa.int32(), metadata={
     "doc": "candidate pairs above the floors that hpm.max_pairs left out of this row's "
-           "hpm_pair_* lists (the lowest max(S_ii, S_tt, S_it)); null when not mined or "
-           "method fast"})
+           "hpm_pair_* lists (the lowest max(S_ii, S_tt, S_it, X_ii, X_tt)); null when not "
+           "mined or method fast"})
 
 # --- positives stage --------------------------------------------------------------------------------
 POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={

@@ -23,7 +23,10 @@ block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 ``gather`` merges each query's ``probe`` partial top-k lists (canonical order: score, then lower
 global row), sums its supports (clusters are disjoint, so nothing is counted twice) and caps its
 pairs. A row's result depends only on the layout and its own routing, not on which rows are
-mined with it, on which worker, or in which order.
+mined with it, on which worker, or in which order - up to the last bits of its scores (a GEMM's
+rounding depends on its shape) and, at an exact tie at the k-th place, which tied row is kept
+(a block's top-k is chosen over its query block). The runner's chunks are fixed
+(run.chunk_rows), so neither depends on resources.
 
 Certificate (a proof, not an estimate): a row of a cluster c' that q did not search has joint
 similarity <q, mu_c'> + <q, j - mu_c'> <= <q, mu_c'> + r_c' (|q| = 1). With m_out the largest
@@ -38,7 +41,8 @@ tests/benchmarks/bench_mining.py): it is a proof (precision 100%, tested at k = 
 not a recall estimate; recall at the defaults is measured there instead (issue 12).
 
 Memory: the layout is O(N) indices plus O(C x D) means; mining q rows holds q x (k + max_pairs)
-results and query_block x block_size scores (plus slices of the memory-mapped sorted vectors),
+results (pairs are capped per row as member blocks arrive, whatever a cluster's size) and
+query_block x block_size scores (plus slices of the memory-mapped sorted vectors),
 whatever N is. No process ever holds the pass's whole output (issue 14).
 """
 from __future__ import annotations
@@ -248,13 +252,17 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     best_s = torch.full((nq, k), -1.0, device=device)
     best_j = torch.full((nq, k), -1, dtype=torch.long, device=device)
     support = torch.zeros(nq, dtype=torch.long, device=device)
-    found = []
+    found, held, cut = [], 0, np.zeros(nq, np.int64)
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
         sims = _sims(q, vec, s0, s1, device)
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
-        found += _above_floors(sims, p, own, qpos[own] - s0, s0)
+        found.append(_pairs(_above_floors(sims, p, own, qpos[own] - s0, s0), lay.order))
+        held += len(found[-1]["q"])
+        if p.max_pairs is not None and held > 2 * nq * p.max_pairs + COMPACT_SLACK:
+            found = [_cap(_concat(found), p.max_pairs, cut)]   # exact, as in gather
+            held = len(found[0]["q"])
         s = pair_scores(sims["sii"], sims["stt"], p.tau_i, p.tau_t, p.dup)
         s[own, qpos[own] - s0] = 0.0
         support += torch.count_nonzero(s, dim=1)         # s >= 0: thresholds are >= 0
@@ -266,10 +274,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     j, s = _finish(best_s, best_j)
     order = lay.order
     j = np.where(j >= 0, order[np.maximum(j, 0)], -1)
-    # a query block's pairs are capped per row at once (a row's best max_pairs overall are among
-    # its best in each block): a unit holds at most query_block x max_pairs pairs a block
-    cut = np.zeros(nq, np.int64)
-    pairs = _cap(_pairs(found, order), p.max_pairs, cut)
+    # a query block's pairs are capped per row as member blocks arrive (a row's best max_pairs
+    # overall are among its best so far and the new ones): it holds ~2 x query_block x
+    # max_pairs pairs (+ COMPACT_SLACK), whatever the cluster's size
+    pairs = _cap(_concat(found), p.max_pairs, cut)
     pairs["q"] = order[qpos_np[pairs["q"]]]
     return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), pairs, cut)
 
@@ -439,8 +447,9 @@ def _concat(pairs: list[dict]) -> dict:
 
 
 def _cap(cat: dict, max_pairs: Optional[int], cut: Optional[np.ndarray] = None) -> dict:
-    """At most max_pairs pairs per row q, highest max(S_ii, S_tt, S_it) first; what it leaves out
-    is counted per row in ``cut``."""
+    """At most max_pairs pairs per row q, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first (one
+    scale for every space: in cross mode HELIP's S_ii ~0.9 outranks an S_it ~0.3); what it leaves out is counted per row
+    in ``cut``."""
     if max_pairs is None or not len(cat["q"]):
         return cat
     best = np.fmax.reduce([cat[f] for f in SIMS])

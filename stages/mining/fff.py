@@ -305,7 +305,7 @@ class Candidates:
         start, size = self.first[np.maximum(c, 0)], np.diff(self.first)[np.maximum(c, 0)]
         j = np.arange(self.k)
         t = np.where((c[:, :, None] >= 0) & (j < size[:, :, None]), start[:, :, None] + j, -1)
-        return _ascending(t.reshape(len(c), -1))
+        return _ascending(t.reshape(len(c), c.shape[1] * self.k))
 
     def score(self, qidx: np.ndarray, c: np.ndarray, rule: Rule, max_positives: int
               ) -> Positives:

@@ -97,7 +97,7 @@ class HpmParams(Params):
     pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
     pair_text: float = within(0.9, -1, 1)     # S_tt or X_tt > pair_text
     pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
-    max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it) first
+    max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2

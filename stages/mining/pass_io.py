@@ -123,8 +123,8 @@ def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
         info["notes"] = [
             f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above hpm.pair_*) were cut "
             f"by hpm.max_pairs = {cfg.max_pairs} per row (each row keeps its highest "
-            f"max(S_ii, S_tt, S_it); hpm_pairs_cut counts them per row); the positives stage "
-            f"never sees them: raise hpm.max_pairs to keep them"]
+            f"max(S_ii, S_tt, S_it, X_ii, X_tt); hpm_pairs_cut counts them per row); the "
+            f"positives stage never sees them: raise hpm.max_pairs to keep them"]
     return info
 
 

@@ -9,16 +9,18 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
   which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
 
 Candidates (issue 15: one neighbour pass serves both stages): when hpm ran its neighbour pass
-(hpm.method auto/exact/blocks), a row's candidates are its ``hpm_pair_ids``, every pair the pass
-found above hpm's floors (hpm.pair_image/text/cross, in the spaces this rule judges: the
-cross-modal one when there is one); this stage only applies the rule to them, with exact
+exhaustively (hpm.method exact, or auto up to hpm.exact_max_n rows), a row's candidates are its
+``hpm_pair_ids``, every pair the pass found above hpm's floors (hpm.pair_image/text/cross,
+in the spaces this rule judges: the cross-modal one when there is one); this stage only applies the rule to them, with exact
 similarities, and searches nothing. The floors must not be above the thresholds, which the
 preflight checks (``floor_problems``); with an exhaustive pass the result is then exact Eq. 1
 (tested), short only of pairs hpm.max_pairs cut (counted in the summary). Sec. 4.3's recaptions
 join after hpm, so a pair whose only link is a recaption is found only if one of the pass's
 floors fires on it too (hpm.pair_cross = 0.24 below p1 = 0.27 leaves a margin). Without the
-pass's pairs (hpm.method fast, or no hpm stage in the DAG) it runs its own search, exact
-blockwise or per-space IVF-PQ (``use_fast``).
+pass's pairs (hpm.method fast, no hpm stage in the DAG) or above hpm.exact_max_n it runs its own
+search, exact blockwise or per-space IVF-PQ (``use_fast``): a partial pass routes each row on
+the joint HELIP vector and misses pairs near in one space only (an image with an unrelated
+caption); per-space routing in the pass is what would close that.
 
 The rule (fff.py): with ``embed.cross_model`` set, FFF's full Eq. 1 on the cross-modal
 embeddings, and with recaptions (stage ``recaption_embed``, ``positives.recaptions`` > 0) over
@@ -46,6 +48,7 @@ from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import fff, hpm
 from .hpm_stage import EMBED, set_threads, use_fast
+from .pass_io import pass_params
 from vlcurate.stages.arrow import masked_lists, spread
 
 from .store import Store, collect, vectors
@@ -57,9 +60,17 @@ RECAPTIONS = RecaptionEmbedStage.name
 HPM = "hpm"
 
 
-def uses_pass(config: Any, names: Sequence[str]) -> bool:
-    """Candidates from hpm's pass: its table has the pair lists, and hpm ran the pass."""
-    return config.hpm.method != "fast" and M.PAIR_IDS.name in names
+def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> bool:
+    """Candidates from hpm's pass: its table has the pair lists, hpm ran the pass, and (given
+    ``n``, the rows mined) the pass is exhaustive. A partial pass routes on the joint HELIP
+    vector, which misses pairs close in one space only (an image with an unrelated caption:
+    FFF's main case), so above hpm.exact_max_n positives keeps its per-space search."""
+    if config.hpm.method == "fast" or M.PAIR_IDS.name not in names:
+        return False
+    if n is None:
+        return True
+    p = pass_params(config.hpm, n)
+    return p.probe >= p.clusters(n)
 
 
 def floor_problems(config: Any) -> list[tuple[str, str]]:
@@ -230,7 +241,7 @@ class PositivesStage(GlobalStage):
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         meta = collect(read, n_parts, workdir, columns(config))
-        pairs = bool(n_parts) and uses_pass(config, read(0).column_names)
+        pairs = bool(n_parts) and uses_pass(config, read(0).column_names, meta.n)
         if pairs and floor_problems(config):
             raise ValueError(floor_problems(config)[0][1])
         state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,

@@ -140,7 +140,10 @@ def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
     """The stage mines each chunk of each part on its own: any split of the rows (and any order)
     gives every row the same hard pairs, support, certificate and candidate pairs as mining
     them all at once (issue 14). Scores agree to float rounding only: a GEMM's last bits depend
-    on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads."""
+    on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads. Known
+    limit (not in this data): rows tied exactly at the k-th score (exact duplicates) may keep a
+    different one of the tied rows in another chunk; the chunks are fixed, so outputs are not
+    affected by resources."""
     img, txt = pairs(500, 16, seed=4, spread=0.6, n_clusters=8)
     p = params(5, 7, probe=3, floor_i=0.7, floor_t=0.7, max_pairs=4)
     lay, whole = B.neighbour_pass(img, txt, p, rows=500)

@@ -158,3 +158,10 @@ def test_stable_topk_breaks_ties_by_the_lower_column():
     y[:, [4, 9, 30]] = torch.tensor([0.5, 0.7, 0.5])
     top = fff.stable_topk(y, 5)
     assert top[:, :3].tolist() == [[9, 4, 30]] * 3 and (y.gather(1, top[:, 3:]) == -1).all()
+
+
+def test_candidates_of_no_rows():
+    img, txt = pairs(10, 4, seed=1)
+    f = fff.features(img, txt, fff.Rule(), device=None)
+    r = fff.Candidates(f).score(np.zeros(0, np.int64), np.full((0, 1), -1), fff.Rule(), 4)
+    assert r.idx.shape == (0, 4) and len(r.count) == 0

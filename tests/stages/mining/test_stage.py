@@ -342,3 +342,22 @@ def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(
     assert 0 < sum(c or 0 for c in counts) < before
     assert max(c or 0 for c in counts) <= 1
     assert [x.status for x in res].count("ran") == len(res)
+
+
+def test_positives_search_on_their_own_when_hpms_pass_is_partial(source, tmp_path, monkeypatch):
+    """A partial pass (probe < clusters) routes on the joint vector and would miss pairs near in
+    one space only: positives then keeps its own (here exact) search, and equals exact Eq. 1."""
+    calls = []
+    search = fff.search
+    monkeypatch.setattr(fff, "search", lambda *a, **k: calls.append(1) or search(*a, **k))
+    over = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 2}
+    run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
+    assert calls
+    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+    hp = {x[F.SAMPLE_ID.name]: x for x in table(tmp_path, "hpm").to_pylist()}
+    survivors = [i for i in range(N) if i not in FLAG and not hp[ids[i]][M.IS_NOISE.name]]
+    ref = fff.exact_positives(IMG[survivors], TXT[survivors], fff.Rule(p2=0.9, p3=0.95), 64)
+    got = {x[F.SAMPLE_ID.name]: x[M.POSITIVE_IDS.name]
+           for x in table(tmp_path, "positives").to_pylist()}
+    for q, i in enumerate(survivors):
+        assert got[ids[i]] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
