@@ -116,6 +116,28 @@ def chunks(batch: pa.Table, size: int) -> list[tuple[int, int]]:
     return out
 
 
+HEAP_MMAP_BYTES = 4 << 20      # glibc maps arrays of this size and more on their own
+_M_MMAP_THRESHOLD = -3
+
+
+def bounded_heap() -> None:
+    """Fix glibc's mmap threshold at HEAP_MMAP_BYTES in this process (global steps and stage
+    workers call it): an array that large is mapped on its own and returned to the system when
+    freed. glibc's default raises the threshold (up to 32 MiB) each time such an array is
+    freed, after which a loop's large temporaries come from the heap, interleaved with arrays
+    that live on: the holes grew with N (hpm's global step, 32-d vectors: anonymous peak 389 MB
+    at 100k rows, 533 MB at 1M; 440 MB at 1M with the threshold fixed; tests/benchmarks/
+    bench_hpm_memory.py). Speed: the same for mining; the layout's k-means a little slower.
+    A no-op where the C library has no mallopt (macOS, musl)."""
+    import ctypes
+    import ctypes.util
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_BYTES)
+
+
 @contextlib.contextmanager
 def pinned_threads(n: int):
     """Run with ``n`` intra-op threads (torch, BLAS, OpenMP): reductions split across threads
@@ -206,6 +228,7 @@ class StageCall:
                  schema: Optional[pa.Schema] = None) -> None:
         self.chunk_rows, self.threads = cfg.run.chunk_rows, cfg.run.intra_op_threads
         self.schema = schema if schema is not None else stage_cls.output
+        bounded_heap()
         with pinned_threads(self.threads):
             self.stage = stage_cls(cfg, state, self.schema)
             self.stage.setup()

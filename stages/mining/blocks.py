@@ -134,8 +134,10 @@ def nearest(x: torch.Tensor, cent: torch.Tensor) -> torch.Tensor:
     """argmax_c <x_i, cent_c>, a few rows at a time: the scores held are ~4M floats, whatever
     the number of clusters (C grows with N)."""
     step = max(256, (1 << 22) // max(len(cent), 1))
-    return torch.cat([(x[a:a + step] @ cent.T).argmax(1) for a in range(0, len(x), step)]) \
-        if len(x) else torch.zeros(0, dtype=torch.long, device=x.device)
+    out = torch.empty(len(x), dtype=torch.long, device=x.device)
+    for a in range(0, len(x), step):
+        torch.argmax(x[a:a + step] @ cent.T, 1, out=out[a:a + step])
+    return out
 
 
 def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> torch.Tensor:
@@ -162,7 +164,9 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
     c = p.clusters(n)
     with torch.no_grad():
         cent = kmeans(img, txt, c, p, device)
-        lab = torch.cat([nearest(x, cent) for _, x in _chunks(img, txt, device)])
+        lab = torch.empty(n, dtype=torch.long, device=device)     # one array: no heap holes
+        for a, x in _chunks(img, txt, device):
+            lab[a:a + len(x)] = nearest(x, cent)
         labt, lab = lab, lab.cpu().numpy()
         order = np.lexsort((np.arange(n), lab)).astype(np.int64)   # by cluster, then row
         bounds = np.searchsorted(lab[order], np.arange(c + 1)).astype(np.int64)

@@ -73,6 +73,21 @@ def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> boo
     return p.probe >= p.clusters(n)
 
 
+SOURCE = "candidates.txt"      # the global step's word on where the candidates came from
+
+
+def source(config: Any, meta: Any, fast: bool) -> str:
+    """Where this run's candidate pairs come from, for the stage's info and the run summary."""
+    h = config.hpm
+    if uses_pass(config, meta.names, meta.n):
+        return "hpm's neighbour pass (exhaustive): its hpm_pair_ids, no search of its own"
+    why = ("hpm.method is fast" if h.method == "fast" else
+           "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in meta.names else
+           f"hpm's pass is partial: {meta.n} rows, hpm.method {h.method}, "
+           f"hpm.exact_max_n {h.exact_max_n}")
+    return f"its own {'per-space IVF-PQ' if fast else 'exact'} search ({why})"
+
+
 def floor_problems(config: Any) -> list[tuple[str, str]]:
     """(key, message) for each FFF threshold below the hpm floor that keeps its candidates (the
     pass would not keep every pair the rule needs)."""
@@ -241,11 +256,14 @@ class PositivesStage(GlobalStage):
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         meta = collect(read, n_parts, workdir, columns(config))
-        pairs = bool(n_parts) and uses_pass(config, read(0).column_names, meta.n)
-        if pairs and floor_problems(config):
-            raise ValueError(floor_problems(config)[0][1])
+        pairs = bool(n_parts) and uses_pass(config, meta.names, meta.n)
+        problems = floor_problems(config) if pairs else []
+        if problems:
+            raise ValueError(problems[0][1])
         state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
                        "fast": not pairs and use_fast(h, meta.n) and meta.n > 1}
+        with open(os.path.join(workdir, SOURCE), "w") as fh:
+            fh.write(source(config, meta, state["fast"]))
         if cross(config) and p.recaptions:
             state["captions"] = gather_recaptions(read, n_parts, Store(meta), p.recaptions,
                                                   workdir)
@@ -272,6 +290,10 @@ class PositivesStage(GlobalStage):
         info: dict = {"positives_found": found, "positives_kept": kept,
                       "positives_cut": found - kept, "rows_cut": rows_cut,
                       "max_positives": config.positives.max_positives, "cross_modal": cross(config)}
+        path = os.path.join(ctx.workdir, SOURCE)
+        if os.path.exists(path):
+            with open(path) as fh:
+                info["candidates"] = fh.read()
         if found > kept:
             info["skipped"] = [f"positives: positives.max_positives = "
                                f"{config.positives.max_positives} cut {found - kept} of {found} "

@@ -36,19 +36,21 @@ class StoreMeta:
     dims: tuple[tuple[str, int], ...]     # (column, dimension)
     starts: tuple[int, ...]               # first global row of each part
     counts: tuple[int, ...]               # stored rows of each part
+    names: tuple[str, ...] = ()           # the columns the reader gave (part 0's)
 
 
 def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
             columns: Sequence[str]) -> StoreMeta:
     os.makedirs(workdir, exist_ok=True)
     dims: dict[str, int] = {}
-    ids, rows, starts, counts = [], [], [], []
+    ids, rows, starts, counts, names = [], [], [], [], ()
     n = 0
     with ExitStack() as stack:
         files = {c: stack.enter_context(open(os.path.join(workdir, f"{c}.f32"), "wb"))
                  for c in columns}
         for part in range(n_parts):
             t = read(part)
+            names = names or tuple(t.column_names)
             missing = [c for c in columns if c not in t.column_names]
             if missing:
                 raise ValueError(f"no upstream stage provides {missing}: mining needs them")
@@ -70,7 +72,7 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
     np.save(os.path.join(workdir, "rows.npy"),
             np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64))
     return StoreMeta(workdir, n, tuple((c, dims.get(c, 0)) for c in columns), tuple(starts),
-                     tuple(counts))
+                     tuple(counts), names)
 
 
 class Store:

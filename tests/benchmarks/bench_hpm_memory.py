@@ -96,6 +96,9 @@ def one(n: int, a: argparse.Namespace) -> dict:
     from vlcurate.stages.mining.pass_io import Miner, prepare_pass
     from vlcurate.stages.mining.store import Store, collect
 
+    from vlcurate.pipeline.parts import bounded_heap
+    if not a.default_heap:
+        bounded_heap()          # as the runner's global steps and stage workers do
     cs = centres(n, a.dim)
     peaks = Peaks()
     base = peaks.take()[0]
@@ -143,6 +146,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--every", type=int, default=1,
                     help="mine every n-th part only (a chunk's memory does not depend on it)")
+    ap.add_argument("--default-heap", action="store_true",
+                    help="leave glibc's mmap threshold dynamic (before pipeline.parts.bounded_heap)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
@@ -150,8 +155,8 @@ def main() -> None:
         return
     rows = []
     for n in map(int, a.sizes.split(",")):
-        args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                if k not in ("sizes", "one")]
+        args = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
+                for k, v in vars(a).items() if k not in ("sizes", "one") and v is not False]
         out = subprocess.run([sys.executable, __file__, "--one", str(n), *args], check=True,
                              capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))

@@ -342,6 +342,8 @@ def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(
     assert 0 < sum(c or 0 for c in counts) < before
     assert max(c or 0 for c in counts) <= 1
     assert [x.status for x in res].count("ran") == len(res)
+    info = {x.manifest["stage"]: x.info for x in res}
+    assert info["positives"]["candidates"].startswith("hpm's neighbour pass")
 
 
 def test_positives_search_on_their_own_when_hpms_pass_is_partial(source, tmp_path, monkeypatch):
@@ -351,8 +353,10 @@ def test_positives_search_on_their_own_when_hpms_pass_is_partial(source, tmp_pat
     search = fff.search
     monkeypatch.setattr(fff, "search", lambda *a, **k: calls.append(1) or search(*a, **k))
     over = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 2}
-    run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
+    res = run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
     assert calls
+    said = {x.manifest["stage"]: x.info for x in res}["positives"]["candidates"]
+    assert said.startswith("its own exact search (hpm's pass is partial"), said
     ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
     hp = {x[F.SAMPLE_ID.name]: x for x in table(tmp_path, "hpm").to_pylist()}
     survivors = [i for i in range(N) if i not in FLAG and not hp[ids[i]][M.IS_NOISE.name]]
