@@ -13,8 +13,9 @@ gives the units of work (``run_unit``): cluster c and the queries routed to it. 
 GEMMs of the gathered queries (query_block at a time) against c's members (a contiguous slice,
 block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 
-* the HPM score s = S~I * S~T with Alg. 1's thresholds and the duplicate rule (hpm.pair_scores),
-  merged into a running top-k, and its support (pairs with s > 0 among c's members);
+* the HPM score s = S~I * S~T with Alg. 1's thresholds and the duplicate rule, for the pairs
+  with s > 0 only (hpm.positive_pairs: three dense passes, then sparse), merged into a running
+  top-k (hpm.merge_pairs), and its support (pairs with s > 0 among c's members);
 * every pair with S_I > floor_i or S_T > floor_t (with cross-modal vectors also X_ii > floor_i,
   X_tt > floor_t or S_it = <x_i, t_j> > floor_x): the candidates of FFF Eq. 1 (in the space the
   positives stage judges it: the cross-modal one when there is one) and of HELIP's duplicates,
@@ -24,9 +25,9 @@ block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 global row), sums its supports (clusters are disjoint, so nothing is counted twice) and caps its
 pairs. A row's result depends only on the layout and its own routing, not on which rows are
 mined with it, on which worker, or in which order - up to the last bits of its scores (a GEMM's
-rounding depends on its shape) and, at an exact tie at the k-th place, which tied row is kept
-(a block's top-k is chosen over its query block). The runner's chunks are fixed
-(run.chunk_rows), so neither depends on resources.
+rounding depends on its shape; the runner's chunks are fixed, run.chunk_rows, so that never
+depends on resources). At an exact tie at the k-th place the lower global row is kept, as
+exact HPM keeps it (hpm.merge_pairs and merge_rows sort stably).
 
 Certificate (a proof, not an estimate): a row of a cluster c' that q did not search has joint
 similarity <q, mu_c'> + <q, j - mu_c'> <= <q, mu_c'> + r_c' (|q| = 1). With m_out the largest
@@ -56,13 +57,15 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from .hpm import _finish, _merge_block, as_tensor, pair_scores, score_bound
+from . import screen
+from .hpm import _finish, as_tensor, merge_pairs, positive_scores, score_bound
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
 # a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
 # directed S_it = <x_i, t_j>, X_ii = <x_i, x_j>, X_tt = <t_i, t_j> (NaN without them)
 SIMS = ("sii", "stt", "sit", "xii", "xtt")
 PAIR_FIELDS = ("q", "j") + SIMS
+NAMES = ("img", "txt", "ximg", "xtxt")     # the sorted vectors (files img.f32, ...)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,12 @@ class PassParams:
     query_block: int = 1024
     block_size: int = 8192
     max_pairs: Optional[int] = None    # candidate pairs kept per row (highest similarity first)
+    precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 screen (screen.py)
+
+    def floors(self) -> dict:
+        """Each similarity's candidate floor (X_ii and X_tt share S_ii's and S_tt's)."""
+        return {"sii": self.floor_i, "stt": self.floor_t, "sit": self.floor_x,
+                "xii": self.floor_i, "xtt": self.floor_t}
 
     def clusters(self, n: int) -> int:
         c = self.n_clusters or max(1, round(n / 2048))
@@ -251,7 +260,8 @@ def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
 def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
                  device) -> UnitResult:
     k, nq = p.k, len(qpos_np)
-    q = {x: _take(getattr(vec, x), qpos_np, device) for x in ("img", "txt", "ximg", "xtxt")}
+    q = {x: _take(getattr(vec, x), qpos_np, device) for x in NAMES}
+    q_low, floors = screen.low(q, p.precision), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
     best_s = torch.full((nq, k), -1.0, device=device)
     best_j = torch.full((nq, k), -1, dtype=torch.long, device=device)
@@ -260,21 +270,18 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
-        sims = _sims(q, vec, s0, s1, device)
+        m = {x: None if q[x] is None else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
-        found.append(_pairs(_above_floors(sims, p, own, qpos[own] - s0, s0), lay.order))
+        r, cc, val = screen.block_pairs(q, q_low, m, floors, p.tau_i, p.tau_t, p.precision,
+                                        own, qpos[own] - s0)
+        found.append(_pairs(_above_floors(val, floors, r, cc + s0), lay.order))
         held += len(found[-1]["q"])
         if p.max_pairs is not None and held > 2 * nq * p.max_pairs + COMPACT_SLACK:
             found = [_cap(_concat(found), p.max_pairs, cut)]   # exact, as in gather
             held = len(found[0]["q"])
-        s = pair_scores(sims["sii"], sims["stt"], p.tau_i, p.tau_t, p.dup)
-        s[own, qpos[own] - s0] = 0.0
-        support += torch.count_nonzero(s, dim=1)         # s >= 0: thresholds are >= 0
-        if s1 - s0 == b - a:                             # one block: its top-k is the result
-            v, jj = s.topk(min(k, s1 - s0), dim=1)
-            best_s[:, :v.shape[1]], best_j[:, :v.shape[1]] = v, jj + s0
-        else:
-            best_s, best_j = _merge_block(best_s, best_j, s, s0, k)
+        ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
+        support += torch.bincount(r[ok], minlength=nq)
+        best_s, best_j = merge_pairs(best_s, best_j, r[ok], cc[ok] + s0, v[ok], k)
     j, s = _finish(best_s, best_j)
     order = lay.order
     j = np.where(j >= 0, order[np.maximum(j, 0)], -1)
@@ -286,30 +293,17 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), pairs, cut)
 
 
-def _sims(q: dict, vec: Vectors, s0: int, s1: int, device) -> dict:
-    """The block's similarities (queries x members s0:s1): S_I, S_T and, with cross-modal
-    vectors, X_ii, X_tt and the directed S_it = <x_query, t_member>."""
-    out = {"sii": q["img"] @ _rows(vec.img, s0, s1, device).T,
-           "stt": q["txt"] @ _rows(vec.txt, s0, s1, device).T}
-    if vec.cross:
-        xt = _rows(vec.xtxt, s0, s1, device)
-        out.update(sit=q["ximg"] @ xt.T, xii=q["ximg"] @ _rows(vec.ximg, s0, s1, device).T,
-                   xtt=q["xtxt"] @ xt.T)
-    return out
-
-
-def _above_floors(sims: dict, p: PassParams, own_r, own_c, s0: int) -> list:
-    """The (query, member) pairs of a block above a floor, with every similarity (NaN for the
-    cross-modal ones when there are none), the target itself left out."""
-    keep = (sims["sii"] > p.floor_i) | (sims["stt"] > p.floor_t)
-    if "sit" in sims:
-        keep |= (sims["sit"] > p.floor_x) | (sims["xii"] > p.floor_i) | (sims["xtt"] > p.floor_t)
-    keep[own_r, own_c] = False
-    r, cc = keep.nonzero(as_tuple=True)
-    if not len(r):
+def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor) -> list:
+    """The listed pairs (query r, member j) above a floor, with every similarity (NaN for the
+    cross-modal ones when there are none)."""
+    keep = torch.zeros(len(r), dtype=torch.bool, device=r.device)
+    for name, floor in floors.items():
+        if name in val:
+            keep |= val[name] > floor
+    if not keep.any():
         return []
-    nan = torch.full((len(r),), math.nan, device=r.device)
-    return [(r, cc + s0, *(sims[f][r, cc] if f in sims else nan for f in SIMS))]
+    nan = torch.full((int(keep.sum()),), math.nan, device=r.device)
+    return [(r[keep], j[keep], *(val[f][keep] if f in val else nan for f in SIMS))]
 
 
 def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -395,12 +389,20 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
 
 
 def merge_rows(idx, score, rows, j, s, k: int) -> None:
-    """idx/score[rows] <- the best k of theirs and (j, s), in place (torch.topk: on a tie at the
-    k-th place the earlier unit's entry stays; the final order is made canonical in gather)."""
+    """idx/score[rows] <- the best k of theirs and (j, s), in place. Equal scores keep the lower
+    global row (the rows where a tie straddles the k-th place are re-picked by two stable
+    sorts), so a tie never depends on the units."""
     cj = torch.from_numpy(np.concatenate([idx[rows], j], 1))
     cs = torch.from_numpy(np.concatenate([score[rows], s], 1))
-    v, t = cs.topk(k, dim=1, sorted=False)
-    idx[rows], score[rows] = cj.gather(1, t).numpy(), v.numpy()
+    v, t = cs.topk(k, dim=1)
+    kth = v[:, -1:]
+    tied = ((cs == kth).sum(1) > (v == kth).sum(1)).nonzero().flatten()
+    if len(tied):
+        by_row = torch.sort(cj[tied], dim=1, stable=True).indices
+        best = torch.sort(cs[tied].gather(1, by_row), dim=1, descending=True,
+                          stable=True).indices[:, :k]
+        t[tied] = by_row.gather(1, best)
+    idx[rows], score[rows] = cj.gather(1, t).numpy(), cs.gather(1, t).numpy()
 
 
 def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray
@@ -487,7 +489,6 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
 
 
 # --- sorted vectors on disk ----------------------------------------------------------------------
-NAMES = ("img", "txt", "ximg", "xtxt")
 
 
 def save_vectors(dir_: str, lay: Layout, arrays: dict, chunk: int = 65536) -> None:

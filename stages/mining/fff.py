@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from vlcurate.schemas import mining as M
 
-from .hpm import IvfParams, as_tensor, build_ivfpq, gather_dots
+from .hpm import IvfParams, as_tensor, build_ivfpq, gather_dots, stable_topk
 
 CODES = M.RELATIONS          # code c <-> CODES[c]; -1 = not a positive
 
@@ -149,31 +149,6 @@ class Positives:
                              z.astype(np.int8), np.zeros(0, np.int64))
         return Positives(*(np.concatenate([getattr(x, f) for x in parts])
                            for f in ("idx", "code", "score", "caption", "count")))
-
-
-def stable_topk(key: torch.Tensor, k: int, floor: float = 0.0) -> torch.Tensor:
-    """Column indices of each row's k largest keys, largest first, equal keys >= ``floor`` by
-    ascending column (torch.topk breaks ties in any order; a full stable sort of a wide block
-    costs ~20x a top-k). Only rows where equal keys >= floor straddle the k-th place are
-    re-picked: every key above the k-th value, then the first columns equal to it. Keys below
-    ``floor`` (rank_key's -1: not a positive) are never kept, so their order is moot."""
-    if k == 0 or key.shape[1] == 0:
-        return torch.zeros((key.shape[0], 0), dtype=torch.long, device=key.device)
-    v, top = key.topk(k, dim=1)
-    kth = v[:, -1:]
-    rows = (kth[:, 0] >= floor).nonzero().flatten()
-    if len(rows):
-        sub, th = key[rows], kth[rows]
-        tied = (sub == th).sum(1) > (v[rows] == th).sum(1)
-        rows, sub, th = rows[tied], sub[tied], th[tied]
-    if len(rows):
-        equal = sub == th
-        room = (k - (sub > th).sum(1)).unsqueeze(1)
-        pick = (sub > th) | (equal & (equal.cumsum(1) <= room))
-        top[rows] = pick.nonzero()[:, 1].view(len(rows), k)
-    cols = top.sort(dim=1).values                                   # ascending in each row
-    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
-    return cols.gather(1, order)
 
 
 class _Best:

@@ -130,27 +130,73 @@ def _finish(best_s: torch.Tensor, best_j: torch.Tensor) -> tuple[np.ndarray, np.
     return j, s
 
 
-def _merge_block(best_s, best_j, s, b0: int, k: int):
-    """Merge a score block into the running top-k. Only entries above a row's current k-th
-    score (and above 0) can enter; once the top-k has filled they are few, and gathering them
-    (nonzero) is much cheaper than a top-k over the whole block."""
-    floor = best_s[:, k - 1].clamp(min=0.0)
-    enter = s > floor.unsqueeze(1)
-    count = enter.sum(1)
-    most = int(count.max()) if len(count) else 0
-    if most == 0:
+def stable_topk(key: torch.Tensor, k: int, floor: float = 0.0) -> torch.Tensor:
+    """Column indices of each row's k largest keys, largest first, equal keys >= ``floor`` by
+    ascending column (torch.topk breaks ties in any order; a full stable sort of a wide block
+    costs ~20x a top-k). Only rows where equal keys >= floor straddle the k-th place are
+    re-picked: every key above the k-th value, then the first columns equal to it. Keys below
+    ``floor`` (rank_key's -1: not a positive) are never kept, so their order is moot."""
+    if k == 0 or key.shape[1] == 0:
+        return torch.zeros((key.shape[0], 0), dtype=torch.long, device=key.device)
+    v, top = key.topk(k, dim=1)
+    kth = v[:, -1:]
+    rows = (kth[:, 0] >= floor).nonzero().flatten()
+    if len(rows):
+        sub, th = key[rows], kth[rows]
+        tied = (sub == th).sum(1) > (v[rows] == th).sum(1)
+        rows, sub, th = rows[tied], sub[tied], th[tied]
+    if len(rows):
+        equal = sub == th
+        room = (k - (sub > th).sum(1)).unsqueeze(1)
+        pick = (sub > th) | (equal & (equal.cumsum(1) <= room))
+        top[rows] = pick.nonzero()[:, 1].view(len(rows), k)
+    cols = top.sort(dim=1).values                                   # ascending in each row
+    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
+    return cols.gather(1, order)
+
+
+def positive_pairs(si: torch.Tensor, st: torch.Tensor, tau_i: float, tau_t: float,
+                   dup: Optional[float], own_r: torch.Tensor, own_c: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's pairs with s > 0 (Alg. 1: tau < S <= dup in both spaces), the targets
+    themselves (own_r, own_c) left out: (rows, columns, s), row-major. The same values as
+    pair_scores (the same fp32 product) in three dense passes instead of its seven: most pairs
+    are below a threshold, and only the rest are gathered."""
+    hit = (si > tau_i).logical_and_(st > tau_t)
+    hit[own_r, own_c] = False
+    r, c = hit.nonzero(as_tuple=True)
+    ok, v = positive_scores(si[r, c], st[r, c], tau_i, tau_t, dup)
+    return r[ok], c[ok], v[ok]
+
+
+def positive_scores(a: torch.Tensor, b: torch.Tensor, tau_i: float, tau_t: float,
+                    dup: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alg. 1 on listed pairs (S_I = a, S_T = b): which have s > 0, and s = a * b."""
+    v = a * b
+    ok = (a > tau_i) & (b > tau_t) & (v > 0)
+    return (ok if dup is None else ok & (a <= dup) & (b <= dup)), v
+
+
+def merge_pairs(best_s: torch.Tensor, best_j: torch.Tensor, r: torch.Tensor, j: torch.Tensor,
+                v: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge a block's positive pairs (row-major, ``j`` ascending within a row) into the
+    running top-k. Only those above a row's current k-th score can enter; once the top-k has
+    filled they are few. While rows still fill (over 4 k entering), each row's best k of them
+    first (a top-k of the padded block)."""
+    enter = v > best_s[:, k - 1].clamp(min=0.0)[r]
+    r, j, v = r[enter], j[enter], v[enter]
+    if not len(r):
         return best_s, best_j
-    if most > 4 * k:                      # still filling: an ordinary top-k of the block
-        v, j = s.topk(min(k, s.shape[1]), dim=1)
-        return merge_topk(best_s, best_j, v, j + b0, k)
-    rows, cols = enter.nonzero(as_tuple=True)           # row-major: columns ascending per row
-    start = torch.cumsum(count, 0) - count
-    slot = torch.arange(len(rows), device=s.device) - start[rows]
-    v = torch.full((len(s), most), -1.0, device=s.device)
-    j = torch.full((len(s), most), -1, dtype=torch.long, device=s.device)
-    v[rows, slot] = s[rows, cols]
-    j[rows, slot] = cols + b0
-    return merge_topk(best_s, best_j, v, j, k)
+    count = torch.bincount(r, minlength=len(best_s))
+    slot = torch.arange(len(r), device=r.device) - (torch.cumsum(count, 0) - count)[r]
+    most = int(count.max())
+    pv = torch.full((len(best_s), most), -1.0, device=v.device)
+    pj = torch.full((len(best_s), most), -1, dtype=torch.long, device=v.device)
+    pv[r, slot], pj[r, slot] = v, j
+    if most > 4 * k:                   # ties at the k-th place keep the lower column
+        t = stable_topk(pv, k)
+        pv, pj = pv.gather(1, t), pj.gather(1, t)
+    return merge_topk(best_s, best_j, pv, pj, k)
 
 
 # --- exact HPM ------------------------------------------------------------------------------------
@@ -174,11 +220,11 @@ def exact_hpm(img, txt, k: int, tau_i: float, tau_t: float, dup: Optional[float]
             support = torch.zeros(nq, dtype=torch.long, device=device)
             for b0 in range(0, n, block_size):
                 b1 = min(n, b0 + block_size)
-                s = pair_scores(Iq @ I[b0:b1].T, Tq @ T[b0:b1].T, tau_i, tau_t, dup)
-                own = ((qidx >= b0) & (qidx < b1)).nonzero().flatten()
-                s[own, qidx[own] - b0] = 0.0                    # the target itself
-                support += (s > 0).sum(1)
-                best_s, best_j = _merge_block(best_s, best_j, s, b0, k)
+                own = ((qidx >= b0) & (qidx < b1)).nonzero().flatten()    # the targets
+                r, c, v = positive_pairs(Iq @ I[b0:b1].T, Tq @ T[b0:b1].T, tau_i, tau_t, dup,
+                                         own, qidx[own] - b0)
+                support += torch.bincount(r, minlength=nq)
+                best_s, best_j = merge_pairs(best_s, best_j, r, c + b0, v, k)
             j, s = _finish(best_s, best_j)
             out_j.append(j), out_s.append(s), out_sup.append(support.cpu().numpy())
     if not out_j:

@@ -98,6 +98,10 @@ class HpmParams(Params):
     pair_text: float = within(0.9, -1, 1)     # S_tt or X_tt > pair_text
     pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
     max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
+    # the pass's GEMMs: fp32, or bf16 (GPU tensor cores, AMX CPUs) screening the pairs with a
+    # proven margin, then an fp32 re-score of those that pass (stages/mining/screen.py): the
+    # same pairs, similarities equal to fp32's up to their last bits
+    precision: Literal["fp32", "bf16"] = "fp32"
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2

@@ -44,7 +44,7 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
         n_clusters=c, probe=c if exact else cfg.probe, seed=cfg.seed, query_block=cfg.query_block,
-        block_size=cfg.block_size, max_pairs=cfg.max_pairs)
+        block_size=cfg.block_size, max_pairs=cfg.max_pairs, precision=cfg.precision)
 
 
 @dataclass(frozen=True)

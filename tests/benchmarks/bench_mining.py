@@ -273,7 +273,7 @@ def pass_config(a, k: int):
     from vlcurate.stages.mining.hpm_stage import HpmParams as HpmConfig
     over = {"tau_image": a.tau, "tau_text": a.tau, "probe": a.probe, "clusters": a.clusters,
             "pair_image": a.floor, "pair_text": a.floor, "exact_max_n": a.exact_max_n,
-            "method": a.method}
+            "method": a.method, "precision": a.precision}
     return replace(HpmConfig(), k=k, **{f: v for f, v in over.items() if v is not None})
 
 
@@ -295,7 +295,8 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     tau, dup = (p.tau_i, p.tau_t), p.dup
     dims = img.shape[1] + txt.shape[1]
     exhaustive = p.probe >= p.clusters(n)
-    print(f"\n== pass: {name}: N = {n}, tau = {tau}, dup = {dup}, method {cfg.method} "
+    print(f"\n== pass: {name}: N = {n}, tau = {tau}, dup = {dup}, method {cfg.method}, "
+          f"precision {cfg.precision} "
           f"(exact_max_n {cfg.exact_max_n}), {p.clusters(n)} clusters, probe {p.probe}"
           f"{' = exhaustive (exact HPM)' if exhaustive else ''}; load average "
           f"{os.getloadavg()[0]:.1f} ==", flush=True)
@@ -390,6 +391,8 @@ def main() -> int:
     ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
     ap.add_argument("--chunk", type=int, default=1024, help="pass: rows mined together (run.chunk_rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
+    ap.add_argument("--precisions", choices=("fp32", "bf16"), nargs="+", default=[None],
+                    help="pass: one run per hpm.precision, in this process (default: the config's)")
     ap.add_argument("--targets", type=int, help="pass: mine only this many random rows")
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 10, 50, 100, 500])
@@ -402,7 +405,8 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     if a.set == "real":
         img, txt = real_pairs(a.cache)
-        bench_pass("real-derived (MiniLM, COCO + Flickr8k captions)", img, txt, a)
+        for a.precision in a.precisions:
+            bench_pass("real-derived (MiniLM, COCO + Flickr8k captions)", img, txt, a)
         if a.fasthpm:
             bench("real-derived (MiniLM, COCO + Flickr8k captions)", img, txt, a)
             bench_positives(img, txt, a)
@@ -410,7 +414,8 @@ def main() -> int:
         t = time.time()
         img, txt = synthetic(a.n, a.cache)
         print(f"synthetic set ready in {time.time() - t:.0f}s", flush=True)
-        bench_pass(f"clustered synthetic N = {a.n}", img, txt, a)
+        for a.precision in a.precisions:
+            bench_pass(f"clustered synthetic N = {a.n}", img, txt, a)
         if a.fasthpm:
             bench(f"clustered synthetic N = {a.n}", img, txt, a)
     return 0

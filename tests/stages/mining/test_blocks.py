@@ -140,10 +140,8 @@ def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
     """The stage mines each chunk of each part on its own: any split of the rows (and any order)
     gives every row the same hard pairs, support, certificate and candidate pairs as mining
     them all at once (issue 14). Scores agree to float rounding only: a GEMM's last bits depend
-    on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads. Known
-    limit (not in this data): rows tied exactly at the k-th score (exact duplicates) may keep a
-    different one of the tied rows in another chunk; the chunks are fixed, so outputs are not
-    affected by resources."""
+    on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads. Exact
+    ties: test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks."""
     img, txt = pairs(500, 16, seed=4, spread=0.6, n_clusters=8)
     p = params(5, 7, probe=3, floor_i=0.7, floor_t=0.7, max_pairs=4)
     lay, whole = B.neighbour_pass(img, txt, p, rows=500)
@@ -163,6 +161,27 @@ def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
         np.testing.assert_allclose(split.pair_sii[a:b], whole.pair_sii[c:d], rtol=1e-6)
     assert len(whole.pair_j) > 50 and whole.cut.sum() > 0
     assert whole.certified.any() and (~whole.certified).any()
+
+
+@pytest.mark.parametrize("probe", [2, 4])
+def test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks(probe):
+    """Every row has an exact twin, so scores tie exactly at the k-th place: the lower global
+    row is kept, whichever rows are mined together, and (exhaustive) as exact HPM keeps it."""
+    img, txt = pairs(120, 8, seed=5, spread=0.5, n_clusters=4)
+    img, txt = np.concatenate([img, img]), np.concatenate([txt, txt])
+    p = params(5, 4, probe=probe)
+    lay, whole = B.neighbour_pass(img, txt, p, rows=240)
+    vec, pos = B.sorted_vectors(lay, img, txt), lay.positions()
+    for cuts in ((0, 1, 240), (0, 7, 100, 101, 240)):
+        split = B.PassResult.concat([B.mine(lay, vec, pos[a:b], p)
+                                     for a, b in zip(cuts[:-1], cuts[1:])])
+        np.testing.assert_array_equal(split.idx, whole.idx)
+    live = whole.idx[:, -1] >= 0                 # twins come in pairs: the 5th splits one
+    assert live.sum() > 100
+    assert (whole.idx[live, -1] < 120).all()     # of two tied twins, the lower row is kept
+    if probe == 4:
+        ex = hpm.exact_hpm(img, txt, 5, TAU, TAU, 0.98, block_size=29, query_block=37)
+        np.testing.assert_array_equal(B.canonical(ex.idx, ex.score)[0], whole.idx)
 
 
 def test_capping_as_units_arrive_equals_capping_once(monkeypatch):

@@ -144,6 +144,34 @@ def test_threshold_is_strict_and_bound():
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("dup", [0.98, None])
+def test_sparse_scores_and_merge_equal_the_dense_rule_and_a_stable_sort(dup):
+    """positive_pairs = pair_scores' positive entries (values at the thresholds and at dup
+    included), and merge_pairs over blocks = a stable sort of every positive score (ties keep
+    the lower column), while rows fill and once they are full."""
+    g = torch.Generator().manual_seed(0)
+    levels = torch.tensor([0.1, 0.5, 0.6, 0.7, 0.9, 0.98, 0.99])      # many exact ties
+    si = levels[torch.randint(0, 7, (40, 300), generator=g)]
+    st = levels[torch.randint(0, 7, (40, 300), generator=g)]
+    own_r, own_c = torch.arange(0, 40, 3), torch.arange(0, 40, 3) * 7
+    dense = hpm.pair_scores(si.clone(), st.clone(), 0.5, 0.5, dup)
+    dense[own_r, own_c] = 0.0
+    r, c, v = hpm.positive_pairs(si, st, 0.5, 0.5, dup, own_r, own_c)
+    want_r, want_c = dense.nonzero(as_tuple=True)
+    assert torch.equal(r, want_r) and torch.equal(c, want_c)
+    assert torch.equal(v, dense[want_r, want_c])
+    for k in (3, 200):          # 3: blocks after the first mostly fill nothing; 200: still filling
+        best_s = torch.full((40, k), -1.0)
+        best_j = torch.full((40, k), -1, dtype=torch.long)
+        for b0 in range(0, 300, 64):
+            sel = (c >= b0) & (c < b0 + 64)
+            best_s, best_j = hpm.merge_pairs(best_s, best_j, r[sel], c[sel], v[sel], k)
+        order = torch.sort(dense, dim=1, descending=True, stable=True).indices[:, :k]
+        top = dense.gather(1, order)
+        assert torch.equal(best_s.clamp(min=0), top)
+        assert torch.equal(torch.where(top > 0, best_j, -1), torch.where(top > 0, order, -1))
+
+
 def test_duplicates_are_neither_hard_pairs_nor_support():
     img = unit([1, 0, 0], [1, 0, 0], [1, 0.3, 0], [1, 0, 0.3])
     txt = unit([0, 1, 0], [0, 1, 0], [0.3, 1, 0], [0, 1, 0.3])

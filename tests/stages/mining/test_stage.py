@@ -365,3 +365,22 @@ def test_positives_search_on_their_own_when_hpms_pass_is_partial(source, tmp_pat
            for x in table(tmp_path, "positives").to_pylist()}
     for q, i in enumerate(survivors):
         assert got[ids[i]] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
+
+
+def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tmp_path,
+                                                                     monkeypatch):
+    """Config to stage: hpm.precision bf16 screens every block (DENSE_SHARE 1: this data is
+    dense) and re-scores; the hard pairs, noise flags and candidate pairs equal fp32's."""
+    from vlcurate.stages.mining import screen
+    cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
+    run(cfg(source, tmp_path / "fp32"), dag()[:-2], executor="local", log=quiet)
+    want = table(tmp_path / "fp32", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
+    calls = []
+    rescore = screen.rescore
+    monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    run(cfg(source, tmp_path / "bf16", **{"hpm.precision": "bf16"}), dag()[:-2],
+        executor="local", log=quiet)
+    got = table(tmp_path / "bf16", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
+    assert calls and got.equals(want)
+    assert sum(len(x or []) for x in want.column(M.PAIR_IDS.name).to_pylist()) > 20

@@ -1,0 +1,97 @@
+"""A block's pairs worth keeping, with exact fp32 similarities (issue 15: bf16 blocks with an
+fp32 re-score).
+
+For a block (queries x members) the pass needs only the pairs that can score (S_I > tau_I and
+S_T > tau_T: Alg. 1) or that pass a candidate floor (blocks.FLOORS): well under 0.1% of the
+pairs on real data (0.03% at 200k synthetic rows, 0.1% on the real-derived 65k; the demo's
+random encoders are the dense exception). ``hpm.precision``:
+
+* ``fp32``: the block's GEMMs in fp32; the pairs are read off them.
+* ``bf16``: the GEMMs in bf16 (tensor cores on a GPU, AMX on recent Xeons: 6x the fp32 rate
+  on this machine) screen the pairs with a proven margin, and only the pairs that pass are
+  re-scored in fp32 (gathered dot products). For unit vectors rounded to bf16 (unit roundoff
+  u = 2^-8), summed in fp32 over K dimensions and rounded to bf16 once more,
+  |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds the re-score's own K 2^-24 and
+  keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its screened similarities are within
+  that margin of a threshold, so no pair that passes in fp32 is missed (tested against fp32
+  on pairs placed at the thresholds). A block whose candidates are over DENSE_SHARE of its
+  pairs is computed in fp32 instead (re-scoring costs ~60x a GEMM's share per pair).
+
+The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
+round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
+run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
+(allow_bf16_reduced_precision_reduction is turned off), which the margin assumes.
+"""
+from __future__ import annotations
+
+import torch
+
+PRECISIONS = ("fp32", "bf16")
+LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
+DENSE_SHARE = 1 / 64
+RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
+# (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
+PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
+         ("xii", "ximg", "ximg"), ("xtt", "xtxt", "xtxt"))
+
+
+def margin(precision: str, dim: int) -> float:
+    """The largest |screened - re-scored| similarity of unit vectors of ``dim`` dimensions."""
+    if precision == "fp32":
+        return 0.0
+    u = LOW[precision][1]
+    return 3.1 * u + 2 * dim * 2.0 ** -24
+
+
+def low(x: dict, precision: str) -> dict:
+    """The vectors of ``x`` in the screen's dtype (fp32: themselves)."""
+    if precision == "fp32":
+        return x
+    if any(v is not None and v.is_cuda for v in x.values()):
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    return {f: None if v is None else v.to(LOW[precision][0]) for f, v in x.items()}
+
+
+def sims(q: dict, m: dict) -> dict:
+    """Every similarity of a block: queries q x members m, per PAIRS (fp32 results)."""
+    return {s: (q[a] @ m[b].T).float() for s, a, b in PAIRS if q.get(a) is not None}
+
+
+def rescore(q: dict, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
+    """The exact fp32 similarities of the listed pairs (query r, member c)."""
+    out: dict = {s: [] for s, a, _ in PAIRS if q.get(a) is not None}
+    for i in range(0, len(r), RESCORE_ROWS):
+        rr, cc = r[i:i + RESCORE_ROWS], c[i:i + RESCORE_ROWS]
+        for s in out:
+            a, b = next((a, b) for name, a, b in PAIRS if name == s)
+            out[s].append((q[a][rr] * m[b][cc]).sum(1))
+    empty = torch.zeros(0, device=r.device)
+    return {s: torch.cat(v) if v else empty for s, v in out.items()}
+
+
+def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
+               own_r: torch.Tensor, own_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs (row-major) that may score (both similarities above their thresholds) or pass
+    a floor, within ``eps``; the targets themselves (own_r, own_c) left out."""
+    keep = (s["sii"] > tau_i - eps).logical_and_(s["stt"] > tau_t - eps)
+    for name, floor in floors.items():
+        if name in s:
+            keep.logical_or_(s[name] > floor - eps)
+    keep[own_r, own_c] = False
+    return keep.nonzero(as_tuple=True)
+
+
+def block_pairs(q: dict, q_low: dict, m: dict, floors: dict, tau_i: float, tau_t: float,
+                precision: str, own_r: torch.Tensor, own_c: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
+    that score or pass a floor, which the caller selects exactly."""
+    if precision != "fp32":
+        s = sims(q_low, low(m, precision))
+        eps = margin(precision, max(v.shape[1] for v in m.values() if v is not None))
+        r, c = candidates(s, floors, tau_i, tau_t, eps, own_r, own_c)
+        if len(r) <= DENSE_SHARE * s["sii"].numel():
+            return r, c, rescore(q, m, r, c)
+    s = sims(q, m)
+    r, c = candidates(s, floors, tau_i, tau_t, 0.0, own_r, own_c)
+    return r, c, {f: v[r, c] for f, v in s.items()}

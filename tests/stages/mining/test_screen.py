@@ -1,0 +1,77 @@
+"""hpm.precision bf16 (stages/mining/screen.py): a bf16 screen with a proven margin, then an fp32
+re-score, finds exactly the pairs fp32 finds, with fp32's similarities."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import hpm, screen
+
+from .naive import naive_hpm, pairs
+from .test_blocks import cross_vectors
+from .test_hpm import assert_matches_naive
+
+
+def test_the_margin_bounds_bf16_similarities_of_unit_vectors():
+    g = torch.Generator().manual_seed(0)
+    for d in (8, 384, 768):
+        a = torch.nn.functional.normalize(torch.randn(300, d, generator=g), dim=1)
+        b = torch.nn.functional.normalize(torch.randn(500, d, generator=g), dim=1)
+        b[:50] = a[:50] + 0.01 * b[:50]             # near 1, where bf16 rounds the coarsest
+        b = torch.nn.functional.normalize(b, dim=1)
+        low = screen.low({"img": a, "txt": b}, "bf16")
+        err = ((low["img"] @ low["txt"].T).float() - a @ b.T).abs().max().item()
+        assert 0 < err <= screen.margin("bf16", d), (d, err)
+    assert screen.margin("fp32", 768) == 0.0
+
+
+def near_thresholds(n=240, seed=7):
+    """Vectors whose similarities crowd every threshold below: many pairs within bf16's error of
+    tau, the floors and dup."""
+    img, txt = pairs(n, 6, seed=seed, spread=0.9, n_clusters=3)
+    img[5], txt[5] = img[2], txt[2]                               # a duplicate
+    return img, txt, *cross_vectors(img, seed)
+
+
+def run(precision, img, txt, ximg, xtxt, **over):
+    p = B.PassParams(k=7, tau_i=0.3, tau_t=0.05, dup=0.98, floor_i=0.8, floor_t=0.85,
+                     floor_x=0.6, n_clusters=3, probe=3, query_block=41, block_size=53,
+                     precision=precision, **over)
+    return B.neighbour_pass(img, txt, p, ximg, xtxt)[1]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_bf16_finds_what_fp32_finds(cross, monkeypatch):
+    """Every block screened in bf16 (DENSE_SHARE 1: this data is dense), as sparse data is."""
+    img, txt, ximg, xtxt = near_thresholds()
+    x = (ximg, xtxt) if cross else (None, None)
+    want = run("fp32", img, txt, *x)
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    got = run("bf16", img, txt, *x)
+    monkeypatch.setattr(screen, "margin", lambda *a: 0.0)
+    assert (run("bf16", img, txt, *x).support != want.support).any()   # the margin matters
+    for f in ("idx", "support", "certified", "cut", "offsets", "pair_j"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), f)
+    for f in ("score", "pair_sii", "pair_stt", "pair_sit", "pair_xii", "pair_xtt"):
+        np.testing.assert_allclose(getattr(got, f), getattr(want, f), atol=1e-6, err_msg=f)
+    assert len(want.pair_j) > 100 and (want.support > 0).mean() > 0.5
+    assert_matches_naive(hpm.TopK(got.idx, got.score, got.support, got.certified),
+                         naive_hpm(img, txt, 7, 0.3, 0.05, 0.98), 7)
+
+
+def test_a_dense_block_is_computed_in_fp32(monkeypatch):
+    """Over DENSE_SHARE of a block's pairs passing the screen: that block in fp32, the same
+    result bit for bit."""
+    img, txt, ximg, xtxt = near_thresholds()
+    want = run("fp32", img, txt, ximg, xtxt)
+    calls = []
+    rescore = screen.rescore
+    monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
+    monkeypatch.setattr(screen, "DENSE_SHARE", 0.0)
+    got = run("bf16", img, txt, ximg, xtxt)
+    assert not calls
+    for f in dataclasses.fields(B.PassResult):
+        np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), f.name)
