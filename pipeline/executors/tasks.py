@@ -129,8 +129,7 @@ def prepare_step(stage: type, cfg: Any, read: Upstream, n_parts: int, workdir: W
     if workdir.remote:
         shutil.rmtree(workdir.local, ignore_errors=True)
     os.makedirs(workdir.local, exist_ok=True)
-    bounded_heap()
-    with pinned_threads(cfg.run.intra_op_threads):
+    with bounded_heap(), pinned_threads(cfg.run.intra_op_threads):
         state = stage.prepare(cfg, read, n_parts, workdir.local)
     workdir.publish()
     return state

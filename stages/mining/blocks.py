@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -222,10 +223,13 @@ class UnitResult:
 
 
 class Vectors:
-    """The sorted vectors a unit reads: arrays or memmaps [N, d] in layout order."""
+    """The sorted vectors a unit reads: arrays or memmaps [N, d] in layout order; ``low``, with
+    hpm.precision bf16, their bf16 copies (screen.py: int16 bits on disk, or device tensors)
+    by name, which the screen otherwise casts block by block."""
 
-    def __init__(self, img, txt, ximg=None, xtxt=None) -> None:
+    def __init__(self, img, txt, ximg=None, xtxt=None, low: Optional[dict] = None) -> None:
         self.img, self.txt, self.ximg, self.xtxt = img, txt, ximg, xtxt
+        self.low = low
 
     @property
     def cross(self) -> bool:
@@ -271,9 +275,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
         m = {x: None if q[x] is None else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
+        m_low = vec.low and {x: screen.low_rows(vec.low[x], s0, s1, device) for x in vec.low}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
-        r, cc, val = screen.block_pairs(q, q_low, m, floors, p.tau_i, p.tau_t, p.precision,
-                                        own, qpos[own] - s0)
+        r, cc, val = screen.block_pairs(q, q_low, m, m_low, floors, p.tau_i, p.tau_t,
+                                        p.precision, own, qpos[own] - s0)
         found.append(_pairs(_above_floors(val, floors, r, cc + s0), lay.order))
         held += len(found[-1]["q"])
         if p.max_pairs is not None and held > 2 * nq * p.max_pairs + COMPACT_SLACK:
@@ -491,23 +496,31 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
 # --- sorted vectors on disk ----------------------------------------------------------------------
 
 
-def save_vectors(dir_: str, lay: Layout, arrays: dict, chunk: int = 65536) -> None:
-    """Write each [N, d] array of ``arrays`` (keys in NAMES) in layout order, float32."""
+def save_vectors(dir_: str, lay: Layout, arrays: dict, precision: str = "fp32",
+                 chunk: int = 65536) -> None:
+    """Write each [N, d] array of ``arrays`` (keys in NAMES) in layout order, float32, and
+    with a low ``precision`` its copy in that precision too (screen.to_bits)."""
     os.makedirs(dir_, exist_ok=True)
     for name, x in arrays.items():
         if x is None:
             continue
-        with open(os.path.join(dir_, f"{name}.f32"), "wb") as fh:
+        with ExitStack() as stack:
+            f32 = stack.enter_context(open(os.path.join(dir_, f"{name}.f32"), "wb"))
+            low = None if precision == "fp32" else stack.enter_context(
+                open(os.path.join(dir_, f"{name}.{precision}"), "wb"))
             for a in range(0, len(lay.order), chunk):
                 rows = lay.order[a:a + chunk]
-                fh.write(np.ascontiguousarray(x[np.sort(rows)][np.argsort(np.argsort(rows))],
-                                              np.float32).tobytes())
+                block = np.ascontiguousarray(x[np.sort(rows)][np.argsort(np.argsort(rows))],
+                                             np.float32)
+                f32.write(block.tobytes())
+                if low is not None:
+                    low.write(screen.to_bits(block, precision).tobytes())
         with open(os.path.join(dir_, f"{name}.dim"), "w") as fh:
             fh.write(str(x.shape[1]))
 
 
 def load_vectors(dir_: str, n: int) -> Vectors:
-    out = []
+    out, low = [], {}
     for name in NAMES:
         path = os.path.join(dir_, f"{name}.f32")
         if not os.path.exists(path):
@@ -517,7 +530,11 @@ def load_vectors(dir_: str, n: int) -> Vectors:
             d = int(fh.read())
         out.append(np.memmap(path, np.float32, "r", shape=(n, d)) if n else
                    np.zeros((0, d), np.float32))
-    return Vectors(*out)
+        for precision in screen.LOW:
+            path = os.path.join(dir_, f"{name}.{precision}")
+            if os.path.exists(path) and n:
+                low[name] = np.memmap(path, np.int16, "r", shape=(n, d))
+    return Vectors(*out, low=low or None)
 
 
 LAYOUT = ("means", "radius", "order", "bounds")

@@ -45,7 +45,7 @@ from . import blocks, hpm
 from .pass_io import Miner, pass_info, pass_params, prepare_pass, small_data_error
 from vlcurate.stages.arrow import list_array, masked_lists, spread
 
-from .store import Store, collect
+from .store import Store, collect, drop_vectors
 
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
@@ -156,6 +156,7 @@ class HpmStage(GlobalStage):
         elif meta.n:
             state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n), workdir,
                                          hpm.resolve_device(cfg.device))
+            state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
         return state
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from vlcurate.schemas import embed as E
 
-from . import blocks, hpm
+from . import blocks, hpm, screen
 from .store import Store
 
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
@@ -66,7 +66,7 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
     blocks.save_layout(out, lay)
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
-                                   "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)})
+                                   "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
     state = PassState(out, store.n, p)
     miner = Miner(state, device)
     rows = np.arange(store.n) if store.n <= GUARD_SAMPLE else np.sort(
@@ -100,13 +100,16 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
     (every unit then reads them there); else, and on the CPU, the memory-mapped files, a unit's
     slices copied as it needs them. The same code reads either."""
     arrays = [getattr(vec, x) for x in blocks.NAMES]
-    size = sum(a.nbytes for a in arrays if a is not None)
+    low = vec.low or {}
+    size = sum(a.nbytes for a in [*arrays, *low.values()] if a is not None)
     if not device.startswith("cuda"):
         return vec
     import torch
     if size > GPU_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory:
         return vec
-    return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays))
+    return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays),
+                          low={x: screen.low_rows(a, 0, len(a), device)
+                               for x, a in low.items()} or None)
 
 
 def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:

@@ -24,6 +24,9 @@ run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
 """
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 import torch
 
 PRECISIONS = ("fp32", "bf16")
@@ -50,6 +53,18 @@ def low(x: dict, precision: str) -> dict:
     if any(v is not None and v.is_cuda for v in x.values()):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     return {f: None if v is None else v.to(LOW[precision][0]) for f, v in x.items()}
+
+
+def to_bits(x, precision: str):
+    """float32 [n, d] -> the int16 bits of its ``precision`` (bf16) copy, for disk."""
+    return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
+
+
+def low_rows(x, s0: int, s1: int, device: str) -> torch.Tensor:
+    """Rows s0:s1 of a low copy: a device tensor already, or int16 bits (a memmap)."""
+    if isinstance(x, torch.Tensor):
+        return x[s0:s1]
+    return torch.from_numpy(np.ascontiguousarray(x[s0:s1])).view(torch.bfloat16).to(device)
 
 
 def sims(q: dict, m: dict) -> dict:
@@ -81,13 +96,14 @@ def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
     return keep.nonzero(as_tuple=True)
 
 
-def block_pairs(q: dict, q_low: dict, m: dict, floors: dict, tau_i: float, tau_t: float,
-                precision: str, own_r: torch.Tensor, own_c: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def block_pairs(q: dict, q_low: dict, m: dict, m_low: Optional[dict], floors: dict,
+                tau_i: float, tau_t: float, precision: str, own_r: torch.Tensor,
+                own_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
-    that score or pass a floor, which the caller selects exactly."""
+    that score or pass a floor, which the caller selects exactly. ``m_low``: the members' low
+    copies when stored (else cast here)."""
     if precision != "fp32":
-        s = sims(q_low, low(m, precision))
+        s = sims(q_low, m_low or low(m, precision))
         eps = margin(precision, max(v.shape[1] for v in m.values() if v is not None))
         r, c = candidates(s, floors, tau_i, tau_t, eps, own_r, own_c)
         if len(r) <= DENSE_SHARE * s["sii"].numel():

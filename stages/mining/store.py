@@ -8,6 +8,7 @@ with their sample ids and positions. Rows are in part/row order: global row g of
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -75,6 +76,15 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
                      tuple(counts), names)
 
 
+def drop_vectors(meta: StoreMeta) -> StoreMeta:
+    """Delete the collected vector files and return the store without them (ids and positions
+    only): for hpm's pass, whose workers read the sorted copy instead, so the vectors are kept
+    on disk once."""
+    for c, _ in meta.dims:
+        os.remove(os.path.join(meta.dir, f"{c}.f32"))
+    return dataclasses.replace(meta, dims=())
+
+
 class Store:
     """An actor's view of the collected rows: memory-mapped vectors, ids and positions."""
 
@@ -122,4 +132,4 @@ class Store:
         return list_array(valid.sum(1), self.ids.take(pa.array(idx[valid])))
 
 
-__all__ = ["Store", "StoreMeta", "collect", "vectors"]
+__all__ = ["Store", "StoreMeta", "collect", "drop_vectors", "vectors"]

@@ -21,6 +21,7 @@ largest N within 1.3x of its peak at the smallest, beyond the memory-mapped vect
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -97,8 +98,6 @@ def one(n: int, a: argparse.Namespace) -> dict:
     from vlcurate.stages.mining.store import Store, collect
 
     from vlcurate.pipeline.parts import bounded_heap
-    if not a.default_heap:
-        bounded_heap()          # as the runner's global steps and stage workers do
     cs = centres(n, a.dim)
     peaks = Peaks()
     base = peaks.take()[0]
@@ -115,8 +114,9 @@ def one(n: int, a: argparse.Namespace) -> dict:
     parts = -(-n // a.part)
     with tempfile.TemporaryDirectory() as work:
         t = time.time()
-        meta = collect(read, parts, work, (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME))
-        state = prepare_pass(Store(meta), p, work, "cpu")
+        with bounded_heap() if not a.default_heap else contextlib.nullcontext():
+            meta = collect(read, parts, work, (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME))
+            state = prepare_pass(Store(meta), p, work, "cpu")     # as the executors run it
         t_step, step = time.time() - t, peaks.take()
         miner, kept, cut = Miner(state, "cpu"), 0, 0
         t = time.time()

@@ -375,12 +375,13 @@ def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tm
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
     run(cfg(source, tmp_path / "fp32"), dag()[:-2], executor="local", log=quiet)
     want = table(tmp_path / "fp32", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
-    calls = []
-    rescore = screen.rescore
+    calls, stored = [], []
+    rescore, low_rows = screen.rescore, screen.low_rows
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
+    monkeypatch.setattr(screen, "low_rows", lambda *a: stored.append(1) or low_rows(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     run(cfg(source, tmp_path / "bf16", **{"hpm.precision": "bf16"}), dag()[:-2],
         executor="local", log=quiet)
     got = table(tmp_path / "bf16", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
-    assert calls and got.equals(want)
+    assert calls and stored and got.equals(want)     # stored: the bf16 copies written once
     assert sum(len(x or []) for x in want.column(M.PAIR_IDS.name).to_pylist()) > 20
