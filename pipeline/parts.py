@@ -233,15 +233,15 @@ def _read_ancestors(io: PartIO, part: int, levels: Optional[np.ndarray]
 
 
 class StageCall:
-    """Wraps a stage for ``map_batches``: the stage is called once per chunk (``run.chunk_rows``
-    rows of one part, aligned to its first row) with ``run.intra_op_threads`` threads, so what it
+    """Wraps a stage for ``map_batches``: the stage is called once per chunk (``run.chunk_rows``,
+    or the stage's own ``chunk_rows``, rows of one part, aligned to its first row) with ``run.intra_op_threads`` threads, so what it
     computes never depends on the batch size, the concurrency or the executor. Only rows still
     kept reach the stage; the rows it did not see come back with null columns and no reasons, so
     every input row has an output row."""
 
     def __init__(self, stage_cls: type, cfg: Any, state: Any = None,
                  schema: Optional[pa.Schema] = None) -> None:
-        self.chunk_rows, self.threads = cfg.run.chunk_rows, cfg.run.intra_op_threads
+        self.chunk_rows, self.threads = stage_cls.chunk_rows(cfg), cfg.run.intra_op_threads
         self.schema = schema if schema is not None else stage_cls.output
         with pinned_threads(self.threads):
             self.stage = stage_cls(cfg, state, self.schema)

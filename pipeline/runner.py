@@ -367,7 +367,7 @@ class Runner:
         io, schemas = self.part_io(node, specs)
         out_schema = stage.output_schema(schemas, view)
         res = resources(stage, self.config)
-        rows = batch_rows(res.batch_size, self.config.run.chunk_rows)
+        rows = batch_rows(res.batch_size, stage.chunk_rows(view))
         self.log(f"[{name}] {n_parts} parts" + (f", {n_parts - len(pending)} already committed"
                                                  if len(pending) < n_parts else "")
                  + f" · {self.executor_name} · cpus={res.num_cpus} gpus={res.num_gpus} "

@@ -125,6 +125,12 @@ class Stage:
         return cls.output
 
     @classmethod
+    def chunk_rows(cls, cfg: Any) -> int:
+        """Rows of one part per call (pipeline/parts.py StageCall): ``run.chunk_rows`` unless
+        the stage's own config sets a chunk of its own (a numerics key: in its fingerprint)."""
+        return cfg.run.chunk_rows
+
+    @classmethod
     def notes(cls, cfg: Any) -> list[str]:
         """Things the run summary must say plainly (random weights, parts skipped, ...)."""
         return []

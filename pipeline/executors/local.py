@@ -18,7 +18,7 @@ class LocalExecutor:
 
     def parts(self, w: Work, committer: Committer) -> None:
         call = StageCall(w.stage, w.cfg, w.state, w.schema)
-        rows = batch_rows(w.res.batch_size, w.cfg.run.chunk_rows)
+        rows = batch_rows(w.res.batch_size, w.stage.chunk_rows(w.cfg))
         for p in dict.fromkeys(p for p, _, _ in w.items):
             t = read_inputs(w.io, p, w.specs[p] if w.specs else None)
             if t.num_rows == 0:

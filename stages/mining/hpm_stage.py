@@ -102,6 +102,12 @@ class HpmParams(Params):
     # proven margin, then an fp32 re-score of those that pass (stages/mining/screen.py): the
     # same pairs, similarities equal to fp32's up to their last bits
     precision: Literal["fp32", "bf16"] = "fp32"
+    # rows mined per call (null: run.chunk_rows). A chunk's rows are routed together, so its
+    # units (a cluster x the rows routed to it) hold chunk_rows x probe / clusters queries:
+    # ~84 at 1M rows in 1,024-row chunks, too few for a GEMM; 8,192 mined 1.2-1.5x faster
+    # there on a CPU (bench_mining), and a GPU needs it more. A numerics key (in the
+    # fingerprint): a row's similarities may differ in their last bits with it.
+    chunk_rows: Optional[int] = positive(None)
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2
@@ -125,7 +131,7 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "3"        # 3: mined per part on the actors, hpm_pairs_cut
+    version = "4"        # 4: ties at the k-th place keep the lower row; 3: mined per part
     Params = HpmParams
     speed_only = ("build_threads",)   # threads of the global step
     inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
@@ -133,6 +139,10 @@ class HpmStage(GlobalStage):
     resources = Resources(num_cpus=1, batch_size=0)
     on_actors = True
     wants_position = True
+
+    @classmethod
+    def chunk_rows(cls, config: Any) -> int:
+        return config.hpm.chunk_rows or config.run.chunk_rows
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:

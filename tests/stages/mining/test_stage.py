@@ -385,3 +385,26 @@ def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tm
     got = table(tmp_path / "bf16", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     assert calls and stored and got.equals(want)     # stored: the bf16 copies written once
     assert sum(len(x or []) for x in want.column(M.PAIR_IDS.name).to_pylist()) > 20
+
+
+def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(source, tmp_path,
+                                                                           monkeypatch):
+    """hpm.chunk_rows: the stage is called on chunks of that many rows of a part (not
+    run.chunk_rows); a batch size that is not a multiple of it is rounded up, so the tables
+    are byte-identical whatever the batch; the pairs equal the default chunks' (a row's result
+    does not depend on the rows mined with it)."""
+    cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
+    run(cfg(source, tmp_path / "default"), dag()[:-2], executor="local", log=quiet)
+    sizes = []
+    mine = HpmStage.mine
+    monkeypatch.setattr(HpmStage, "mine", lambda self, g: sizes.append(len(g)) or mine(self, g))
+    tables_ = []
+    for i, batch in enumerate((0, 3)):
+        run(cfg(source, tmp_path / f"c{i}", **{"hpm.chunk_rows": 4,
+                                               "hpm.resources": {"batch_size": batch}}),
+            dag()[:-2], executor="local", log=quiet)
+        tables_.append(table(tmp_path / f"c{i}", "hpm").sort_by(F.SAMPLE_ID.name))
+    assert max(sizes) <= 4 and sizes.count(4) > 5
+    assert tables_[0].equals(tables_[1])
+    want = table(tmp_path / "default", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
+    assert tables_[0].select(cols).equals(want)
