@@ -14,8 +14,9 @@ GEMMs of the gathered queries (query_block at a time) against c's members (a con
 block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 
 * the HPM score s = S~I * S~T with Alg. 1's thresholds and the duplicate rule, for the pairs
-  with s > 0 only (hpm.positive_pairs: three dense passes, then sparse), merged into a running
-  top-k (hpm.merge_pairs), and its support (pairs with s > 0 among c's members);
+  with s > 0 only (screen.block_pairs: one boolean mask over the block, then only the few
+  pairs it lists; in bf16 with an fp32 re-score, hpm.precision), merged into a running top-k
+  (hpm.merge_pairs), and its support (pairs with s > 0 among c's members);
 * every pair with S_I > floor_i or S_T > floor_t (with cross-modal vectors also X_ii > floor_i,
   X_tt > floor_t or S_it = <x_i, t_j> > floor_x): the candidates of FFF Eq. 1 (in the space the
   positives stage judges it: the cross-modal one when there is one) and of HELIP's duplicates,

@@ -29,7 +29,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-PRECISIONS = ("fp32", "bf16")
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
 RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
@@ -74,14 +73,13 @@ def sims(q: dict, m: dict) -> dict:
 
 def rescore(q: dict, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
     """The exact fp32 similarities of the listed pairs (query r, member c)."""
-    out: dict = {s: [] for s, a, _ in PAIRS if q.get(a) is not None}
+    pairs = [(s, a, b) for s, a, b in PAIRS if q.get(a) is not None]
+    out: dict = {s: [torch.zeros(0, device=r.device)] for s, _, _ in pairs}
     for i in range(0, len(r), RESCORE_ROWS):
         rr, cc = r[i:i + RESCORE_ROWS], c[i:i + RESCORE_ROWS]
-        for s in out:
-            a, b = next((a, b) for name, a, b in PAIRS if name == s)
+        for s, a, b in pairs:
             out[s].append((q[a][rr] * m[b][cc]).sum(1))
-    empty = torch.zeros(0, device=r.device)
-    return {s: torch.cat(v) if v else empty for s, v in out.items()}
+    return {s: torch.cat(v) for s, v in out.items()}
 
 
 def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
