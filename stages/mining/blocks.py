@@ -397,12 +397,13 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
 def merge_rows(idx, score, rows, j, s, k: int) -> None:
     """idx/score[rows] <- the best k of theirs and (j, s), in place. Equal scores keep the lower
     global row (the rows where a tie straddles the k-th place are re-picked by two stable
-    sorts), so a tie never depends on the units."""
+    sorts), so a tie never depends on the units. A k-th score of 0 is no tie: scores <= 0 are
+    dropped (gather), and every positive one is then in the top k."""
     cj = torch.from_numpy(np.concatenate([idx[rows], j], 1))
     cs = torch.from_numpy(np.concatenate([score[rows], s], 1))
     v, t = cs.topk(k, dim=1)
     kth = v[:, -1:]
-    tied = ((cs == kth).sum(1) > (v == kth).sum(1)).nonzero().flatten()
+    tied = ((kth[:, 0] > 0) & ((cs == kth).sum(1) > (v == kth).sum(1))).nonzero().flatten()
     if len(tied):
         by_row = torch.sort(cj[tied], dim=1, stable=True).indices
         best = torch.sort(cs[tied].gather(1, by_row), dim=1, descending=True,
