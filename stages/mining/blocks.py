@@ -475,11 +475,15 @@ def _cap(cat: dict, max_pairs: Optional[int], cut: Optional[np.ndarray] = None) 
     return {f: v[keep] for f, v in cat.items()}
 
 
-def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None) -> Vectors:
-    """In-memory copies in layout order (tests, the benchmark; the stage memory-maps them)."""
-    return Vectors(*(None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order],
-                                                                 np.float32)
-                     for x in (img, txt, ximg, xtxt)))
+def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None, precision: str = "fp32"
+                   ) -> Vectors:
+    """In-memory copies in layout order, with their ``precision`` copies as the stage stores
+    them (tests, the benchmark; the stage memory-maps them: save_vectors)."""
+    out = [None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order], np.float32)
+           for x in (img, txt, ximg, xtxt)]
+    low = {n: screen.to_bits(x, precision) for n, x in zip(NAMES, out)
+           if x is not None and precision != "fp32"}
+    return Vectors(*out, low=low or None)
 
 
 def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = "cpu",
@@ -489,7 +493,7 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
     at a time, by global row."""
     p = p if max_pairs is None else dataclasses.replace(p, max_pairs=max_pairs)
     lay = build_layout(img, txt, p, device)
-    vec = sorted_vectors(lay, img, txt, ximg, xtxt)
+    vec = sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
     pos = lay.positions()
     return lay, PassResult.concat([mine(lay, vec, pos[a:a + rows], p, device)
                                    for a in range(0, max(len(pos), 1), rows)])

@@ -304,7 +304,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     print(f"plain fp32 GEMM now: {peak:.0f} GFLOP/s (torch threads {torch.get_num_threads()})")
     t = time.time()
     lay = B.build_layout(img, txt, p)
-    vec = B.sorted_vectors(lay, img, txt)
+    vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # bf16 copies as stored
     t_build = time.time() - t
     rng = np.random.default_rng(0)
     mined = np.arange(n) if not a.targets else np.sort(rng.choice(n, min(a.targets, n),

@@ -36,11 +36,27 @@ def near_thresholds(n=240, seed=7):
     return img, txt, *cross_vectors(img, seed)
 
 
-def run(precision, img, txt, ximg, xtxt, **over):
-    p = B.PassParams(k=7, tau_i=0.3, tau_t=0.05, dup=0.98, floor_i=0.8, floor_t=0.85,
-                     floor_x=0.6, n_clusters=3, probe=3, query_block=41, block_size=53,
-                     precision=precision, **over)
-    return B.neighbour_pass(img, txt, p, ximg, xtxt)[1]
+def params(precision):
+    return B.PassParams(k=7, tau_i=0.3, tau_t=0.05, dup=0.98, floor_i=0.8, floor_t=0.85,
+                        floor_x=0.6, n_clusters=3, probe=3, query_block=41, block_size=53,
+                        precision=precision)
+
+
+def run(precision, img, txt, ximg, xtxt):
+    return B.neighbour_pass(img, txt, params(precision), ximg, xtxt)[1]
+
+
+def test_blocks_cast_on_the_fly_equal_the_stored_bf16_copies(monkeypatch):
+    """Without stored bf16 copies (Vectors.low) each block is cast as it is read: the same
+    result, bit for bit."""
+    img, txt, ximg, xtxt = near_thresholds()
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    lay, stored = B.neighbour_pass(img, txt, params("bf16"), ximg, xtxt, rows=240)
+    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    assert vec.low is None
+    cast = B.mine(lay, vec, lay.positions(), params("bf16"))
+    for f in dataclasses.fields(B.PassResult):
+        np.testing.assert_array_equal(getattr(cast, f.name), getattr(stored, f.name), f.name)
 
 
 @pytest.mark.parametrize("cross", [False, True])
