@@ -76,11 +76,14 @@ def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> boo
 SOURCE = "candidates.txt"      # the global step's word on where the candidates came from
 
 
-def source(config: Any, meta: Any, fast: bool) -> str:
-    """Where this run's candidate pairs come from, for the stage's info and the run summary."""
+def source(config: Any, meta: Any, pairs: bool, fast: bool) -> str:
+    """Where this run's candidate pairs come from (``pairs``: hpm's, ``fast``: IVF-PQ), for the
+    stage's info and the run summary."""
     h = config.hpm
-    if uses_pass(config, meta.names, meta.n):
+    if pairs:
         return "hpm's neighbour pass (exhaustive): its hpm_pair_ids, no search of its own"
+    if not meta.n:
+        return "none: no row to search"
     why = ("hpm.method is fast" if h.method == "fast" else
            "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in meta.names else
            f"hpm's pass is partial: {meta.n} rows, hpm.method {h.method}, "
@@ -263,7 +266,7 @@ class PositivesStage(GlobalStage):
         state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
                        "fast": not pairs and use_fast(h, meta.n) and meta.n > 1}
         with open(os.path.join(workdir, SOURCE), "w") as fh:
-            fh.write(source(config, meta, state["fast"]))
+            fh.write(source(config, meta, pairs, state["fast"]))
         if cross(config) and p.recaptions:
             state["captions"] = gather_recaptions(read, n_parts, Store(meta), p.recaptions,
                                                   workdir)

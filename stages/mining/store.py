@@ -3,7 +3,8 @@
 ``collect`` reads every part's still-kept rows (the runner's ``read``), keeps those with every
 embedding present, L2-normalises the vectors in float32 and appends them to raw files in the
 stage's ``workdir`` (memory-mapped by every actor, so a node holds one copy in its page cache),
-with their sample ids and positions. Rows are in part/row order: global row g of part p is
+with their sample ids and positions (hpm deletes the vector files once its pass has sorted them:
+``drop_vectors``). Rows are in part/row order: global row g of part p is
 ``starts[p] + i`` for the i-th stored row of p.
 """
 from __future__ import annotations
