@@ -321,9 +321,10 @@ def load_blip2(spec: Any, kind: str = "captioner") -> Loaded:
     device = device_for(spec)
     dtype = dtype_for(spec, device) if device.startswith("cuda") else torch.float32
     loc = locate(spec, "blip2", kind)
-    if loc.source == "random":
-        with seeded(spec):
+    if loc.source == "random":      # built where it runs, in its dtype: a full-size one in seconds
+        with seeded(spec), torch.device(device):
             model, processor = _random_blip2(spec)
+        model = model.to(dtype)
     else:
         kw = {"local_files_only": loc.source == "cache"}
         try:

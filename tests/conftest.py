@@ -40,3 +40,26 @@ def s3():
         storage.forget_clients()
         yield server
     storage.forget_clients()
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+NO_GPU = pytest.mark.skipif(not _cuda(), reason="no CUDA GPU here: the GPU path runs where one is")
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=NO_GPU)])
+def device(request) -> str:
+    """The torch device of a test that must hold on the CPU and on a GPU (same code, a device
+    argument); the cuda case runs where torch sees a GPU (CI has none: it is skipped there)."""
+    return request.param
+
+
+@pytest.fixture
+def cuda() -> str:
+    """A test comparing the GPU against the CPU: skipped without a GPU."""
+    if not _cuda():
+        pytest.skip("no CUDA GPU here: the GPU path runs where one is")
+    return "cuda"

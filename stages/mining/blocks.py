@@ -389,18 +389,19 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
     with torch.no_grad():
         results = (run_unit(lay, vec, u, qs, p, device) for u, qs in units)
-        r = gather(lay.order[pos], p, results, m_out)
+        r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r
 
 
-def merge_rows(idx, score, rows, j, s, k: int) -> None:
-    """idx/score[rows] <- the best k of theirs and (j, s), in place. Equal scores keep the lower
-    global row (the rows where a tie straddles the k-th place are re-picked by two stable
-    sorts), so a tie never depends on the units. A k-th score of 0 is no tie: scores <= 0 are
+def merge_rows(idx: torch.Tensor, score: torch.Tensor, rows: torch.Tensor, j, s, k: int) -> None:
+    """idx/score[rows] <- the best k of theirs and (j, s), in place, on their device (a GPU
+    merges there: the host would bound the pass). Equal scores keep the lower global row (the
+    rows where a tie straddles the k-th place are re-picked by two stable sorts), so a tie
+    never depends on the units or the device. A k-th score of 0 is no tie: scores <= 0 are
     dropped (gather), and every positive one is then in the top k."""
-    cj = torch.from_numpy(np.concatenate([idx[rows], j], 1))
-    cs = torch.from_numpy(np.concatenate([score[rows], s], 1))
+    cj = torch.cat([idx[rows], torch.as_tensor(j, device=idx.device)], 1)
+    cs = torch.cat([score[rows], torch.as_tensor(s, device=idx.device)], 1)
     v, t = cs.topk(k, dim=1)
     kth = v[:, -1:]
     tied = ((kth[:, 0] > 0) & ((cs == kth).sum(1) > (v == kth).sum(1))).nonzero().flatten()
@@ -409,26 +410,27 @@ def merge_rows(idx, score, rows, j, s, k: int) -> None:
         best = torch.sort(cs[tied].gather(1, by_row), dim=1, descending=True,
                           stable=True).indices[:, :k]
         t[tied] = by_row.gather(1, best)
-    idx[rows], score[rows] = cj.gather(1, t).numpy(), cs.gather(1, t).numpy()
+    idx[rows], score[rows] = cj.gather(1, t), cs.gather(1, t)
 
 
-def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray
-           ) -> PassResult:
+def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray,
+           device: str = "cpu") -> PassResult:
     """Merge the units' partial top-k of ``rows`` (global rows; each is searched by ``probe``
-    units), sum their support, cap their pairs at p.max_pairs, and certify with m_out (the
-    bound on a left-out row's joint similarity, per row)."""
+    units; the top-k merged on ``device``), sum their support, cap their pairs at
+    p.max_pairs, and certify with m_out (the bound on a left-out row's joint similarity, per
+    row)."""
     n, k = len(rows), p.k
     sorter = np.argsort(rows)
     local = lambda g: sorter[np.searchsorted(rows, g, sorter=sorter)]      # noqa: E731
-    idx = np.full((n, k), -1, np.int64)
-    score = np.zeros((n, k), np.float32)
+    idx_t = torch.full((n, k), -1, dtype=torch.long, device=device)
+    score_t = torch.zeros((n, k), device=device)
     support = np.zeros(n, np.int64)
     cut = np.zeros(n, np.int64)
     pairs, held = [], 0
     for r in results:
         at = local(r.rows)
         cut[at] += r.cut
-        merge_rows(idx, score, at, r.idx, r.score, k)
+        merge_rows(idx_t, score_t, torch.as_tensor(at, device=device), r.idx, r.score, k)
         support[at] += r.support
         pairs.append(dict(r.pairs, q=local(r.pairs["q"])))
         held += len(r.pairs["q"])
@@ -437,6 +439,7 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
             # new ones: capping as units arrive is exact, and holds ~ n * max_pairs pairs
             capped = _cap(_concat(pairs), p.max_pairs, cut)
             pairs, held = [capped], len(capped["q"])
+    idx, score = idx_t.cpu().numpy(), score_t.cpu().numpy()
     idx[score <= 0] = -1
     score[score <= 0] = 0.0
     idx, perm = canonical(idx, score)

@@ -256,13 +256,18 @@ def bench_positives(img: np.ndarray, txt: np.ndarray, a) -> None:
 
 
 # --- the neighbour pass in dense blocks (issue 15) ---------------------------------------------------
-def gemm_rate(d: int = 768, reps: int = 5) -> float:
-    """GFLOP/s of a plain fp32 GEMM of the pass's shape (1024 x d by d x 8192), now."""
-    a, b = torch.randn(1024, d), torch.randn(d, 8192)
+def gemm_rate(d: int = 768, reps: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
+    """GFLOP/s of a plain GEMM of the pass's shape (1024 x d by d x 8192), now, on ``device``."""
+    a = torch.randn(1024, d, device=device, dtype=dtype)
+    b = torch.randn(d, 8192, device=device, dtype=dtype)
+    reps = reps if device == "cpu" else 50 * reps
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     a @ b
+    sync()
     t = time.time()
     for _ in range(reps):
         a @ b
+    sync()
     return 2 * 1024 * d * 8192 * reps / (time.time() - t) / 1e9
 
 
@@ -273,7 +278,8 @@ def pass_config(a, k: int):
     from vlcurate.stages.mining.hpm_stage import HpmParams as HpmConfig
     over = {"tau_image": a.tau, "tau_text": a.tau, "probe": a.probe, "clusters": a.clusters,
             "pair_image": a.floor, "pair_text": a.floor, "exact_max_n": a.exact_max_n,
-            "method": a.method, "precision": a.precision}
+            "method": a.method, "precision": a.precision, "query_block": a.query_block,
+            "block_size": a.block_size}
     return replace(HpmConfig(), k=k, **{f: v for f, v in over.items() if v is not None})
 
 
@@ -288,7 +294,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     time: said so in the output."""
     from vlcurate.stages.mining import blocks as B
     from vlcurate.stages.mining import fff, hpm
-    from vlcurate.stages.mining.pass_io import pass_params
+    from vlcurate.stages.mining.pass_io import pass_params, resident
     n, kmax = len(img), max(a.ks)
     cfg = pass_config(a, kmax)
     p = pass_params(cfg, n)
@@ -300,18 +306,22 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
           f"(exact_max_n {cfg.exact_max_n}), {p.clusters(n)} clusters, probe {p.probe}"
           f"{' = exhaustive (exact HPM)' if exhaustive else ''}; load average "
           f"{os.getloadavg()[0]:.1f} ==", flush=True)
-    peak = gemm_rate(dims)
-    print(f"plain fp32 GEMM now: {peak:.0f} GFLOP/s (torch threads {torch.get_num_threads()})")
+    dev = a.device
+    peak = gemm_rate(dims, device=dev)
+    low = f", bf16 {gemm_rate(dims, device=dev, dtype=torch.bfloat16):.0f}" if p.precision == "bf16" else ""
+    print(f"plain fp32 GEMM now on {dev}: {peak:.0f} GFLOP/s{low} (torch threads "
+          f"{torch.get_num_threads()})")
     t = time.time()
-    lay = B.build_layout(img, txt, p)
+    lay = B.build_layout(img, txt, p, dev)
     vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # bf16 copies as stored
+    vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_build = time.time() - t
     rng = np.random.default_rng(0)
     mined = np.arange(n) if not a.targets else np.sort(rng.choice(n, min(a.targets, n),
                                                                   replace=False))
     pos = lay.positions()[mined]
     t = time.time()       # chunks of run.chunk_rows, as the stage mines them
-    parts = [B.mine(lay, vec, pos[c:c + a.chunk], p) for c in range(0, len(pos), a.chunk)]
+    parts = [B.mine(lay, vec, pos[c:c + a.chunk], p, dev) for c in range(0, len(pos), a.chunk)]
     t_units = time.time() - t
     found = B.PassResult.concat(parts)
     by_row = ("idx", "score", "support", "certified", "bound", "cut")
@@ -326,8 +336,10 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     us_pass = t_units / len(mined) * 1e6
     total = t_build + us_pass * n / 1e6
     qs = np.sort(rng.choice(mined, min(len(mined), a.exact_queries), replace=False))
-    t = time.time()
-    ex = hpm.exact_hpm(img, txt, kmax, *tau, dup, queries=qs)
+    on = (img, txt) if dev == "cpu" else (torch.from_numpy(img).to(dev), torch.from_numpy(txt).to(dev))
+    t = time.time()           # exact with its vectors resident (a GPU: copied there beforehand)
+    ex = hpm.exact_hpm(*on, kmax, *tau, dup, queries=qs, device=dev)
+    del on
     us_exact = (time.time() - t) / len(qs) * 1e6
     ex.idx, perm = B.canonical(ex.idx, ex.score)
     ex.score = np.take_along_axis(ex.score, perm, 1)
@@ -354,7 +366,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
             cert_precision(got, want), float((got.noise == want.noise).mean()),
             float(want.noise.mean()))
     rule = fff.Rule(p2=0.92, p3=0.99)
-    exf = fff.exact_positives(img, txt, rule, 512, queries=qs)
+    exf = fff.exact_positives(img, txt, rule, 512, queries=qs, device=dev)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
     code, _ = fff.relate(torch.from_numpy(r.pair_sii), torch.from_numpy(r.pair_stt), None, rule)
     q_of = np.repeat(mined, np.diff(r.offsets))          # the pairs of the mined rows
@@ -393,6 +405,10 @@ def main() -> int:
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
     ap.add_argument("--precisions", choices=("fp32", "bf16"), nargs="+", default=[None],
                     help="pass: one run per hpm.precision, in this process (default: the config's)")
+    ap.add_argument("--device", default="cpu", help="pass and exact HPM: cpu or cuda (the "
+                    "layout, the blocks and the exact reference on it; vectors resident on the GPU)")
+    ap.add_argument("--query-block", type=int, help="pass: default hpm.query_block")
+    ap.add_argument("--block-size", type=int, help="pass: default hpm.block_size")
     ap.add_argument("--targets", type=int, help="pass: mine only this many random rows")
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 10, 50, 100, 500])
@@ -400,9 +416,14 @@ def main() -> int:
     if not (DATA / "coco_val2017_captions.csv").exists() and not (a.cache / "minilm_captions.npz").exists():
         print(f"skipped: {DATA} not found")
         return 0
-    import faiss
-    print(f"threads: torch {torch.get_num_threads()}, faiss {faiss.omp_get_max_threads()}; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    try:
+        import faiss
+        faiss_threads = faiss.omp_get_max_threads()
+    except ImportError:                   # a GPU machine without faiss: the pass needs none
+        faiss_threads = "absent"
+    gpu = torch.cuda.get_device_name() if a.device.startswith("cuda") else "none"
+    print(f"threads: torch {torch.get_num_threads()}, faiss {faiss_threads}; device {a.device} "
+          f"(GPU: {gpu}); load average {os.getloadavg()[0]:.1f}", flush=True)
     if a.set == "real":
         img, txt = real_pairs(a.cache)
         for a.precision in a.precisions:

@@ -510,6 +510,34 @@ def test_mp_nce_with_domain_weights_parity():
     assert only.tolist() == [[1.0, 0.0], [0.0, 0.0]]
 
 
+def test_losses_on_the_gpu_equal_the_cpu(cuda):
+    """The same pure functions on CUDA tensors: values and gradients equal the CPU's (float64)."""
+    n = 6
+    H = mask_to_index(rand_mask(n, n, 0.35, seed=10) & ~torch.eye(n, dtype=torch.bool))
+    M, P = fff_mask(2, 3, 24), rand_mask(2 * n, 2 * n, 0.3, seed=51)
+    dom = torch.tensor([0] * n + [1] * n)
+    cases = {
+        "helip": lambda X, T, s, d: L.helip_loss(X, T, s, H.to(d), gamma=0.7),
+        "hn_nce": lambda X, T, s, d: L.hn_nce(X, T, s, 0.999, 0.5),
+        "sigmoid": lambda X, T, s, d: L.sigmoid_loss(X[:2], T, s, -s / 2, M.to(d)),
+        "mp_nce": lambda X, T, s, d: L.mp_nce(torch.cat([X, T]), dom.to(d), P.to(d),
+                                              *[L.pair_matrix(v * s / 5, 2) for v in (
+                                                  torch.tensor([4.0, 6.0, 5.0], dtype=DT, device=d),
+                                                  torch.tensor([.3, -.1, .2], dtype=DT, device=d),
+                                                  torch.tensor([1 / 3, .5, 1.0], dtype=DT, device=d))]),
+    }
+    for name, loss in cases.items():
+        out = {}
+        for d in ("cpu", cuda):
+            X, T, s = unit(n, seed=8), unit(n, seed=9), param(5.0)
+            Xd, Td, sd = (v.detach().to(d).requires_grad_() for v in (X, T, s))
+            value = loss(Xd, Td, sd, d)
+            out[d] = [value] + [g.cpu() for g in grads(value, [Xd, Td, sd])]
+        assert out[cuda][0].is_cuda, name
+        for a, b in zip(out["cpu"], out[cuda]):
+            torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-9, atol=1e-10, msg=name)
+
+
 def test_indices_to_mask():
     m = L.indices_to_mask(torch.tensor([[1, -1], [0, 2], [-1, -1]]), 3)
     assert m.tolist() == [[False, True, False], [True, False, True], [False, False, False]]

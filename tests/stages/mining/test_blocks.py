@@ -26,10 +26,10 @@ def params(k, c, probe=None, **kw):
 
 
 @pytest.mark.parametrize("c", [1, 5])
-def test_exhaustive_pass_equals_naive_hpm(c):
+def test_exhaustive_pass_equals_naive_hpm(c, device):
     img, txt = data()
     k = 26
-    lay, r = B.neighbour_pass(img, txt, params(k, c))
+    lay, r = B.neighbour_pass(img, txt, params(k, c), device=device)
     assert lay.n_clusters == c and r.certified.all()
     assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
                          naive_hpm(img, txt, k, TAU, TAU, 0.98), k)
@@ -52,11 +52,11 @@ def cross_vectors(img, seed):
             hpm.normalize(img[:, :6] + 0.3 * rng.standard_normal((len(img), 6))))
 
 
-def test_exhaustive_pairs_are_every_pair_above_the_floors_with_exact_similarities():
+def test_exhaustive_pairs_are_every_pair_above_the_floors_with_exact_similarities(device):
     img, txt = data()
     ximg, xtxt = cross_vectors(img, 1)
     p = params(5, 4, floor_i=0.8, floor_t=0.85, floor_x=0.9)
-    _, r = B.neighbour_pass(img, txt, p, ximg, xtxt)
+    _, r = B.neighbour_pass(img, txt, p, ximg, xtxt, device=device)
     got = {(g, int(j)) for g in range(len(img)) for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
     assert got == brute_pairs(img, txt, 0.8, 0.85, ximg, xtxt, 0.9) and len(got) > 20
     assert got != brute_pairs(img, txt, 0.8, 0.85)              # the cross-modal floors count
@@ -100,15 +100,15 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
 
 
 @pytest.mark.parametrize("k, probe, tau", [(5, 3, TAU), (500, 9, 0.5)])
-def test_partial_probing_certificate_is_a_proof(k, probe, tau):
+def test_partial_probing_certificate_is_a_proof(k, probe, tau, device):
     """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
     k = 5 and k = 500 (there: every row is a noise pair, certified only when no pair left out
     can score > 0), and at the prefixes k' <= k (certified_at) of the same pass."""
     img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)
     p = B.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
                      query_block=37, block_size=29)
-    _, r = B.neighbour_pass(img, txt, p)
-    ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98)
+    _, r = B.neighbour_pass(img, txt, p, device=device)
+    ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98, device=device)
     exact_idx = B.canonical(ex.idx, ex.score)[0]
     assert (r.support <= ex.support).all()              # support among candidates: a lower bound
     for kk in sorted({5, 50, k} & set(range(1, k + 1))):

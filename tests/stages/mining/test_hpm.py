@@ -1,7 +1,6 @@
 """HELIP HPM / FastHPM against the naive per-target loop of Alg. 1."""
 from __future__ import annotations
 
-import faiss
 import numpy as np
 import pytest
 import torch
@@ -23,12 +22,13 @@ def assert_matches_naive(r: hpm.TopK, ref, k):
 
 
 @pytest.mark.parametrize("dup", [0.98, None])
-def test_exact_equals_naive_loop(dup):
+def test_exact_equals_naive_loop(dup, device):
     img, txt = pairs(120, 12, seed=1, spread=1.2)
     k = 6
     ref = naive_hpm(img, txt, k, TAU, 0.35, dup)
     # small blocks: many query blocks and base blocks to merge
-    r = hpm.exact_hpm(img, txt, k, TAU, 0.35, dup, block_size=37, query_block=23)
+    r = hpm.exact_hpm(img, txt, k, TAU, 0.35, dup, block_size=37, query_block=23,
+                      device=device)
     assert_matches_naive(r, ref, k)
     noise = sum(x[3] for x in ref)
     assert 0 < noise < len(ref)            # the data exercises both outcomes
@@ -227,6 +227,7 @@ def test_auto_params():
     assert p.nlist == 2 and p.m == 5 and p.train_size == 100 and p.nbits == 6
     with pytest.raises(ValueError, match="divide"):
         hpm.auto_params(100, 10, m=3)
+    faiss = pytest.importorskip("faiss")
     assert isinstance(hpm.build_ivfpq(pairs(300, 8, 1)[0], hpm.auto_params(300, 8), 0),
                       faiss.IndexIVFPQFastScan)
 

@@ -15,13 +15,15 @@ from .test_blocks import cross_vectors
 from .test_hpm import assert_matches_naive
 
 
-def test_the_margin_bounds_bf16_similarities_of_unit_vectors():
+def test_the_margin_bounds_bf16_similarities_of_unit_vectors(device):
+    """On the GPU too: cuBLAS's bf16 GEMM (with reduced-precision reductions off, as
+    screen.low sets them) stays inside the same bound."""
     g = torch.Generator().manual_seed(0)
     for d in (8, 384, 768):
         a = torch.nn.functional.normalize(torch.randn(300, d, generator=g), dim=1)
         b = torch.nn.functional.normalize(torch.randn(500, d, generator=g), dim=1)
         b[:50] = a[:50] + 0.01 * b[:50]             # near 1, where bf16 rounds the coarsest
-        b = torch.nn.functional.normalize(b, dim=1)
+        a, b = a.to(device), torch.nn.functional.normalize(b, dim=1).to(device)
         low = screen.low({"img": a, "txt": b}, "bf16")
         err = ((low["img"] @ low["txt"].T).float() - a @ b.T).abs().max().item()
         assert 0 < err <= screen.margin("bf16", d), (d, err)
@@ -42,33 +44,34 @@ def params(precision):
                         precision=precision)
 
 
-def run(precision, img, txt, ximg, xtxt):
-    return B.neighbour_pass(img, txt, params(precision), ximg, xtxt)[1]
+def run(precision, img, txt, ximg, xtxt, device="cpu"):
+    return B.neighbour_pass(img, txt, params(precision), ximg, xtxt, device=device)[1]
 
 
-def test_blocks_cast_on_the_fly_equal_the_stored_bf16_copies(monkeypatch):
+def test_blocks_cast_on_the_fly_equal_the_stored_bf16_copies(monkeypatch, device):
     """Without stored bf16 copies (Vectors.low) each block is cast as it is read: the same
     result, bit for bit."""
     img, txt, ximg, xtxt = near_thresholds()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    lay, stored = B.neighbour_pass(img, txt, params("bf16"), ximg, xtxt, rows=240)
+    lay, stored = B.neighbour_pass(img, txt, params("bf16"), ximg, xtxt, device, rows=240)
     vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
     assert vec.low is None
-    cast = B.mine(lay, vec, lay.positions(), params("bf16"))
+    cast = B.mine(lay, vec, lay.positions(), params("bf16"), device)
     for f in dataclasses.fields(B.PassResult):
         np.testing.assert_array_equal(getattr(cast, f.name), getattr(stored, f.name), f.name)
 
 
 @pytest.mark.parametrize("cross", [False, True])
-def test_bf16_finds_what_fp32_finds(cross, monkeypatch):
-    """Every block screened in bf16 (DENSE_SHARE 1: this data is dense), as sparse data is."""
+def test_bf16_finds_what_fp32_finds(cross, monkeypatch, device):
+    """Every block screened in bf16 (DENSE_SHARE 1: this data is dense), as sparse data is.
+    On a GPU the reference is still the CPU's fp32 pass."""
     img, txt, ximg, xtxt = near_thresholds()
     x = (ximg, xtxt) if cross else (None, None)
     want = run("fp32", img, txt, *x)
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    got = run("bf16", img, txt, *x)
+    got = run("bf16", img, txt, *x, device)
     monkeypatch.setattr(screen, "margin", lambda *a: 0.0)
-    assert (run("bf16", img, txt, *x).support != want.support).any()   # the margin matters
+    assert (run("bf16", img, txt, *x, device).support != want.support).any()   # the margin matters
     for f in ("idx", "support", "certified", "cut", "offsets", "pair_j"):
         np.testing.assert_array_equal(getattr(got, f), getattr(want, f), f)
     for f in ("score", "pair_sii", "pair_stt", "pair_sit", "pair_xii", "pair_xtt"):
@@ -78,16 +81,16 @@ def test_bf16_finds_what_fp32_finds(cross, monkeypatch):
                          naive_hpm(img, txt, 7, 0.3, 0.05, 0.98), 7)
 
 
-def test_a_dense_block_is_computed_in_fp32(monkeypatch):
+def test_a_dense_block_is_computed_in_fp32(monkeypatch, device):
     """Over DENSE_SHARE of a block's pairs passing the screen: that block in fp32, the same
-    result bit for bit."""
+    result bit for bit (as fp32 on the same device)."""
     img, txt, ximg, xtxt = near_thresholds()
-    want = run("fp32", img, txt, ximg, xtxt)
+    want = run("fp32", img, txt, ximg, xtxt, device)
     calls = []
     rescore = screen.rescore
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 0.0)
-    got = run("bf16", img, txt, ximg, xtxt)
+    got = run("bf16", img, txt, ximg, xtxt, device)
     assert not calls
     for f in dataclasses.fields(B.PassResult):
         np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), f.name)
