@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vlcurate.stages import models
+from vlcurate.stages.base import decoded_batches
 
 
 class Teacher:
@@ -24,17 +25,19 @@ class Teacher:
             return m.forward_head(m.forward_features(x), pre_logits=True)
         return m(x)                                        # torchvision, classifier removed
 
-    def encode(self, images: Sequence[bytes], batch_size: int) -> np.ndarray:
-        """Encoded images -> (n, d) float32 features."""
-        import torch
+    def tensor(self, data: bytes) -> Any:
+        """Image bytes -> the model's input (CHW float), by its own eval transform."""
         from PIL import Image
+        return self.transform(Image.open(io.BytesIO(data)).convert("RGB"))
+
+    def encode(self, images: Sequence[bytes], batch_size: int, threads: int = 0) -> np.ndarray:
+        """Encoded images -> (n, d) float32 features; decoded in ``threads`` ahead of the model."""
+        import torch
         dev, dtype = self.loaded.device, self.loaded.dtype
         amp = contextlib.nullcontext() if dtype == torch.float32 else \
             torch.autocast(device_type="cuda" if dev.startswith("cuda") else "cpu", dtype=dtype)
         out = []
-        for lo in range(0, len(images), batch_size):
-            x = torch.stack([self.transform(Image.open(io.BytesIO(b)).convert("RGB"))
-                             for b in images[lo:lo + batch_size]]).to(dev)
+        for _, chunk in decoded_batches(images, self.tensor, batch_size, threads):
             with torch.inference_mode(), amp:
-                out.append(self._features(x).float().flatten(1).cpu().numpy())
+                out.append(self._features(torch.stack(chunk).to(dev)).float().flatten(1).cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

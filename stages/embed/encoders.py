@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from vlcurate.stages import models
+from vlcurate.stages.base import decoded_batches
 
 
 def _autocast(device: str, dtype: Any) -> Any:
@@ -80,16 +80,8 @@ class ImageEncoder:
     def encode(self, images: Sequence[bytes], batch_size: int, threads: int = 0) -> np.ndarray:
         """Decode in ``threads`` (ahead of the model, overlapping it) and encode in batches."""
         out = np.zeros((len(images), self.dim), np.float32)
-        if threads > 0:
-            with ThreadPoolExecutor(threads) as pool:
-                futures = [pool.submit(self.pixels, b) for b in images]  # runs ahead of the model
-                for lo in range(0, len(images), batch_size):
-                    chunk = [f.result() for f in futures[lo:lo + batch_size]]
-                    out[lo:lo + len(chunk)] = self.encode_pixels(np.stack(chunk))
-        else:
-            for lo in range(0, len(images), batch_size):
-                chunk = [self.pixels(b) for b in images[lo:lo + batch_size]]
-                out[lo:lo + len(chunk)] = self.encode_pixels(np.stack(chunk))
+        for lo, chunk in decoded_batches(images, self.pixels, batch_size, threads):
+            out[lo:lo + len(chunk)] = self.encode_pixels(np.stack(chunk))
         return out
 
     def encode_preprocessed(self, pixels: Iterable[np.ndarray], batch_size: int) -> np.ndarray:

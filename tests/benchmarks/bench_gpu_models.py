@@ -104,9 +104,9 @@ def teacher(a, blobs) -> None:
                     t._features(x).float().cpu()
         line("teacher: SWAG ViT-H/14 224 px, model", bs, rate(run, max(1, a.n // bs) * bs,
                                                                 a.device), "img/s")
-    if blobs:
-        line("teacher: with decode + transform", 64, rate(lambda: t.encode(blobs, 64), len(blobs),
-                                                          a.device, 2), "img/s")
+    for threads in (0, 8) if blobs else ():
+        line(f"teacher: with decode ({threads} threads)", 64,
+             rate(lambda: t.encode(blobs, 64, threads), len(blobs), a.device, 2), "img/s")
 
 
 def blip2(a, blobs) -> None:

@@ -44,6 +44,24 @@ def test_teacher_features_equal_the_teacher_run_directly():
     assert out.column(S.CONCEPT_RANDOM.name).to_pylist() == [True] * 4
 
 
+def test_decode_threads_change_no_feature_and_no_fingerprint():
+    """teacher.decode_threads (the actor decodes ahead of the model) is speed only: the same
+    features, byte for byte, and the same stage config."""
+    cfg = C.load(None, {"concepts.teacher": TINY, "teacher.decode_threads": 0})
+    images = [corpus.jpeg(seed=i) for i in range(7)]
+    batch = pa.table({F.SAMPLE_ID.name: [str(i) for i in range(7)], F.IMAGE.name: images})
+    outs = []
+    for threads in (0, 3):
+        c = cfg.replace(**{"teacher.decode_threads": threads})
+        assert stage_config(TeacherStage, c) == stage_config(TeacherStage, cfg)
+        stage = build_stage(TeacherStage, c)
+        assert stage.config.teacher.decode_threads == threads
+        outs.append(stage(pa.table(batch)))
+    assert outs[0].equals(outs[1])
+    t = Teacher(cfg.concepts.teacher)
+    assert np.array_equal(t.encode(images, 2, threads=3), t.encode(images, 2))
+
+
 def _parts(n_rows: int, per_part: int, d: int = 4) -> list[pa.Table]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n_rows, d)).astype(np.float16)
