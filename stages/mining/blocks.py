@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -60,7 +61,7 @@ import numpy as np
 import torch
 
 from . import screen
-from .hpm import _finish, as_tensor, merge_pairs, positive_scores, score_bound
+from .hpm import as_tensor, merge_pairs, positive_scores, score_bound
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
 # a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
@@ -109,6 +110,16 @@ class Layout:
     radius: np.ndarray        # [C]
     order: np.ndarray         # [N] int64
     bounds: np.ndarray        # [C + 1] int64
+    _on: dict = field(default_factory=dict, repr=False, compare=False)   # order per device
+
+    def order_on(self, device: str) -> torch.Tensor:
+        """``order`` as a tensor on ``device``: one copy per device, kept (a GPU maps a unit's
+        top-k to global rows where it merges them)."""
+        if device not in self._on:
+            with warnings.catch_warnings():          # a read-only memmap is shared, never written
+                warnings.simplefilter("ignore", UserWarning)
+                self._on[device] = torch.as_tensor(np.asarray(self.order), device=device)
+        return self._on[device]
 
     @property
     def n_clusters(self) -> int:
@@ -216,8 +227,8 @@ def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str 
 @dataclass
 class UnitResult:
     rows: np.ndarray          # [q] global rows of the unit's queries
-    idx: np.ndarray           # [q, k] global rows, -1 padded, best first (within the unit)
-    score: np.ndarray         # [q, k]
+    idx: torch.Tensor         # [q, k] global rows, -1 padded, best first (within the unit),
+    score: torch.Tensor       # [q, k]   on the unit's device (gather merges them there)
     support: np.ndarray       # [q] pairs with s > 0 within the unit
     pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q, j (global rows), similarities
     cut: np.ndarray = None    # [q] pairs the per-row cap left out already (within the unit)
@@ -246,14 +257,15 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
     if not parts:
         return empty_result(p.k)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
-    rows, idx, score, support, cut = (np.concatenate([getattr(x, f) for x in parts])
-                                      for f in ("rows", "idx", "score", "support", "cut"))
+    rows, support, cut = (np.concatenate([getattr(x, f) for x in parts])
+                          for f in ("rows", "support", "cut"))
+    idx, score = (torch.cat([getattr(x, f) for x in parts]) for f in ("idx", "score"))
     return UnitResult(rows, idx, score, support, pairs, cut)
 
 
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
-    return UnitResult(z, np.zeros((0, k), np.int64), np.zeros((0, k), np.float32), z,
+    return UnitResult(z, torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k)), z,
                       {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
                        for f in PAIR_FIELDS}, z)
 
@@ -288,9 +300,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
         ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
         support += torch.bincount(r[ok], minlength=nq)
         best_s, best_j = merge_pairs(best_s, best_j, r[ok], cc[ok] + s0, v[ok], k)
-    j, s = _finish(best_s, best_j)
+    keep = best_s > 0           # as hpm._finish, on the device: no round trip to the host
+    j = torch.where(keep, lay.order_on(device)[best_j.clamp(min=0)], -1)
+    s = torch.where(keep, best_s, 0.0)
     order = lay.order
-    j = np.where(j >= 0, order[np.maximum(j, 0)], -1)
     # a query block's pairs are capped per row as member blocks arrive (a row's best max_pairs
     # overall are among its best so far and the new ones): it holds ~2 x query_block x
     # max_pairs pairs (+ COMPACT_SLACK), whatever the cluster's size
