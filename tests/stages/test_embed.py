@@ -303,3 +303,24 @@ def test_each_distinct_image_is_encoded_once_and_fanned_out(stage):
     assert np.array_equal(out[1], out[4]) and not np.array_equal(out[0], out[1])
     alone = encode([imgs[0], imgs[1]], stage.cfg.image_batch_size)
     assert np.allclose(out[[0, 1]], alone, atol=1e-6)
+
+
+def test_decoded_batches_keep_order_and_decode_at_most_two_batches_ahead():
+    """The threaded decode (embed's encoder and the teacher) yields what a plain loop yields,
+    in order, with no more than three batches decoded and not yet consumed."""
+    import threading
+    from vlcurate.stages.base import decoded_batches
+    started, lock = [0], threading.Lock()
+
+    def decode(b: bytes) -> int:
+        with lock:
+            started[0] += 1
+        return b[0]
+
+    images = [bytes([i]) for i in range(23)]
+    want = [(lo, list(range(lo, min(lo + 4, 23)))) for lo in range(0, 23, 4)]
+    assert list(decoded_batches(images, decode, 4)) == want
+    started[0] = 0
+    for lo, batch in decoded_batches(images, decode, 4, threads=3):
+        assert (lo, batch) == want[lo // 4]
+        assert started[0] <= lo + 3 * 4          # this batch + two ahead, never the whole list
