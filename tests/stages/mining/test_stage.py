@@ -408,3 +408,17 @@ def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(sour
     assert tables_[0].equals(tables_[1])
     want = table(tmp_path / "default", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     assert tables_[0].select(cols).equals(want)
+
+
+def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
+    """hpm.device cuda through the stage (the global step's layout, the sorted vectors resident
+    on the GPU, the per-part mining): the hard pairs, noise flags and candidate pairs of the
+    same run on the CPU (similarities may differ in their last bits: not compared)."""
+    cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
+    for dev in ("cpu", cuda):
+        run(cfg(source, tmp_path / dev, **{"hpm.device": dev}), dag()[:-2], executor="local",
+            log=quiet)
+    want, got = (table(tmp_path / d, "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
+                 for d in ("cpu", cuda))
+    assert got.equals(want)
+    assert sum(len(x or []) for x in want.column(M.HARD_IDS.name).to_pylist()) > 20
