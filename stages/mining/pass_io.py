@@ -5,7 +5,8 @@ Files in ``<workdir>/pass/``: the layout (``means``, ``radius``, ``order``, ``bo
 ``positions``: blocks.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
 and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``; with hpm.precision bf16 also
 their bf16 copies ``img.bf16``, ...: blocks.save_vectors), all memory-mapped by every worker.
-The store's own vector files are deleted once these are written (store.drop_vectors). Nothing of the pass's output is stored here: each part's rows are
+The store's own vector files are deleted once these are written (store.drop_vectors).
+Nothing of the pass's output is stored here: each part's rows are
 mined where the part is computed, and their hard pairs, support, certificate and candidate
 pairs go straight into the part's committed table (schemas/mining.py), which is what the
 positives stage and the run summary read.

@@ -194,12 +194,15 @@ def test_cuda_requested_without_gpu_is_a_clear_error():
 def test_the_gpu_encoders_in_bf16_agree_with_the_cpu(cuda):
     """dtype auto on a GPU is bf16 autocast: the same random models' embeddings agree with the
     CPU's float32 ones (cosine > 0.99) and come back as float32 unit vectors."""
+    import torch
     text = C.ModelSpec(id="tiny-random-bert", random_init=True)
     for make, x in ((lambda d: ImageEncoder(tiny_spec(device=d)),
                      [jpeg(c) for c in ("red", "navy", "olive")]),
                     (lambda d: TextEncoder(C.ModelSpec(**{**C.to_dict(text), "device": d})),
                      ["a cat", "two dogs on a beach", "hello there"])):
-        cpu, gpu = make("cpu").encode(x, 2), make(cuda).encode(x, 2)
+        enc = make(cuda)
+        assert enc.loaded.dtype == torch.bfloat16            # dtype auto: bf16 on the GPU
+        cpu, gpu = make("cpu").encode(x, 2), enc.encode(x, 2)
         assert gpu.dtype == np.float32 and gpu.shape == cpu.shape
         np.testing.assert_allclose(np.linalg.norm(gpu, axis=1), 1, atol=1e-3)
         assert ((cpu * gpu).sum(1) > 0.99).all(), (cpu * gpu).sum(1)

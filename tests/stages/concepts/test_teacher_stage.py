@@ -44,9 +44,12 @@ def test_teacher_features_equal_the_teacher_run_directly():
     assert out.column(S.CONCEPT_RANDOM.name).to_pylist() == [True] * 4
 
 
-def test_decode_threads_change_no_feature_and_no_fingerprint():
-    """teacher.decode_threads (the actor decodes ahead of the model) is speed only: the same
-    features, byte for byte, and the same stage config."""
+def test_decode_threads_change_no_feature_and_no_fingerprint(monkeypatch):
+    """teacher.decode_threads (the actor decodes ahead of the model) reaches the teacher and is
+    speed only: the same features, byte for byte, and the same stage config."""
+    used, encode = [], Teacher.encode
+    monkeypatch.setattr(Teacher, "encode", lambda self, ims, size, threads=0:
+                        used.append(threads) or encode(self, ims, size, threads))
     cfg = C.load(None, {"concepts.teacher": TINY, "teacher.decode_threads": 0})
     images = [corpus.jpeg(seed=i) for i in range(7)]
     batch = pa.table({F.SAMPLE_ID.name: [str(i) for i in range(7)], F.IMAGE.name: images})
@@ -57,6 +60,7 @@ def test_decode_threads_change_no_feature_and_no_fingerprint():
         stage = build_stage(TeacherStage, c)
         assert stage.config.teacher.decode_threads == threads
         outs.append(stage(pa.table(batch)))
+        assert used[-1] == threads
     assert outs[0].equals(outs[1])
     t = Teacher(cfg.concepts.teacher)
     assert np.array_equal(t.encode(images, 2, threads=3), t.encode(images, 2))
