@@ -15,8 +15,8 @@ block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 
 * the HPM score s = S~I * S~T with Alg. 1's thresholds and the duplicate rule, for the pairs
   with s > 0 only (screen.block_pairs: one boolean mask over the block, then only the few
-  pairs it lists; in bf16 with an fp32 re-score, hpm.precision), merged into a running top-k
-  (hpm.merge_pairs), and its support (pairs with s > 0 among c's members);
+  pairs it lists; in bf16 with an fp32 re-score, hpm.precision), kept as lists cut to each
+  query's best k (``Best``), and its support (pairs with s > 0 among c's members);
 * every pair with S_I > floor_i or S_T > floor_t (with cross-modal vectors also X_ii > floor_i,
   X_tt > floor_t or S_it = <x_i, t_j> > floor_x): the candidates of FFF Eq. 1 (in the space the
   positives stage judges it: the cross-modal one when there is one) and of HELIP's duplicates,
@@ -28,7 +28,7 @@ pairs. A row's result depends only on the layout and its own routing, not on whi
 mined with it, on which worker, or in which order - up to the last bits of its scores (a GEMM's
 rounding depends on its shape; the runner's chunks are fixed, run.chunk_rows, so that never
 depends on resources). At an exact tie at the k-th place the lower global row is kept, as
-exact HPM keeps it (hpm.merge_pairs and merge_rows sort stably).
+exact HPM keeps it (``Best`` sorts stably by score, then global row).
 
 Certificate (a proof, not an estimate): a row of a cluster c' that q did not search has joint
 similarity <q, mu_c'> + <q, j - mu_c'> <= <q, mu_c'> + r_c' (|q| = 1). With m_out the largest
@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from . import screen
-from .hpm import as_tensor, merge_pairs, positive_scores, score_bound
+from .hpm import as_tensor, positive_scores, score_bound
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
 # a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
@@ -224,11 +224,58 @@ def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str 
     return top.cpu().numpy().astype(np.int64), m_out
 
 
+class Best:
+    """Each row's best k scored pairs (row r, global row j, score s), on a device, from pairs
+    that arrive in any number of pieces: what is held is cut to each row's best k only when
+    over ~2 n k pairs, and at the end (``lists``). One stable sort of what is held, instead of
+    a merge per piece, and the same top-k: best score first, equal scores by the lower global
+    row (exact HPM's tie rule, whichever rows are mined together or on which device)."""
+
+    def __init__(self, n: int, k: int, device) -> None:
+        self.n, self.k, self.device = n, k, device
+        self.parts: list = []
+        self.held = 0
+
+    def add(self, r: torch.Tensor, j: torch.Tensor, s: torch.Tensor) -> None:
+        self.parts.append((r, j, s))
+        self.held += len(r)
+        if self.held > 2 * self.n * self.k + COMPACT_SLACK:
+            self.parts = [self.lists()]
+            self.held = len(self.parts[0][0])
+
+    def lists(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r, j, s) of each row's best k, by row, then score descending, then j ascending."""
+        if not self.parts:
+            z = torch.zeros(0, dtype=torch.long, device=self.device)
+            return z, z, torch.zeros(0, device=self.device)
+        r, j, s = (torch.cat(x) for x in zip(*self.parts))
+        o = torch.sort(j, stable=True).indices
+        o = o[torch.sort(s[o], descending=True, stable=True).indices]
+        o = o[torch.sort(r[o], stable=True).indices]
+        r, j, s = r[o], j[o], s[o]
+        keep = _slot(r) < self.k
+        return r[keep], j[keep], s[keep]
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, k] global rows (-1 padded) and scores (0 padded), best first."""
+        r, j, s = self.lists()
+        idx = torch.full((self.n, self.k), -1, dtype=torch.long, device=self.device)
+        score = torch.zeros((self.n, self.k), device=self.device)
+        slot = _slot(r)
+        idx[r, slot], score[r, slot] = j, s
+        return idx, score
+
+
+def _slot(r: torch.Tensor) -> torch.Tensor:
+    """Each entry's place within its row's run (r sorted)."""
+    return torch.arange(len(r), device=r.device) - torch.searchsorted(r, r)
+
+
 @dataclass
 class UnitResult:
     rows: np.ndarray          # [q] global rows of the unit's queries
-    idx: torch.Tensor         # [q, k] global rows, -1 padded, best first (within the unit),
-    score: torch.Tensor       # [q, k]   on the unit's device (gather merges them there)
+    top: tuple                # (r, j, s) on the unit's device: each query's (index into rows)
+                              # best k pairs with s > 0, j the global row (Best.lists)
     support: np.ndarray       # [q] pairs with s > 0 within the unit
     pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q, j (global rows), similarities
     cut: np.ndarray = None    # [q] pairs the per-row cap left out already (within the unit)
@@ -259,13 +306,15 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
     rows, support, cut = (np.concatenate([getattr(x, f) for x in parts])
                           for f in ("rows", "support", "cut"))
-    idx, score = (torch.cat([getattr(x, f) for x in parts]) for f in ("idx", "score"))
-    return UnitResult(rows, idx, score, support, pairs, cut)
+    first = np.cumsum([0] + [len(x.rows) for x in parts])     # a block's r is within the block
+    top = tuple(torch.cat(x) for x in zip(*((r + f, j, s) for (r, j, s), f in
+                                            zip((x.top for x in parts), first))))
+    return UnitResult(rows, top, support, pairs, cut)
 
 
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
-    return UnitResult(z, torch.zeros((0, k), dtype=torch.long), torch.zeros((0, k)), z,
+    return UnitResult(z, Best(0, k, "cpu").lists(), z,
                       {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
                        for f in PAIR_FIELDS}, z)
 
@@ -280,10 +329,10 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     q = {x: _take(getattr(vec, x), qpos_np, device) for x in NAMES}
     q_low, floors = screen.low(q, p.precision), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
-    best_s = torch.full((nq, k), -1.0, device=device)
-    best_j = torch.full((nq, k), -1, dtype=torch.long, device=device)
+    best = Best(nq, k, device)
+    to_row = lay.order_on(device)
     support = torch.zeros(nq, dtype=torch.long, device=device)
-    found, held, cut = [], 0, np.zeros(nq, np.int64)
+    found, held, cut = [], 0, np.zeros(nq, np.int64)    # pairs as device tensors, until capped
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
@@ -292,24 +341,21 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
         r, cc, val = screen.block_pairs(q, q_low, m, m_low, floors, p.tau_i, p.tau_t,
                                         p.precision, own, qpos[own] - s0)
-        found.append(_pairs(_above_floors(val, floors, r, cc + s0), lay.order))
-        held += len(found[-1]["q"])
+        new = _above_floors(val, floors, r, to_row[cc + s0])
+        found, held = found + new, held + sum(len(x[0]) for x in new)
         if p.max_pairs is not None and held > 2 * nq * p.max_pairs + COMPACT_SLACK:
-            found = [_cap(_concat(found), p.max_pairs, cut)]   # exact, as in gather
-            held = len(found[0]["q"])
+            capped = _cap(_pairs(found), p.max_pairs, cut)   # exact, as in gather
+            found, held = [_on(capped, device)], len(capped["q"])
         ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
         support += torch.bincount(r[ok], minlength=nq)
-        best_s, best_j = merge_pairs(best_s, best_j, r[ok], cc[ok] + s0, v[ok], k)
-    keep = best_s > 0           # as hpm._finish, on the device: no round trip to the host
-    j = torch.where(keep, lay.order_on(device)[best_j.clamp(min=0)], -1)
-    s = torch.where(keep, best_s, 0.0)
+        best.add(r[ok], to_row[cc[ok] + s0], v[ok])
     order = lay.order
     # a query block's pairs are capped per row as member blocks arrive (a row's best max_pairs
     # overall are among its best so far and the new ones): it holds ~2 x query_block x
     # max_pairs pairs (+ COMPACT_SLACK), whatever the cluster's size
-    pairs = _cap(_concat(found), p.max_pairs, cut)
+    pairs = _cap(_pairs(found), p.max_pairs, cut)
     pairs["q"] = order[qpos_np[pairs["q"]]]
-    return UnitResult(order[qpos_np], j, s, support.cpu().numpy(), pairs, cut)
+    return UnitResult(order[qpos_np], best.lists(), support.cpu().numpy(), pairs, cut)
 
 
 def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor) -> list:
@@ -333,12 +379,18 @@ def canonical(j: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(j, perm, 1), perm
 
 
-def _pairs(found, order: np.ndarray) -> dict:
-    """A query block's pairs: q its query (within the block), j the member's global row."""
+def _on(pairs: dict, device) -> tuple:
+    """Capped pairs back to the device tuples they were found as."""
+    return tuple(torch.as_tensor(pairs[f], device=device) for f in PAIR_FIELDS)
+
+
+def _pairs(found) -> dict:
+    """A query block's pairs (device tuples: q, j, SIMS), moved to the host once: q its query
+    (within the block), j the member's global row."""
     if not found:
         return empty_result(1).pairs
     r, j, *sims = (torch.cat(x).cpu().numpy() for x in zip(*found))
-    return {"q": r.astype(np.int64), "j": order[j],
+    return {"q": r.astype(np.int64), "j": j.astype(np.int64),
             **{f: x.astype(np.float32) for f, x in zip(SIMS, sims)}}
 
 
@@ -407,25 +459,6 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     return r
 
 
-def merge_rows(idx: torch.Tensor, score: torch.Tensor, rows: torch.Tensor, j, s, k: int) -> None:
-    """idx/score[rows] <- the best k of theirs and (j, s), in place, on their device (a GPU
-    merges there: the host would bound the pass). Equal scores keep the lower global row (the
-    rows where a tie straddles the k-th place are re-picked by two stable sorts), so a tie
-    never depends on the units or the device. A k-th score of 0 is no tie: scores <= 0 are
-    dropped (gather), and every positive one is then in the top k."""
-    cj = torch.cat([idx[rows], torch.as_tensor(j, device=idx.device)], 1)
-    cs = torch.cat([score[rows], torch.as_tensor(s, device=idx.device)], 1)
-    v, t = cs.topk(k, dim=1)
-    kth = v[:, -1:]
-    tied = ((kth[:, 0] > 0) & ((cs == kth).sum(1) > (v == kth).sum(1))).nonzero().flatten()
-    if len(tied):
-        by_row = torch.sort(cj[tied], dim=1, stable=True).indices
-        best = torch.sort(cs[tied].gather(1, by_row), dim=1, descending=True,
-                          stable=True).indices[:, :k]
-        t[tied] = by_row.gather(1, best)
-    idx[rows], score[rows] = cj.gather(1, t), cs.gather(1, t)
-
-
 def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray,
            device: str = "cpu") -> PassResult:
     """Merge the units' partial top-k of ``rows`` (global rows; each is searched by ``probe``
@@ -435,15 +468,14 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     n, k = len(rows), p.k
     sorter = np.argsort(rows)
     local = lambda g: sorter[np.searchsorted(rows, g, sorter=sorter)]      # noqa: E731
-    idx_t = torch.full((n, k), -1, dtype=torch.long, device=device)
-    score_t = torch.zeros((n, k), device=device)
+    best = Best(n, k, device)
     support = np.zeros(n, np.int64)
     cut = np.zeros(n, np.int64)
     pairs, held = [], 0
     for r in results:
         at = local(r.rows)
         cut[at] += r.cut
-        merge_rows(idx_t, score_t, torch.as_tensor(at, device=device), r.idx, r.score, k)
+        best.add(torch.as_tensor(at, device=device)[r.top[0]], *r.top[1:])
         support[at] += r.support
         pairs.append(dict(r.pairs, q=local(r.pairs["q"])))
         held += len(r.pairs["q"])
@@ -452,7 +484,7 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
             # new ones: capping as units arrive is exact, and holds ~ n * max_pairs pairs
             capped = _cap(_concat(pairs), p.max_pairs, cut)
             pairs, held = [capped], len(capped["q"])
-    idx, score = idx_t.cpu().numpy(), score_t.cpu().numpy()
+    idx, score = (x.cpu().numpy() for x in best.dense())
     idx[score <= 0] = -1
     score[score <= 0] = 0.0
     idx, perm = canonical(idx, score)

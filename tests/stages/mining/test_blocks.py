@@ -196,3 +196,28 @@ def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
         np.testing.assert_array_equal(getattr(often, f), getattr(once, f))
     np.testing.assert_array_equal(often.cut, once.cut)
     assert once.cut.sum() > 0
+
+
+@pytest.mark.parametrize("slack", [None, -10**6])
+def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypatch, device):
+    """Best (the pass's top-k, held as lists): pieces in any order, cut whenever they pass
+    2 n k (+ slack; -10**6: after every piece), give each row's k best by score, equal scores
+    by the lower global row - a stable sort of every pair at once."""
+    import torch
+    if slack is not None:
+        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+    rng = np.random.default_rng(4)
+    n, k, m = 9, 4, 300
+    r = rng.integers(0, n, m)
+    j = rng.permutation(10 * m)[:m]                       # distinct global rows
+    s = rng.choice([0.25, 0.5, 0.75], m).astype(np.float32)      # many exact ties
+    best = B.Best(n, k, device)
+    for piece in np.array_split(rng.permutation(m), 7):
+        best.add(*(torch.as_tensor(x[piece], device=device) for x in (r, j, s)))
+    idx, score = (x.cpu().numpy() for x in best.dense())
+    for row in range(n):
+        mine = np.flatnonzero(r == row)
+        want = mine[np.lexsort((j[mine], -s[mine]))][:k]
+        np.testing.assert_array_equal(idx[row, :len(want)], j[want])
+        np.testing.assert_array_equal(score[row, :len(want)], s[want])
+        assert (idx[row, len(want):] == -1).all()

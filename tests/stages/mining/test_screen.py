@@ -94,3 +94,37 @@ def test_a_dense_block_is_computed_in_fp32(monkeypatch, device):
     assert not calls
     for f in dataclasses.fields(B.PassResult):
         np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), f.name)
+
+
+def whole_block_rule(s, floors, tau_i, tau_t, eps, own_r, own_c):
+    """The candidate rule evaluated on every pair of the block (the reference)."""
+    keep = (s["sii"] > tau_i - eps) & (s["stt"] > tau_t - eps)
+    for name, floor in floors.items():
+        if name in s:
+            keep |= s[name] > floor - eps
+    keep[own_r, own_c] = False
+    return keep.nonzero(as_tuple=True)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.03])
+@pytest.mark.parametrize("cross", [False, True])
+def test_the_pre_screened_candidates_equal_the_rule_over_the_whole_block(cross, eps, device):
+    """candidates lists the few pairs above any threshold, then applies the rule to those: the
+    same pairs, in the same (row-major) order, as the rule over every pair, with thresholds
+    that differ per similarity, values placed exactly on them, and the targets left out."""
+    g = torch.Generator().manual_seed(3)
+    names = ("sii", "stt", "sit", "xii", "xtt") if cross else ("sii", "stt")
+    s = {n: torch.rand(37, 61, generator=g) * 2 - 1 for n in names}
+    floors = {"sii": 0.8, "stt": 0.85, "sit": 0.2, "xii": 0.8, "xtt": 0.85}
+    tau_i, tau_t = 0.3, -0.1
+    s["sii"][0, :5] = torch.tensor([0.3, 0.8, 0.8 - eps, 0.3 - eps, 0.9])    # on the thresholds
+    s["stt"][0, :5] = torch.tensor([0.5, -0.1, 0.0, -0.1 - eps, 0.86])
+    s = {n: x.to(device) for n, x in s.items()}
+    own_r = torch.tensor([0, 4, 9], device=device)
+    own_c = torch.tensor([4, 0, 60], device=device)
+    r, c, flat = screen.candidates(s, floors, tau_i, tau_t, eps, own_r, own_c)
+    want_r, want_c = whole_block_rule(s, floors, tau_i, tau_t, eps, own_r, own_c)
+    assert 0 < len(want_r) < s["sii"].numel()
+    assert torch.equal(r, want_r) and torch.equal(c, want_c)
+    assert torch.equal(flat, want_r * 61 + want_c)
+    assert not ((r == 0) & (c == 4)).any()          # a target is never its own candidate
