@@ -314,9 +314,11 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
 
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
-    return UnitResult(z, Best(0, k, "cpu").lists(), z,
-                      {f: np.zeros(0, np.int64 if f in "qj" else np.float32)
-                       for f in PAIR_FIELDS}, z)
+    return UnitResult(z, Best(0, k, "cpu").lists(), z, no_pairs(), z)
+
+
+def no_pairs() -> dict:
+    return {f: np.zeros(0, np.int64 if f in "qj" else np.float32) for f in PAIR_FIELDS}
 
 
 def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
@@ -388,7 +390,7 @@ def _pairs(found) -> dict:
     """A query block's pairs (device tuples: q, j, SIMS), moved to the host once: q its query
     (within the block), j the member's global row."""
     if not found:
-        return empty_result(1).pairs
+        return no_pairs()
     r, j, *sims = (torch.cat(x).cpu().numpy() for x in zip(*found))
     return {"q": r.astype(np.int64), "j": j.astype(np.int64),
             **{f: x.astype(np.float32) for f, x in zip(SIMS, sims)}}
@@ -503,7 +505,7 @@ COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather c
 
 
 def _concat(pairs: list[dict]) -> dict:
-    return {f: np.concatenate([x[f] for x in pairs]) if pairs else empty_result(1).pairs[f]
+    return {f: np.concatenate([x[f] for x in pairs]) if pairs else no_pairs()[f]
             for f in PAIR_FIELDS}
 
 

@@ -116,7 +116,7 @@ def _above_any(s: dict, low: dict, eps: float) -> torch.Tensor:
     ``low`` threshold less eps and GUARD. On a CPU through NumPy: its comparison and
     flatnonzero are ~3x torch's there, and this is the one pass over the whole block."""
     names = [n for n in s if n in low]
-    if s[names[0]].is_cuda:
+    if s[names[0]].device.type != "cpu":
         keep = s[names[0]] > low[names[0]] - eps - GUARD
         for n in names[1:]:
             keep.logical_or_(s[n] > low[n] - eps - GUARD)
