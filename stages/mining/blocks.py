@@ -9,7 +9,9 @@ its member mean mu_c and radius r_c = max ||j - mu_c||.
 Mining rows (``mine``, wherever they are: the hpm stage mines each chunk of each part on its
 actor pool): each row (query) is routed to the ``probe`` clusters whose means are nearest to its
 joint vector, its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this
-gives the units of work (``run_unit``): cluster c and the queries routed to it. Scores are exact fp32
+gives the units of work (``run_unit``): cluster c and the queries routed to it; small units
+(clusters of a few hundred rows, or few queries each) run stacked, many per batched GEMM
+(``stacks``, ``run_stack``). Scores are exact fp32
 GEMMs of the gathered queries (query_block at a time) against c's members (a contiguous slice,
 block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
 
@@ -312,6 +314,69 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
     return UnitResult(rows, top, support, pairs, cut)
 
 
+STACK_PAIRS = 1 << 16   # a unit of at most this many pairs is stacked with others (run_stack)
+
+
+def stacks(lay: Layout, units: list, p: PassParams) -> list:
+    """The units as work: a small unit (up to STACK_PAIRS pairs: a GEMM cheaper than a unit's
+    own overhead, and than copying its members into a stack) joins others of about its shape
+    (sorted by members, then queries) in a stack of at most query_block x block_size padded
+    pairs; the others run alone. Returns (clusters, queries) per piece of
+    work: ([c], qs) alone, or (clusters, [qs per cluster]) stacked."""
+    size = lambda c: int(lay.bounds[c + 1] - lay.bounds[c])       # noqa: E731
+    tiny = lambda c, qs: (size(c) <= p.block_size and len(qs) <= p.query_block  # noqa: E731
+                          and size(c) * len(qs) <= STACK_PAIRS)
+    small = [(c, qs) for c, qs in units if tiny(c, qs)]
+    out = [([c], qs) for c, qs in units if not tiny(c, qs)]
+    small.sort(key=lambda u: (size(u[0]), len(u[1]), u[0]))
+    group: list = []
+    for c, qs in small:
+        wide = max([size(c)] + [size(x) for x, _ in group])
+        tall = max([len(qs)] + [len(x) for _, x in group])
+        if group and (len(group) + 1) * wide * tall > p.query_block * p.block_size:
+            out.append(_piece(group))
+            group = []
+        group.append((c, qs))
+    return out + ([_piece(group)] if group else [])
+
+
+def _piece(group: list) -> tuple:
+    return ([group[0][0]], group[0][1]) if len(group) == 1 else \
+        ([c for c, _ in group], [qs for _, qs in group])
+
+
+def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
+              device: str = "cpu") -> UnitResult:
+    """Several units at once (``stacks``): their queries and members padded to the largest and
+    stacked, one batched GEMM per similarity and one candidate pass for all. A unit alone costs
+    ~30 small operations besides its GEMMs: with clusters of a few hundred rows, or a chunk of a
+    few queries per unit, those bound the pass, not the GEMMs. Rows of the result: query i of
+    unit u is row u x nq + i (padding rows find nothing)."""
+    a = np.array([lay.bounds[c] for c in cs], np.int64)
+    size = np.array([lay.bounds[c + 1] for c in cs], np.int64) - a
+    nqs = np.array([len(x) for x in qss], np.int64)
+    u_n, nq, nm = len(cs), int(nqs.max()), int(size.max())
+    qidx = np.stack([np.pad(x, (0, nq - len(x)), mode="edge") for x in qss])
+    midx = a[:, None] + np.minimum(np.arange(nm), size[:, None] - 1)
+    valid = (np.arange(nq) < nqs[:, None])[:, :, None] & (np.arange(nm) < size[:, None])[:, None]
+    q = {x: None if getattr(vec, x) is None else
+         _take(getattr(vec, x), qidx.ravel(), device).view(u_n, nq, -1) for x in NAMES}
+    m = {x: None if q[x] is None else _take(getattr(vec, x), midx.ravel(), device).view(u_n, nm, -1)
+         for x in NAMES}
+    m_low = vec.low and {x: screen.low_rows(vec.low[x], midx.ravel(), device).view(u_n, nm, -1)
+                         for x in vec.low}
+    col = qidx - a[:, None]                      # a query's own row, if in the unit's cluster
+    own = np.flatnonzero(((col >= 0) & (col < size[:, None]) & valid[:, :, 0]).ravel())
+    own_t = torch.as_tensor(own, device=device)
+    r, cc, val = screen.block_pairs(q, screen.low(q, p.precision), m, m_low, p.floors(),
+                                    p.tau_i, p.tau_t, p.precision, own_t,
+                                    torch.as_tensor(col.ravel()[own], device=device),
+                                    torch.as_tensor(valid, device=device))
+    acc = Found_(u_n * nq, p, device)
+    acc.add(r, lay.order_on(device)[torch.as_tensor(a, device=device)[r // nq] + cc], val)
+    return acc.result(lay.order, qidx.ravel())
+
+
 def empty_result(k: int) -> UnitResult:
     z = np.zeros(0, np.int64)
     return UnitResult(z, Best(0, k, "cpu").lists(), z, no_pairs(), z)
@@ -327,37 +392,54 @@ def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
 
 def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
                  device) -> UnitResult:
-    k, nq = p.k, len(qpos_np)
     q = {x: _take(getattr(vec, x), qpos_np, device) for x in NAMES}
     q_low, floors = screen.low(q, p.precision), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
-    best = Best(nq, k, device)
-    to_row = lay.order_on(device)
-    support = torch.zeros(nq, dtype=torch.long, device=device)
-    found, held, cut = [], 0, np.zeros(nq, np.int64)    # pairs as device tensors, until capped
+    acc, to_row = Found_(len(qpos_np), p, device), lay.order_on(device)
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
         m = {x: None if q[x] is None else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
-        m_low = vec.low and {x: screen.low_rows(vec.low[x], s0, s1, device) for x in vec.low}
+        m_low = vec.low and {x: screen.low_rows(vec.low[x], slice(s0, s1), device)
+                             for x in vec.low}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
         r, cc, val = screen.block_pairs(q, q_low, m, m_low, floors, p.tau_i, p.tau_t,
                                         p.precision, own, qpos[own] - s0)
-        new = _above_floors(val, floors, r, to_row[cc + s0])
-        found, held = found + new, held + sum(len(x[0]) for x in new)
-        if p.max_pairs is not None and held > 2 * nq * p.max_pairs + COMPACT_SLACK:
-            capped = _cap(_pairs(found), p.max_pairs, cut)   # exact, as in gather
-            found, held = [_on(capped, device)], len(capped["q"])
+        acc.add(r, to_row[cc + s0], val)
+    return acc.result(lay.order, qpos_np)
+
+
+class Found_:
+    """What n query rows found, as member blocks arrive: the top-k (Best), support, and the
+    pairs above the floors, capped per row once over ~2 n max_pairs (a row's best max_pairs
+    overall are among its best so far and the new ones: exact, as in gather), so it holds
+    ~2 n max_pairs pairs (+ COMPACT_SLACK), whatever the cluster's size."""
+
+    def __init__(self, n: int, p: PassParams, device) -> None:
+        self.p, self.device, self.floors = p, device, p.floors()
+        self.best = Best(n, p.k, device)
+        self.support = torch.zeros(n, dtype=torch.long, device=device)
+        self.found: list = []          # pairs as device tensors, until capped
+        self.held, self.cut = 0, np.zeros(n, np.int64)
+
+    def add(self, r: torch.Tensor, member: torch.Tensor, val: dict) -> None:
+        """A block's candidate pairs: rows r, members' global rows, exact similarities."""
+        p = self.p
+        new = _above_floors(val, self.floors, r, member)
+        self.found, self.held = self.found + new, self.held + sum(len(x[0]) for x in new)
+        if p.max_pairs is not None and self.held > 2 * len(self.cut) * p.max_pairs + COMPACT_SLACK:
+            capped = _cap(_pairs(self.found), p.max_pairs, self.cut)
+            self.found, self.held = [_on(capped, self.device)], len(capped["q"])
         ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
-        support += torch.bincount(r[ok], minlength=nq)
-        best.add(r[ok], to_row[cc[ok] + s0], v[ok])
-    order = lay.order
-    # a query block's pairs are capped per row as member blocks arrive (a row's best max_pairs
-    # overall are among its best so far and the new ones): it holds ~2 x query_block x
-    # max_pairs pairs (+ COMPACT_SLACK), whatever the cluster's size
-    pairs = _cap(_pairs(found), p.max_pairs, cut)
-    pairs["q"] = order[qpos_np[pairs["q"]]]
-    return UnitResult(order[qpos_np], best.lists(), support.cpu().numpy(), pairs, cut)
+        self.support += torch.bincount(r[ok], minlength=len(self.support))
+        self.best.add(r[ok], member[ok], v[ok])
+
+    def result(self, order: np.ndarray, qpos_np: np.ndarray) -> UnitResult:
+        """The rows' results, row i being the query at sorted position qpos_np[i]."""
+        pairs = _cap(_pairs(self.found), self.p.max_pairs, self.cut)
+        pairs["q"] = order[qpos_np[pairs["q"]]]
+        return UnitResult(order[qpos_np], self.best.lists(), self.support.cpu().numpy(), pairs,
+                          self.cut)
 
 
 def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor) -> list:
@@ -444,7 +526,7 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
          ) -> PassResult:
     """The rows at sorted positions ``pos`` (results in that order): route each to its ``probe``
     clusters, group the queries by cluster (units, in cluster order, queries by position), run
-    the units and merge. A row's result depends only on the layout and its own routing, never
+    the units (small ones stacked) and merge. A row's result depends only on the layout and its own routing, never
     on the other rows mined with it; memory is bounded by len(pos), not N."""
     pos = np.asarray(pos, np.int64)
     routes, m_out = route(lay, vec, pos, p.probe, device)
@@ -455,7 +537,8 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
     units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
     with torch.no_grad():
-        results = (run_unit(lay, vec, u, qs, p, device) for u, qs in units)
+        results = (run_unit(lay, vec, u[0], qs, p, device) if len(u) == 1 else
+                   run_stack(lay, vec, u, qs, p, device) for u, qs in stacks(lay, units, p))
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r
@@ -476,9 +559,9 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     pairs, held = [], 0
     for r in results:
         at = local(r.rows)
-        cut[at] += r.cut
+        np.add.at(cut, at, r.cut)
         best.add(torch.as_tensor(at, device=device)[r.top[0]], *r.top[1:])
-        support[at] += r.support
+        np.add.at(support, at, r.support)         # a stack may list a row more than once
         pairs.append(dict(r.pairs, q=local(r.pairs["q"])))
         held += len(r.pairs["q"])
         if p.max_pairs is not None and held > 2 * n * p.max_pairs + COMPACT_SLACK:

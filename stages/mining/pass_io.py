@@ -110,7 +110,7 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
     if size > GPU_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory:
         return vec
     return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays),
-                          low={x: screen.low_rows(a, 0, len(a), device)
+                          low={x: screen.low_rows(a, slice(0, len(a)), device)
                                for x, a in low.items()} or None)
 
 

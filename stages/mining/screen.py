@@ -24,6 +24,7 @@ run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -59,34 +60,48 @@ def to_bits(x, precision: str):
     return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
 
 
-def low_rows(x, s0: int, s1: int, device: str) -> torch.Tensor:
-    """Rows s0:s1 of a low copy: a device tensor already, or int16 bits (a memmap)."""
+def low_rows(x, rows, device: str) -> torch.Tensor:
+    """Rows (a slice or an index array) of a low copy: a device tensor already, or int16 bits
+    (a memmap)."""
     if isinstance(x, torch.Tensor):
-        return x[s0:s1]
-    return torch.from_numpy(np.ascontiguousarray(x[s0:s1])).view(torch.bfloat16).to(device)
+        return x[rows if isinstance(rows, slice) else torch.as_tensor(rows, device=x.device)]
+    return torch.from_numpy(np.ascontiguousarray(x[rows])).view(torch.bfloat16).to(device)
 
 
 SHAPE_STEP = 128     # a low-precision GEMM's rows, padded to a multiple (see sims)
 
 
 def _padded(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, 0, 0, -len(x) % SHAPE_STEP))
+    return torch.nn.functional.pad(x, (0, 0, 0, -x.shape[-2] % SHAPE_STEP))
 
 
 def sims(q: dict, m: dict) -> dict:
-    """Every similarity of a block: queries q x members m, per PAIRS (fp32 results). A low
-    precision's GEMM runs on operands padded to SHAPE_STEP rows: on a CPU, oneDNN builds a
-    kernel per new shape (~5x the GEMM itself: clusters and query counts all differ), and
-    padded shapes are few and cached. The padding only screens (every value the pass keeps is
-    re-scored), so it changes no output."""
+    """Every similarity of a block: queries q [.., nq, d] x members m [.., nm, d], per PAIRS
+    (fp32 results; a stack of blocks: batched). A low precision's GEMM runs on operands padded
+    to SHAPE_STEP rows: on a CPU, oneDNN builds a kernel per new shape (~5x the GEMM itself:
+    clusters and query counts all differ), and padded shapes are few and cached. The padding
+    only screens (every value the pass keeps is re-scored), so it changes no output."""
     out = {}
     for s, a, b in PAIRS:
         if q.get(a) is not None:
             x, y = q[a], m[b]
             if x.dtype != torch.float32:
                 x, y = _padded(x), _padded(y)
-            out[s] = (x @ y.T)[:len(q[a]), :len(m[b])].float()
+            nq, nm = q[a].shape[-2], m[b].shape[-2]
+            out[s] = (x @ y.transpose(-1, -2))[..., :nq, :nm].float()
     return out
+
+
+def _flat(s: dict, valid: Optional[torch.Tensor]) -> dict:
+    """A stack's similarities as one 2-D block [stack x nq, nm], its padding below any
+    threshold."""
+    if valid is None:
+        return s
+    return {n: x.masked_fill_(~valid, -math.inf).reshape(-1, x.shape[-1]) for n, x in s.items()}
+
+
+def _rows2d(x: dict) -> dict:
+    return {n: None if v is None else v.reshape(-1, v.shape[-1]) for n, v in x.items()}
 
 
 def rescore(q: dict, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
@@ -152,16 +167,20 @@ def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
 
 def block_pairs(q: dict, q_low: dict, m: dict, m_low: Optional[dict], floors: dict,
                 tau_i: float, tau_t: float, precision: str, own_r: torch.Tensor,
-                own_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                own_c: torch.Tensor, valid: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
     that score or pass a floor, which the caller selects exactly. ``m_low``: the members' low
-    copies when stored (else cast here)."""
+    copies when stored (else cast here). A stack of blocks (q [U, nq, d], m [U, nm, d], its
+    real pairs ``valid`` [U, nq, nm]) is one block of U x nq rows: row u x nq + i is query i of
+    block u, and own_r, own_c and the result are in those terms."""
     if precision != "fp32":
-        s = sims(q_low, m_low or low(m, precision))
-        eps = margin(precision, max(v.shape[1] for v in m.values() if v is not None))
+        s = _flat(sims(q_low, m_low or low(m, precision)), valid)
+        eps = margin(precision, max(v.shape[-1] for v in m.values() if v is not None))
         r, c, _ = candidates(s, floors, tau_i, tau_t, eps, own_r, own_c)
         if len(r) <= DENSE_SHARE * s["sii"].numel():
-            return r, c, rescore(q, m, r, c)
-    s = sims(q, m)
+            nq, nm = q["img"].shape[-2], m["img"].shape[-2]
+            return r, c, rescore(_rows2d(q), _rows2d(m), r, r // nq * nm + c)
+    s = _flat(sims(q, m), valid)
     r, c, flat = candidates(s, floors, tau_i, tau_t, 0.0, own_r, own_c)
     return r, c, {f: v.reshape(-1)[flat] for f, v in s.items()}
