@@ -10,7 +10,7 @@ Mining rows (``mine``, wherever they are: the hpm stage mines each chunk of each
 actor pool): each row (query) is routed to the ``probe`` clusters whose means are nearest to its
 joint vector, its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this
 gives the units of work (``run_unit``): cluster c and the queries routed to it; small units
-(clusters of a few hundred rows, or few queries each) run stacked, many per batched GEMM
+(clusters of a few hundred rows, or few queries each) run stacked, many per candidate pass
 (``stacks``, ``run_stack``). Scores are exact fp32
 GEMMs of the gathered queries (query_block at a time) against c's members (a contiguous slice,
 block_size at a time; no PQ): S_I and S_T of every (query, member) pair, then
@@ -314,29 +314,27 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
     return UnitResult(rows, top, support, pairs, cut)
 
 
-STACK_PAIRS = 1 << 16   # a unit of at most this many pairs is stacked with others (run_stack)
+STACK_PAIRS = 1 << 18   # a unit of at most this many pairs is stacked with others (run_stack)
 
 
 def stacks(lay: Layout, units: list, p: PassParams) -> list:
     """The units as work: a small unit (up to STACK_PAIRS pairs: a GEMM cheaper than a unit's
-    own overhead, and than copying its members into a stack) joins others of about its shape
-    (sorted by members, then queries) in a stack of at most query_block x block_size padded
-    pairs; the others run alone. Returns (clusters, queries) per piece of
+    own overhead) joins others in a stack of at most query_block x block_size pairs; the others
+    run alone. Returns (clusters, queries) per piece of
     work: ([c], qs) alone, or (clusters, [qs per cluster]) stacked."""
     size = lambda c: int(lay.bounds[c + 1] - lay.bounds[c])       # noqa: E731
     tiny = lambda c, qs: (size(c) <= p.block_size and len(qs) <= p.query_block  # noqa: E731
                           and size(c) * len(qs) <= STACK_PAIRS)
     small = [(c, qs) for c, qs in units if tiny(c, qs)]
     out = [([c], qs) for c, qs in units if not tiny(c, qs)]
-    small.sort(key=lambda u: (size(u[0]), len(u[1]), u[0]))
     group: list = []
+    held = 0
     for c, qs in small:
-        wide = max([size(c)] + [size(x) for x, _ in group])
-        tall = max([len(qs)] + [len(x) for _, x in group])
-        if group and (len(group) + 1) * wide * tall > p.query_block * p.block_size:
+        if group and held + size(c) * len(qs) > p.query_block * p.block_size:
             out.append(_piece(group))
-            group = []
+            group, held = [], 0
         group.append((c, qs))
+        held += size(c) * len(qs)
     return out + ([_piece(group)] if group else [])
 
 
@@ -347,34 +345,36 @@ def _piece(group: list) -> tuple:
 
 def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
               device: str = "cpu") -> UnitResult:
-    """Several units at once (``stacks``): their queries and members padded to the largest and
-    stacked, one batched GEMM per similarity and one candidate pass for all. A unit alone costs
-    ~30 small operations besides its GEMMs: with clusters of a few hundred rows, or a chunk of a
-    few queries per unit, those bound the pass, not the GEMMs. Rows of the result: query i of
-    unit u is row u x nq + i (padding rows find nothing)."""
+    """Several units at once (``stacks``): each unit's GEMMs (the same as alone: its queries x
+    its cluster's contiguous members) write into one flat buffer, and one candidate pass runs
+    over all of it (screen.ragged_pairs). A unit alone costs ~30 small operations besides its
+    GEMMs: with clusters of a few hundred rows, or few queries per unit, those would bound the
+    pass. Row i of the result is the i-th query of the units' queries concatenated."""
     a = np.array([lay.bounds[c] for c in cs], np.int64)
     size = np.array([lay.bounds[c + 1] for c in cs], np.int64) - a
-    nqs = np.array([len(x) for x in qss], np.int64)
-    u_n, nq, nm = len(cs), int(nqs.max()), int(size.max())
-    qidx = np.stack([np.pad(x, (0, nq - len(x)), mode="edge") for x in qss])
-    midx = a[:, None] + np.minimum(np.arange(nm), size[:, None] - 1)
-    valid = (np.arange(nq) < nqs[:, None])[:, :, None] & (np.arange(nm) < size[:, None])[:, None]
-    q = {x: None if getattr(vec, x) is None else
-         _take(getattr(vec, x), qidx.ravel(), device).view(u_n, nq, -1) for x in NAMES}
-    m = {x: None if q[x] is None else _take(getattr(vec, x), midx.ravel(), device).view(u_n, nm, -1)
-         for x in NAMES}
-    m_low = vec.low and {x: screen.low_rows(vec.low[x], midx.ravel(), device).view(u_n, nm, -1)
-                         for x in vec.low}
-    col = qidx - a[:, None]                      # a query's own row, if in the unit's cluster
-    own = np.flatnonzero(((col >= 0) & (col < size[:, None]) & valid[:, :, 0]).ravel())
-    own_t = torch.as_tensor(own, device=device)
-    r, cc, val = screen.block_pairs(q, screen.low(q, p.precision), m, m_low, p.floors(),
-                                    p.tau_i, p.tau_t, p.precision, own_t,
-                                    torch.as_tensor(col.ravel()[own], device=device),
-                                    torch.as_tensor(valid, device=device))
-    acc = Found_(u_n * nq, p, device)
-    acc.add(r, lay.order_on(device)[torch.as_tensor(a, device=device)[r // nq] + cc], val)
-    return acc.result(lay.order, qidx.ravel())
+    qoff = np.cumsum([0] + [len(x) for x in qss])
+    qall = np.concatenate(qss)
+    q = {x: _take(getattr(vec, x), qall, device) for x in NAMES}
+    blocks = [(int(qoff[u]), int(qoff[u + 1]),
+               {x: None if q[x] is None else _rows(getattr(vec, x), a[u], a[u] + size[u], device)
+                for x in NAMES},
+               vec.low and {x: screen.low_rows(vec.low[x], slice(a[u], a[u] + size[u]), device)
+                            for x in vec.low}) for u in range(len(cs))]
+    at = screen.offsets(blocks)
+    unit = np.repeat(np.arange(len(cs)), np.diff(qoff))        # each query's unit
+    col = qall - a[unit]                       # a query's own row, if in its unit's cluster
+    mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
+    own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
+    flat, val = screen.ragged_pairs(q, screen.low(q, p.precision), blocks, p.floors(), p.tau_i,
+                                    p.tau_t, p.precision, torch.as_tensor(own, device=device))
+    u = torch.searchsorted(torch.as_tensor(at, device=device), flat, right=True) - 1
+    local = flat - torch.as_tensor(at, device=device)[u]
+    width = torch.as_tensor(size, device=device)[u]
+    r = torch.as_tensor(qoff, device=device)[u] + local // width
+    member = torch.as_tensor(a, device=device)[u] + local % width
+    acc = Found_(len(qall), p, device)
+    acc.add(r, lay.order_on(device)[member], val)
+    return acc.result(lay.order, qall)
 
 
 def empty_result(k: int) -> UnitResult:

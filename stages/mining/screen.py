@@ -24,7 +24,6 @@ run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
@@ -92,18 +91,6 @@ def sims(q: dict, m: dict) -> dict:
     return out
 
 
-def _flat(s: dict, valid: Optional[torch.Tensor]) -> dict:
-    """A stack's similarities as one 2-D block [stack x nq, nm], its padding below any
-    threshold."""
-    if valid is None:
-        return s
-    return {n: x.masked_fill_(~valid, -math.inf).reshape(-1, x.shape[-1]) for n, x in s.items()}
-
-
-def _rows2d(x: dict) -> dict:
-    return {n: None if v is None else v.reshape(-1, v.shape[-1]) for n, v in x.items()}
-
-
 def rescore(q: dict, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
     """The exact fp32 similarities of the listed pairs (query r, member c)."""
     pairs = [(s, a, b) for s, a, b in PAIRS if q.get(a) is not None]
@@ -151,36 +138,81 @@ def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
     real data), and the rule is applied to those alone: the same pairs as the rule over the
     whole block, at a fraction of the passes."""
     width = s["sii"].shape[1]
+    flat = flat_candidates(s, floors, tau_i, tau_t, eps, own_r * width + own_c)
+    return flat // width, flat % width, flat
+
+
+def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
+                    own: torch.Tensor) -> torch.Tensor:
+    """``candidates`` on similarities of any shape: the flat indices (ascending) of the pairs
+    that pass the rule, the flat indices ``own`` (the targets themselves) left out."""
     flat = _above_any(s, _lowest(floors, tau_i, tau_t), eps)
     v = {n: x.reshape(-1)[flat] for n, x in s.items()}
     keep = (v["sii"] > tau_i - eps).logical_and_(v["stt"] > tau_t - eps)
     for name, floor in floors.items():
         if name in v:
             keep.logical_or_(v[name] > floor - eps)
-    own = own_r * width + own_c                  # the targets' own pairs, if listed (flat is sorted)
-    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
+    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))   # flat is sorted
     if len(flat):
         keep[at[flat[at] == own]] = False
-    flat = flat[keep]
-    return flat // width, flat % width, flat
+    return flat[keep]
 
 
 def block_pairs(q: dict, q_low: dict, m: dict, m_low: Optional[dict], floors: dict,
                 tau_i: float, tau_t: float, precision: str, own_r: torch.Tensor,
-                own_c: torch.Tensor, valid: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                own_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
     that score or pass a floor, which the caller selects exactly. ``m_low``: the members' low
-    copies when stored (else cast here). A stack of blocks (q [U, nq, d], m [U, nm, d], its
-    real pairs ``valid`` [U, nq, nm]) is one block of U x nq rows: row u x nq + i is query i of
-    block u, and own_r, own_c and the result are in those terms."""
+    copies when stored (else cast here)."""
+    width = m["img"].shape[0]
+    own = own_r * width + own_c
+    flat, val = ragged_pairs(q, q_low, [(0, len(q["img"]), m, m_low)], floors, tau_i, tau_t,
+                             precision, own)
+    return flat // width, flat % width, val
+
+
+def ragged_pairs(q: dict, q_low: dict, blocks: list, floors: dict, tau_i: float,
+                 tau_t: float, precision: str, own: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Candidate pairs of several blocks at once: block b = (q0, q1, m, m_low) is queries
+    q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
+    block and similarity, written into one buffer; then one candidate pass over the buffer.
+    Returns (flat indices, exact similarities); ``own``: the targets' own pairs, flat."""
     if precision != "fp32":
-        s = _flat(sims(q_low, m_low or low(m, precision)), valid)
-        eps = margin(precision, max(v.shape[-1] for v in m.values() if v is not None))
-        r, c, _ = candidates(s, floors, tau_i, tau_t, eps, own_r, own_c)
-        if len(r) <= DENSE_SHARE * s["sii"].numel():
-            nq, nm = q["img"].shape[-2], m["img"].shape[-2]
-            return r, c, rescore(_rows2d(q), _rows2d(m), r, r // nq * nm + c)
-    s = _flat(sims(q, m), valid)
-    r, c, flat = candidates(s, floors, tau_i, tau_t, 0.0, own_r, own_c)
-    return r, c, {f: v.reshape(-1)[flat] for f, v in s.items()}
+        s = flat_sims(q_low, [(a, b, mlow or low(m, precision)) for a, b, m, mlow in blocks])
+        eps = margin(precision, max(v.shape[-1] for v in q.values() if v is not None))
+        flat = flat_candidates(s, floors, tau_i, tau_t, eps, own)
+        if len(flat) <= DENSE_SHARE * s["sii"].numel():
+            return flat, rescore_flat(q, blocks, flat)
+    s = flat_sims(q, [(a, b, m) for a, b, m, _ in blocks])
+    flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
+    return flat, {f: v[flat] for f, v in s.items()}
+
+
+def offsets(blocks: list) -> np.ndarray:
+    """Each block's first flat index (and the total)."""
+    return np.cumsum([0] + [(b - a) * len(m["img"]) for a, b, m, *_ in blocks])
+
+
+def flat_sims(q: dict, blocks: list) -> dict:
+    """Every similarity of blocks (q0, q1, m), flat one after the other (``sims`` of each)."""
+    at = offsets(blocks)
+    out = {}
+    for u, (a, b, m) in enumerate(blocks):
+        for name, x in sims({f: None if v is None else v[a:b] for f, v in q.items()}, m).items():
+            if name not in out:
+                out[name] = torch.empty(int(at[-1]), device=x.device)
+            out[name][at[u]:at[u + 1]] = x.reshape(-1)
+    return out
+
+
+def rescore_flat(q: dict, blocks: list, flat: torch.Tensor) -> dict:
+    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member."""
+    at = offsets(blocks)
+    cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).tolist()
+    out = [{s: torch.zeros(0, device=flat.device) for s, a, _ in PAIRS if q.get(a) is not None}]
+    for u, (a, _, m, _) in enumerate(blocks):
+        f = flat[cut[u]:cut[u + 1]] - int(at[u])          # flat is sorted: block u's pairs
+        if len(f):
+            w = len(m["img"])
+            out.append(rescore(q, m, f // w + a, f % w))
+    return {s: torch.cat([o[s] for o in out]) for s in out[0]}
