@@ -372,7 +372,7 @@ def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
     width = torch.as_tensor(size, device=device)[u]
     r = torch.as_tensor(qoff, device=device)[u] + local // width
     member = torch.as_tensor(a, device=device)[u] + local % width
-    acc = Found_(len(qall), p, device)
+    acc = Findings(len(qall), p, device)
     acc.add(r, lay.order_on(device)[member], val)
     return acc.result(lay.order, qall)
 
@@ -395,7 +395,7 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     q = {x: _take(getattr(vec, x), qpos_np, device) for x in NAMES}
     q_low, floors = screen.low(q, p.precision), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
-    acc, to_row = Found_(len(qpos_np), p, device), lay.order_on(device)
+    acc, to_row = Findings(len(qpos_np), p, device), lay.order_on(device)
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
@@ -409,7 +409,7 @@ def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
     return acc.result(lay.order, qpos_np)
 
 
-class Found_:
+class Findings:
     """What n query rows found, as member blocks arrive: the top-k (Best), support, and the
     pairs above the floors, capped per row once over ~2 n max_pairs (a row's best max_pairs
     overall are among its best so far and the new ones: exact, as in gather), so it holds
@@ -526,8 +526,9 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
          ) -> PassResult:
     """The rows at sorted positions ``pos`` (results in that order): route each to its ``probe``
     clusters, group the queries by cluster (units, in cluster order, queries by position), run
-    the units (small ones stacked) and merge. A row's result depends only on the layout and its own routing, never
-    on the other rows mined with it; memory is bounded by len(pos), not N."""
+    the units (small ones stacked) and merge. A row's result depends only on the layout and
+    its own routing, never on the other rows mined with it; memory is bounded by len(pos), not
+    N."""
     pos = np.asarray(pos, np.int64)
     routes, m_out = route(lay, vec, pos, p.probe, device)
     q = np.repeat(pos, routes.shape[1])

@@ -75,8 +75,8 @@ def _padded(x: torch.Tensor) -> torch.Tensor:
 
 
 def sims(q: dict, m: dict) -> dict:
-    """Every similarity of a block: queries q [.., nq, d] x members m [.., nm, d], per PAIRS
-    (fp32 results; a stack of blocks: batched). A low precision's GEMM runs on operands padded
+    """Every similarity of a block: queries q [nq, d] x members m [nm, d], per PAIRS (fp32
+    results). A low precision's GEMM runs on operands padded
     to SHAPE_STEP rows: on a CPU, oneDNN builds a kernel per new shape (~5x the GEMM itself:
     clusters and query counts all differ), and padded shapes are few and cached. The padding
     only screens (every value the pass keeps is re-scored), so it changes no output."""
