@@ -304,7 +304,7 @@ def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
     parts = [_query_block(lay, vec, qs[a:a + p.query_block], c, p, device)
              for a in range(0, len(qs), p.query_block)]
     if not parts:
-        return empty_result(p.k)
+        return empty_result(p.k, device)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
     rows, support, cut = (np.concatenate([getattr(x, f) for x in parts])
                           for f in ("rows", "support", "cut"))
@@ -377,9 +377,9 @@ def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
     return acc.result(lay.order, qall)
 
 
-def empty_result(k: int) -> UnitResult:
+def empty_result(k: int, device="cpu") -> UnitResult:
     z = np.zeros(0, np.int64)
-    return UnitResult(z, Best(0, k, "cpu").lists(), z, no_pairs(), z)
+    return UnitResult(z, Best(0, k, device).lists(), z, no_pairs(), z)
 
 
 def no_pairs() -> dict:

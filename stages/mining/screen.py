@@ -14,8 +14,9 @@ random encoders are the dense exception). ``hpm.precision``:
   |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds the re-score's own K 2^-24 and
   keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its screened similarities are within
   that margin of a threshold, so no pair that passes in fp32 is missed (tested against fp32
-  on pairs placed at the thresholds). A block whose candidates are over DENSE_SHARE of its
-  pairs is computed in fp32 instead (re-scoring costs ~60x a GEMM's share per pair).
+  on pairs placed at the thresholds). A block (or a stack of small units, blocks.run_stack,
+  decided as one) whose candidates are over DENSE_SHARE of its pairs is computed in fp32
+  instead (re-scoring costs ~60x a GEMM's share per pair).
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
 round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
@@ -59,11 +60,10 @@ def to_bits(x, precision: str):
     return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
 
 
-def low_rows(x, rows, device: str) -> torch.Tensor:
-    """Rows (a slice or an index array) of a low copy: a device tensor already, or int16 bits
-    (a memmap)."""
+def low_rows(x, rows: slice, device: str) -> torch.Tensor:
+    """Rows of a low copy: a device tensor already, or int16 bits (a memmap)."""
     if isinstance(x, torch.Tensor):
-        return x[rows if isinstance(rows, slice) else torch.as_tensor(rows, device=x.device)]
+        return x[rows]
     return torch.from_numpy(np.ascontiguousarray(x[rows])).view(torch.bfloat16).to(device)
 
 
@@ -129,23 +129,13 @@ def _above_any(s: dict, low: dict, eps: float) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(keep))
 
 
-def candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
-               own_r: torch.Tensor, own_c: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pairs (row-major) that may score (both similarities above their thresholds) or pass
-    a floor, within ``eps``; the targets themselves (own_r, own_c) left out. Returns (rows,
-    columns, flat indices). A pre-screen lists the few pairs above any threshold (under 1% on
-    real data), and the rule is applied to those alone: the same pairs as the rule over the
-    whole block, at a fraction of the passes."""
-    width = s["sii"].shape[1]
-    flat = flat_candidates(s, floors, tau_i, tau_t, eps, own_r * width + own_c)
-    return flat // width, flat % width, flat
-
-
 def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float,
                     own: torch.Tensor) -> torch.Tensor:
-    """``candidates`` on similarities of any shape: the flat indices (ascending) of the pairs
-    that pass the rule, the flat indices ``own`` (the targets themselves) left out."""
+    """Flat indices (ascending) of the pairs that may score (both similarities above their
+    thresholds) or pass a floor, within ``eps``; the flat indices ``own`` (the targets
+    themselves) left out. A pre-screen lists the few pairs above any threshold (under 1% on
+    real data), and the rule is applied to those alone: the same pairs as the rule over the
+    whole block, at a fraction of the passes."""
     flat = _above_any(s, _lowest(floors, tau_i, tau_t), eps)
     v = {n: x.reshape(-1)[flat] for n, x in s.items()}
     keep = (v["sii"] > tau_i - eps).logical_and_(v["stt"] > tau_t - eps)
@@ -195,6 +185,10 @@ def offsets(blocks: list) -> np.ndarray:
 
 def flat_sims(q: dict, blocks: list) -> dict:
     """Every similarity of blocks (q0, q1, m), flat one after the other (``sims`` of each)."""
+    if len(blocks) == 1:                   # one block: its own results, no copy
+        a, b, m = blocks[0]
+        return {n: x.reshape(-1) for n, x in
+                sims({f: None if v is None else v[a:b] for f, v in q.items()}, m).items()}
     at = offsets(blocks)
     out = {}
     for u, (a, b, m) in enumerate(blocks):
