@@ -133,8 +133,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "5"        # 5: small units stacked (the same bytes in every test; bumped in case a
-                         # GEMM on a slice rounds otherwise somewhere); 4: ties at the
+    version = "6"        # 6: layouts of over blocks.TWO_LEVEL clusters have two levels;
+                         # 5: small units stacked (the same bytes in every test; bumped in
+                         # case a GEMM on a slice rounds otherwise somewhere); 4: ties at the
                          # k-th place keep the lower row; 3: mined per part
     Params = HpmParams
     speed_only = ("build_threads",)   # threads of the global step

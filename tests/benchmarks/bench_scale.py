@@ -3,7 +3,8 @@ with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
 
     .venv/bin/python tests/benchmarks/bench_scale.py --sizes 2000,10000 [--rows-per-part 1000]
         [--ocr]          # also run textspot (OCR): skipped by default, see below
-        [--keep DIR]     # keep the data and runs there (else a temp folder, removed)
+        [--keep DIR]     # keep the data and runs there (else a temp folder, removed); the
+                         # same command again after a kill resumes the run there (run_once)
 
 What it measures, per stage (a stage's span runs from the previous stage's "done" log line to its
 own, so a global step, model loads and the commit are all inside it):
@@ -161,6 +162,12 @@ def du(path: Path) -> int:
 
 
 def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+    """The DAG once, each stage's span appended to run_dir/../spans<N>.jsonl as it ends. Run
+    again on the same --keep folder after a kill (the runner resumes from the committed parts),
+    the stages that ended before keep their recorded spans, and a stage the kill cut short is
+    marked resumed: its figures cover only the parts computed after the restart."""
+    import json
+
     from vlcurate.pipeline import config as C
     from vlcurate.pipeline.demo import DEMO_MODELS
     from vlcurate.pipeline.runner import run
@@ -170,7 +177,10 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
                         "source.key_column": "id", "source.rows_per_part": rows_per_part,
                         "run.run_dir": str(run_dir), "run.progress": False,
                         "run.stages": stages, "export.samples_per_shard": 10_000, **DEMO_MODELS})
-    sampler, spans = Sampler(), []
+    book = run_dir.parent / f"spans{run_dir.name[3:]}.jsonl"
+    prior = {x["stage"]: x for x in map(json.loads, book.read_text().splitlines())} \
+        if book.exists() else {}
+    sampler, spans = Sampler(), {}
     state = {"t": time.perf_counter(), "cpu": cpu_s()}
     sampler.reset()
 
@@ -180,34 +190,44 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
         name = line[1:line.index("]")]
         now, cpu = time.perf_counter(), cpu_s()
         peak, kids = sampler.reset()
-        spans.append({"stage": name, "wall": now - state["t"], "cpu": cpu - state["cpu"],
-                      "rss": peak, "rss_children": kids, "load": os.getloadavg()[0]})
+        if name not in prior:
+            spans[name] = {"stage": name, "wall": now - state["t"], "cpu": cpu - state["cpu"],
+                           "rss": peak, "rss_children": kids, "load": os.getloadavg()[0]}
+            with open(book, "a") as f:
+                f.write(json.dumps(spans[name]) + "\n")
         state.update(t=now, cpu=cpu)
 
-    t0 = time.perf_counter()
     res = run(cfg, executor="local", log=log)
-    total = time.perf_counter() - t0
     sampler.stop()
     man = {r.manifest["stage"]: r.manifest for r in res}
+    status = {r.manifest["stage"]: r.status for r in res}
+    spans = [prior.get(name) or spans[name] for name in man]
     for s in spans:
         m = man[s["stage"]]
-        s.update(rows_in=m["rows_in"], rows_kept=m["rows_kept"], disk=du(run_dir / s["stage"]))
-    spans.append({"stage": "TOTAL", "wall": total, "cpu": sum(s["cpu"] for s in spans),
+        s.update(rows_in=m["rows_in"], rows_kept=m["rows_kept"], disk=du(run_dir / s["stage"]),
+                 resumed=s.get("resumed", False) or (s["stage"] not in prior
+                                                      and status[s["stage"]] == "resumed"))
+    book.write_text("".join(json.dumps(s) + "\n" for s in spans))     # with their marks
+    spans.append({"stage": "TOTAL", "wall": sum(s["wall"] for s in spans),
+                  "cpu": sum(s["cpu"] for s in spans),
                   "rss": max(s["rss"] for s in spans),
                   "rss_children": max(s["rss_children"] for s in spans),
                   "load": os.getloadavg()[0], "rows_in": man["ingest"]["rows_in"],
-                  "rows_kept": man["export"]["rows_kept"], "disk": du(run_dir)})
+                  "rows_kept": man["export"]["rows_kept"], "disk": du(run_dir),
+                  "resumed": any(s["resumed"] for s in spans)})
     return spans
 
 
 def print_table(n: int, spans: list[dict]) -> None:
-    print(f"\n== N = {n:,} rows (in-process executor; RSS = driver process, children = its forks)")
+    print(f"\n== N = {n:,} rows (in-process executor; RSS = driver process, children = its forks; "
+          f"* resumed after a kill: only the parts computed after the restart)")
     print(f"{'stage':<10} {'rows in':>8} {'kept':>8} {'wall s':>8} {'rows/s':>9} {'CPU-s':>8} "
           f"{'CPU-ms/row':>10} {'peak RSS MB':>11} {'child MB':>8} {'disk MB':>8} {'load1':>6}")
     for s in spans:
         rate = s["rows_in"] / s["wall"] if s["wall"] else 0.0
         per = 1000 * s["cpu"] / s["rows_in"] if s["rows_in"] else 0.0
-        print(f"{s['stage']:<10} {s['rows_in']:>8,} {s['rows_kept']:>8,} {s['wall']:>8.1f} "
+        name = s["stage"] + ("*" if s.get("resumed") else "")
+        print(f"{name:<10} {s['rows_in']:>8,} {s['rows_kept']:>8,} {s['wall']:>8.1f} "
               f"{rate:>9,.0f} {s['cpu']:>8.1f} {per:>10.2f} {s['rss'] / 2**20:>11.0f} "
               f"{s['rss_children'] / 2**20:>8.0f} {s['disk'] / 2**20:>8.1f} {s['load']:>6.2f}")
 
@@ -250,8 +270,10 @@ def main() -> int:
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="vlc-scale-"))
     if a.one is not None:
         import json
-        t0 = time.perf_counter()
-        data = make_data(root / f"data{a.one}", a.one)
+        t0, data, done = time.perf_counter(), root / f"data{a.one}", root / f"data{a.one}.done"
+        if not done.exists():                    # a run resumed on --keep renders nothing
+            make_data(data, a.one)
+            done.touch()
         print(f"rendered {a.one:,} rows in {time.perf_counter() - t0:.1f}s "
               f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
         spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr)

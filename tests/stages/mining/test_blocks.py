@@ -1,8 +1,11 @@
 """The neighbour pass in dense blocks (issue 15) against the naive loops and exact HPM."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 from vlcurate.stages.mining import blocks as B
 from vlcurate.stages.mining import fff, hpm
 
@@ -119,6 +122,44 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, device):
     cert = r.certified                                  # k: the noise decision is exact too
     assert (r.noise[cert] == ex.noise[cert]).all()
     np.testing.assert_array_equal(r.certified, r.certified_at(k))
+
+
+def test_shares_split_the_clusters_in_proportion():
+    share = B._shares(np.array([600, 300, 1, 0, 99]), 20)
+    assert share.sum() == 20 and share.tolist() == [12, 6, 1, 0, 1]
+    assert B._shares(np.array([3, 1]), 10).tolist() == [3, 1]        # never more than the rows
+
+
+def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypatch, device):
+    """Above TWO_LEVEL clusters: every row in the fine cluster nearest to it among those of its
+    COARSE_PROBE nearest coarse clusters; the requested number of clusters; with every cluster
+    probed, exact HPM; probing some, the certificate is still a proof."""
+    monkeypatch.setattr(B, "TWO_LEVEL", 4)
+    monkeypatch.setattr(B, "COARSE_PROBE", 2)
+    img, txt = pairs(900, 16, seed=8, spread=2.0, n_clusters=12)
+    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
+                     query_block=37, block_size=29)
+    cent = B.kmeans(img, txt, 16, p, device)
+    assert len(cent.fine) == 16 and len(cent.coarse) == 4 and cent.start[-1] == 16
+    x = B.joint_t(torch.from_numpy(img), torch.from_numpy(txt)).to(device)
+    top = (x @ cent.coarse.T).topk(2, dim=1).indices.cpu().numpy()
+    s = (x @ cent.fine.T).cpu().numpy()
+    group = np.repeat(np.arange(4), np.diff(cent.start))
+    want = [int(np.argmax(np.where(np.isin(group, t), s[i], -np.inf))) for i, t in enumerate(top)]
+    near = s.argmax(1)
+    assert cent.nearest(x).cpu().tolist() == want
+    assert (want != near).any() and (want == near).mean() > 0.9    # the coarse probe matters
+    assert len(set(want)) > 8                           # the fine clusters are used
+    lay, r = B.neighbour_pass(img, txt, p, device=device)
+    assert lay.n_clusters == 16 and r.certified.all()
+    assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
+                         naive_hpm(img, txt, 5, TAU, TAU, 0.98), 5)
+    img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)      # tighter: certifiable
+    _, r = B.neighbour_pass(img, txt, dataclasses.replace(p, probe=5), device=device)
+    ex = hpm.exact_hpm(img, txt, 5, TAU, TAU, 0.98, device=device)
+    cert = r.certified
+    assert 0 < cert.sum() < len(img)
+    assert (r.idx[cert] == B.canonical(ex.idx, ex.score)[0][cert]).all()
 
 
 def test_gather_caps_pairs_per_row_by_similarity():

@@ -3,6 +3,7 @@ re-score, finds exactly the pairs fp32 finds, with fp32's similarities."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -128,3 +129,20 @@ def test_the_pre_screened_candidates_equal_the_rule_over_the_whole_block(cross, 
     assert 0 < len(want_r) < s["sii"].numel()
     assert torch.equal(flat, want_r * 61 + want_c)
     assert not (flat == 4).any()                    # a target is never its own candidate
+
+
+def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison():
+    """_greater reads a bf16 block's int16 bits against the largest bf16 at or below t: the
+    same answer as comparing the values, for thresholds on and between bf16 values, values
+    of both signs, zeros, infinities and NaN, and on a strided view (a padded GEMM's result)."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.rand(64, 300, generator=g) * 2.2 - 1.1).to(torch.bfloat16)
+    on = [0.5, 0.4765625, 1.0, 2.0 ** -130]                 # bf16 values (one subnormal)
+    x[0, :8] = torch.tensor(on + [-0.0, 0.0, math.inf, math.nan]).to(torch.bfloat16)
+    x[1, :4] = torch.tensor([-math.inf, -0.5, 0.5 + 2 ** -8, 0.5 - 2 ** -9]).to(torch.bfloat16)
+    view = x[:, :257]
+    for t in on + [0.5 + 1e-7, 0.4878, 0.49999, 0.99, 1e-30, 0.0, -0.3, -1e-7]:
+        got = screen._greater(view, t)
+        want = view.float().numpy() > t
+        np.testing.assert_array_equal(got, want, err_msg=str(t))
+        assert want.any() and not want.all()
