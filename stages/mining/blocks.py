@@ -370,11 +370,11 @@ class Vectors:
         return self.ximg is not None
 
 
-def run_unit(lay: Layout, vec: Vectors, c: int, qs: np.ndarray, p: PassParams,
+def run_unit(lay: Layout, vec: Vectors, qc: "Queries", c: int, qs: np.ndarray, p: PassParams,
              device: str = "cpu") -> UnitResult:
     """Cluster c: the queries routed to it (``qs``, sorted positions, gathered query_block at a
     time) against its members (a contiguous slice, block_size at a time)."""
-    parts = [_query_block(lay, vec, qs[a:a + p.query_block], c, p, device)
+    parts = [_query_block(lay, vec, qc, qs[a:a + p.query_block], c, p, device)
              for a in range(0, len(qs), p.query_block)]
     if not parts:
         return empty_result(p.k, device)
@@ -416,7 +416,7 @@ def _piece(group: list) -> tuple:
         ([c for c, _ in group], [qs for _, qs in group])
 
 
-def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
+def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: PassParams,
               device: str = "cpu") -> UnitResult:
     """Several units at once (``stacks``): each unit's GEMMs (the same as alone: its queries x
     its cluster's contiguous members) write into one flat buffer, and one candidate pass runs
@@ -427,7 +427,7 @@ def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
     size = np.array([lay.bounds[c + 1] for c in cs], np.int64) - a
     qoff = np.cumsum([0] + [len(x) for x in qss])
     qall = np.concatenate(qss)
-    q = {x: _take(getattr(vec, x), qall, device) for x in NAMES}
+    q, q_low = qc.rows(qall)
     blocks = [(int(qoff[u]), int(qoff[u + 1]),
                {x: None if q[x] is None else _rows(getattr(vec, x), a[u], a[u] + size[u], device)
                 for x in NAMES},
@@ -438,7 +438,7 @@ def run_stack(lay: Layout, vec: Vectors, cs: list, qss: list, p: PassParams,
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
-    flat, val = screen.ragged_pairs(q, screen.low(q, p.precision), blocks, p.floors(), p.tau_i,
+    flat, val = screen.ragged_pairs(q, q_low, blocks, p.floors(), p.tau_i,
                                     p.tau_t, p.precision, torch.as_tensor(own, device=device))
     u = torch.searchsorted(torch.as_tensor(at, device=device), flat, right=True) - 1
     local = flat - torch.as_tensor(at, device=device)[u]
@@ -463,10 +463,28 @@ def _take(x, pos: np.ndarray, device: str) -> Optional[torch.Tensor]:
     return None if x is None else as_tensor(x[pos], device)
 
 
-def _query_block(lay, vec: Vectors, qpos_np: np.ndarray, c: int, p: PassParams,
+class Queries:
+    """A chunk's targets, gathered once from the N-row vectors and cast once to the screen's
+    precision: a target is a query of ``probe`` units, which take its rows from here (a
+    compact chunk x D copy) instead of gathering and casting them again from N rows."""
+
+    def __init__(self, vec: Vectors, pos: np.ndarray, precision: str, device) -> None:
+        self.pos, self.device = np.unique(pos), device
+        self.full = {x: _take(getattr(vec, x), self.pos, device) for x in NAMES}
+        self.low = screen.low(self.full, precision)
+
+    def rows(self, qpos: np.ndarray) -> tuple[dict, dict]:
+        """(fp32, screen precision) vectors of the queries at sorted positions qpos."""
+        i = torch.as_tensor(np.searchsorted(self.pos, qpos), device=self.device)
+        pick = lambda d: {x: None if v is None else v.index_select(0, i)   # noqa: E731
+                          for x, v in d.items()}
+        full = pick(self.full)
+        return full, (full if self.low is self.full else pick(self.low))
+
+
+def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p: PassParams,
                  device) -> UnitResult:
-    q = {x: _take(getattr(vec, x), qpos_np, device) for x in NAMES}
-    q_low, floors = screen.low(q, p.precision), p.floors()
+    (q, q_low), floors = qc.rows(qpos_np), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
     acc, to_row = Findings(len(qpos_np), p, device), lay.order_on(device)
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
@@ -611,8 +629,9 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
     units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
     with torch.no_grad():
-        results = (run_unit(lay, vec, u[0], qs, p, device) if len(u) == 1 else
-                   run_stack(lay, vec, u, qs, p, device) for u, qs in stacks(lay, units, p))
+        qc = Queries(vec, pos, p.precision, device)
+        results = (run_unit(lay, vec, qc, u[0], qs, p, device) if len(u) == 1 else
+                   run_stack(lay, vec, qc, u, qs, p, device) for u, qs in stacks(lay, units, p))
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r
