@@ -131,7 +131,7 @@ def test_the_pre_screened_candidates_equal_the_rule_over_the_whole_block(cross, 
     assert not (flat == 4).any()                    # a target is never its own candidate
 
 
-def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison():
+def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison(device):
     """_greater reads a bf16 block's int16 bits against the largest bf16 at or below t: the
     same answer as comparing the values, for thresholds on and between bf16 values, values
     of both signs, zeros, infinities and NaN, and on a strided view (a padded GEMM's result)."""
@@ -140,9 +140,10 @@ def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison():
     on = [0.5, 0.4765625, 1.0, 2.0 ** -130]                 # bf16 values (one subnormal)
     x[0, :8] = torch.tensor(on + [-0.0, 0.0, math.inf, math.nan]).to(torch.bfloat16)
     x[1, :4] = torch.tensor([-math.inf, -0.5, 0.5 + 2 ** -8, 0.5 - 2 ** -9]).to(torch.bfloat16)
-    view = x[:, :257]
+    view = x.to(device)[:, :257]
     for t in on + [0.5 + 1e-7, 0.4878, 0.49999, 0.99, 1e-30, 0.0, -0.3, -1e-7]:
         got = screen._greater(view, t)
-        want = view.float().numpy() > t
+        got = got if isinstance(got, np.ndarray) else got.cpu().numpy()    # a GPU's: a tensor
+        want = view.float().cpu().numpy() > t
         np.testing.assert_array_equal(got, want, err_msg=str(t))
         assert want.any() and not want.all()
