@@ -100,8 +100,9 @@ class HpmParams(Params):
     max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
     # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
     # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal
-    # to fp32's up to their last bits. For GPU tensor cores; on an AMX CPU it measured faster
-    # only at one thread per actor (1.06-1.46x), slower than fp32 on two (deploy/SIZING.md)
+    # to fp32's up to their last bits. For GPU tensor cores and AMX CPUs: on this AMX Xeon,
+    # 2 threads, 1M rows, 0.68 ms per target against fp32's 1.04 (1.5x; deploy/SIZING.md); a
+    # CPU without native bf16 GEMMs emulates them, slower than fp32
     precision: Literal["fp32", "bf16"] = "fp32"
     # rows mined per call (null: run.chunk_rows). A chunk's rows are routed together, so its
     # units (a cluster x the rows routed to it) hold chunk_rows x probe / clusters queries:
