@@ -164,8 +164,9 @@ def du(path: Path) -> int:
 def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[dict]:
     """The DAG once, each stage's span appended to run_dir/../spans<N>.jsonl as it ends. Run
     again on the same --keep folder after a kill (the runner resumes from the committed parts),
-    the stages that ended before keep their recorded spans, and a stage the kill cut short is
-    marked resumed: its figures cover only the parts computed after the restart."""
+    the stages that ended before keep their recorded spans (a stage that runs again, its code or
+    config changed, gets a fresh one), and a stage the kill cut short is marked resumed: its
+    figures cover only the parts computed after the restart."""
     import json
 
     from vlcurate.pipeline import config as C
@@ -190,7 +191,8 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
         name = line[1:line.index("]")]
         now, cpu = time.perf_counter(), cpu_s()
         peak, kids = sampler.reset()
-        if name not in prior:
+        if name not in prior or " done: " in line:       # ran (again): a fresh span
+            prior.pop(name, None)
             spans[name] = {"stage": name, "wall": now - state["t"], "cpu": cpu - state["cpu"],
                            "rss": peak, "rss_children": kids, "load": os.getloadavg()[0]}
             with open(book, "a") as f:
