@@ -346,6 +346,21 @@ def _slot(r: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(r), device=r.device) - torch.searchsorted(r, r)
 
 
+def at_or_above_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask of the entries whose value v is at least their row's k-th largest (every entry of a
+    row with at most k; r sorted). No entry outside it can be among its row's best k, whatever
+    the tie rule, so cutting to it first is exact: a dense [rows, longest run] top-k, ~20x
+    cheaper than sorting a dense block's pairs (the demo's random encoders: ~6,000 per row)."""
+    _, row, count = torch.unique_consecutive(r, return_inverse=True, return_counts=True)
+    if not len(r) or int(count.max()) <= k:
+        return torch.ones(len(r), dtype=torch.bool, device=r.device)
+    slot = torch.arange(len(r), device=r.device) - (torch.cumsum(count, 0) - count)[row]
+    v = torch.nan_to_num(v.float(), nan=-math.inf)
+    dense = torch.full((len(count), int(count.max())), -math.inf, device=r.device)
+    dense[row, slot] = v
+    return v >= dense.topk(k, dim=1).values[:, -1][row]
+
+
 @dataclass
 class UnitResult:
     rows: np.ndarray          # [q] global rows of the unit's queries
@@ -516,14 +531,16 @@ class Findings:
     def add(self, r: torch.Tensor, member: torch.Tensor, val: dict) -> None:
         """A block's candidate pairs: rows r, members' global rows, exact similarities."""
         p = self.p
-        new = _above_floors(val, self.floors, r, member)
+        new = _above_floors(val, self.floors, r, member, p.max_pairs, self.cut)
         self.found, self.held = self.found + new, self.held + sum(len(x[0]) for x in new)
         if p.max_pairs is not None and self.held > 2 * len(self.cut) * p.max_pairs + COMPACT_SLACK:
             capped = _cap(_pairs(self.found), p.max_pairs, self.cut)
             self.found, self.held = [_on(capped, self.device)], len(capped["q"])
         ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
         self.support += torch.bincount(r[ok], minlength=len(self.support))
-        self.best.add(r[ok], member[ok], v[ok])
+        r, member, v = r[ok], member[ok], v[ok]
+        top = at_or_above_kth(r, v, p.k)
+        self.best.add(r[top], member[top], v[top])
 
     def result(self, order: np.ndarray, qpos_np: np.ndarray) -> UnitResult:
         """The rows' results, row i being the query at sorted position qpos_np[i]."""
@@ -533,13 +550,20 @@ class Findings:
                           self.cut)
 
 
-def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor) -> list:
+def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor,
+                  max_pairs: Optional[int] = None, cut: Optional[np.ndarray] = None) -> list:
     """The listed pairs (query r, member j) above a floor, with every similarity (NaN for the
-    cross-modal ones when there are none)."""
+    cross-modal ones when there are none); with max_pairs, only those at or above their row's
+    max_pairs-th largest max similarity (``_cap``'s order: exact), the others counted in cut."""
     keep = torch.zeros(len(r), dtype=torch.bool, device=r.device)
     for name, floor in floors.items():
         if name in val:
             keep |= val[name] > floor
+    if max_pairs is not None and keep.any():
+        best = torch.stack([val[f][keep] for f in SIMS if f in val]).nan_to_num(-math.inf)
+        top = at_or_above_kth(r[keep], best.max(0).values, max_pairs)
+        np.add.at(cut, r[keep][~top].cpu().numpy(), 1)
+        keep[keep.clone()] = top
     if not keep.any():
         return []
     nan = torch.full((int(keep.sum()),), math.nan, device=r.device)

@@ -286,3 +286,24 @@ def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device
               "certified"):         # byte for byte: each unit's GEMMs are the ones it runs alone
         np.testing.assert_array_equal(getattr(stacked, f), getattr(alone, f), err_msg=f)
     assert (stacked.idx >= 0).sum() > 100 and len(stacked.pair_j) > 50
+
+
+def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(device):
+    """The pre-cut of a block's pairs (Findings: the top-k and the max_pairs cap): per row, every
+    entry at or above the row's k-th largest value (ties at the k-th all kept, NaN lowest),
+    every entry of a row with at most k."""
+    g = np.random.default_rng(4)
+    r = np.sort(g.integers(0, 40, 3000))
+    v = g.integers(0, 30, 3000).astype(np.float32) / 30          # many exact ties
+    v[::17] = np.nan
+    for k in (1, 5, 60, 200):
+        got = B.at_or_above_kth(torch.from_numpy(r).to(device), torch.from_numpy(v).to(device), k)
+        want = np.ones(len(r), bool)
+        for row in np.unique(r):
+            at = r == row
+            if at.sum() > k:
+                x = np.nan_to_num(v[at], nan=-np.inf)
+                want[at] = x >= np.sort(x)[::-1][k - 1]
+        np.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=str(k))
+        assert k >= 200 or not want.all()
+    assert B.at_or_above_kth(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3).shape == (0,)
