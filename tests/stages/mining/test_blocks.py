@@ -288,10 +288,14 @@ def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device
     assert (stacked.idx >= 0).sum() > 100 and len(stacked.pair_j) > 50
 
 
-def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(device):
+@pytest.mark.parametrize("cells", [1 << 22, 150])
+def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cells, monkeypatch,
+                                                                             device):
     """The pre-cut of a block's pairs (Findings: the top-k and the max_pairs cap): per row, every
     entry at or above the row's k-th largest value (ties at the k-th all kept, NaN lowest),
-    every entry of a row with at most k."""
+    every entry of a row with at most k; the same in dense pieces of a row or two (its memory
+    bound, DENSE_CELLS)."""
+    monkeypatch.setattr(B, "DENSE_CELLS", cells)
     g = np.random.default_rng(4)
     r = np.sort(g.integers(0, 40, 3000))
     v = g.integers(0, 30, 3000).astype(np.float32) / 30          # many exact ties
