@@ -92,6 +92,8 @@ class PassParams:
     block_size: int = 8192
     max_pairs: Optional[int] = None    # candidate pairs kept per row (highest similarity first)
     precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 screen (screen.py)
+    space_probe: int = 0           # one-space layouts' clusters searched per row (spaces.py;
+                                   # 0: none)
 
     def floors(self) -> dict:
         """Each similarity's candidate floor (X_ii and X_tt share S_ii's and S_tt's)."""
@@ -141,14 +143,22 @@ def joint_t(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([i, t], 1) / math.sqrt(2.0)
 
 
+def space_t(i: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tensor:
+    """The vectors a layout clusters: joint [I; T] / sqrt(2), or one space's alone (t None:
+    spaces.py)."""
+    return i if t is None else joint_t(i, t)
+
+
 def _rows(x, a: int, b: int, device: str) -> torch.Tensor:
     return as_tensor(x[a:b], device)
 
 
 def _chunks(img, txt, device: str, chunk: int = 32768):
-    """Per chunk of rows (in table order): (first row, their joint vectors)."""
+    """Per chunk of rows (in table order): (first row, their joint vectors, or img's alone when
+    txt is None)."""
     for a in range(0, len(img), chunk):
-        yield a, joint_t(_rows(img, a, a + chunk, device), _rows(txt, a, a + chunk, device))
+        yield a, space_t(_rows(img, a, a + chunk, device),
+                         None if txt is None else _rows(txt, a, a + chunk, device))
 
 
 MAX_SAMPLE = 1 << 17   # k-means training rows at most (p.sample per cluster below that)
@@ -242,7 +252,7 @@ def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> Centroids:
     n = len(img)
     rng = np.random.default_rng(p.seed)
     pick = np.sort(rng.choice(n, size=min(n, p.sample * c, max(MAX_SAMPLE, c)), replace=False))
-    x = joint_t(as_tensor(img[pick], device), as_tensor(txt[pick], device))
+    x = space_t(as_tensor(img[pick], device), None if txt is None else as_tensor(txt[pick], device))
     if c <= TWO_LEVEL:
         return Centroids(_spherical(x, c, rng, p.iters))
     coarse = _spherical(x, math.isqrt(c), rng, p.iters)
@@ -651,15 +661,15 @@ class PassResult(Found):
         return PassResult(**cat, offsets=offsets, scored=sum(x.scored for x in parts))
 
 
-def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu"
-         ) -> PassResult:
+def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
+         routed: Optional[tuple] = None) -> PassResult:
     """The rows at sorted positions ``pos`` (results in that order): route each to its ``probe``
-    clusters, group the queries by cluster (units, in cluster order, queries by position), run
-    the units (small ones stacked) and merge. A row's result depends only on the layout and
-    its own routing, never on the other rows mined with it; memory is bounded by len(pos), not
-    N."""
+    clusters (or take ``routed``, ``route``'s answer), group the queries by cluster (units, in
+    cluster order, queries by position), run the units (small ones stacked) and merge. A row's
+    result depends only on the layout and its own routing, never on the other rows mined with
+    it; memory is bounded by len(pos), not N."""
     pos = np.asarray(pos, np.int64)
-    routes, m_out = route(lay, vec, pos, p.probe, device)
+    routes, m_out = routed or route(lay, vec, pos, p.probe, device)
     q = np.repeat(pos, routes.shape[1])
     c = routes.ravel()
     o = np.lexsort((q, c))
@@ -707,12 +717,16 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     score = np.take_along_axis(score, perm, 1)
     bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), p.tau_i, p.tau_t).numpy()
     cert = (bound <= 0) | ((support >= k) & (score[:, k - 1] >= bound))
-    cat = _cap(_concat(pairs), p.max_pairs, cut)
+    offsets, pj, sims = csr(_cap(_concat(pairs), p.max_pairs, cut), n)
+    return PassResult(idx, score, support, cert, offsets, pj, *sims, bound, cut)
+
+
+def csr(cat: dict, n: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Pairs (q in 0..n-1) as CSR, each row's sorted by j: (offsets, j, [each of SIMS])."""
     o = np.lexsort((cat["j"], cat["q"]))
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(cat["q"], minlength=n), out=offsets[1:])
-    return PassResult(idx, score, support, cert, offsets, cat["j"][o],
-                      *(cat[f][o] for f in SIMS), bound, cut)
+    return offsets, cat["j"][o], [cat[f][o] for f in SIMS]
 
 
 COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather caps them

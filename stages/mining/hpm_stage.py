@@ -38,7 +38,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, positive, unit, within
+from vlcurate.pipeline.params import Params, at_least, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import blocks, hpm
@@ -98,6 +98,11 @@ class HpmParams(Params):
     pair_text: float = within(0.9, -1, 1)     # S_tt or X_tt > pair_text
     pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
     max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
+    # a partial pass (blocks above exact_max_n) also lays out each space the positives rule
+    # judges on its own and searches this many of its clusters per row for pairs above the
+    # floors (stages/mining/spaces.py: pairs near in one space only); 0: none, and positives
+    # then runs its own search above exact_max_n
+    pair_probe: int = at_least(8, 0)
     # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
     # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal
     # to fp32's up to their last bits. For GPU tensor cores and AMX CPUs: on this AMX Xeon,
@@ -134,7 +139,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "6"        # 6: layouts of over blocks.TWO_LEVEL clusters have two levels;
+    version = "7"        # 7: a partial pass also searches one-space layouts (spaces.py);
+                         # 6: layouts of over blocks.TWO_LEVEL clusters have two levels;
                          # 5: small units stacked (the same bytes in every test; bumped in
                          # case a GEMM on a slice rounds otherwise somewhere); 4: ties at the
                          # k-th place keep the lower row; 3: mined per part

@@ -4,7 +4,9 @@ worker loads to mine the rows of its parts.
 Files in ``<workdir>/pass/``: the layout (``means``, ``radius``, ``order``, ``bounds``,
 ``positions``: blocks.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
 and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``; with hpm.precision bf16 also
-their bf16 copies ``img.bf16``, ...: blocks.save_vectors), all memory-mapped by every worker.
+their bf16 copies ``img.bf16``, ...: blocks.save_vectors), all memory-mapped by every worker;
+when the pass is partial, also each one-space layout and its sorted vectors in
+``space_<name>/`` (spaces.py).
 The store's own vector files are deleted once these are written (store.drop_vectors).
 Nothing of the pass's output is stored here: each part's rows are
 mined where the part is computed, and their hard pairs, support, certificate and candidate
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 from vlcurate.schemas import embed as E
 
-from . import blocks, hpm, screen
+from . import blocks, hpm, screen, spaces
 from .store import Store
 
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
@@ -46,7 +48,8 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
         n_clusters=c, probe=c if exact else cfg.probe, seed=cfg.seed, query_block=cfg.query_block,
-        block_size=cfg.block_size, max_pairs=cfg.max_pairs, precision=cfg.precision)
+        block_size=cfg.block_size, max_pairs=cfg.max_pairs, precision=cfg.precision,
+        space_probe=0 if exact else cfg.pair_probe)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
                                    "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
+    if p.space_probe and p.probe < lay.n_clusters:     # partial: one-space layouts too
+        spaces.build(out, blocks.load_vectors(out, store.n), p, device)
     state = PassState(out, store.n, p)
     miner = Miner(state, device)
     rows = np.arange(store.n) if store.n <= GUARD_SAMPLE else np.sort(
@@ -88,10 +93,11 @@ class Miner:
         self.lay, self.pos = blocks.load_layout(state.dir)
         self.vec = resident(blocks.load_vectors(state.dir, state.n), device)
         self.params, self.device = state.params, device
+        self.spaces = spaces.load(state.dir, state.n)
 
     def mine(self, gidx: np.ndarray) -> blocks.PassResult:
-        return blocks.mine(self.lay, self.vec, self.pos[np.asarray(gidx, np.int64)], self.params,
-                           self.device)
+        return spaces.mine(self.lay, self.vec, self.spaces, self.pos[np.asarray(gidx, np.int64)],
+                           self.params, self.device)
 
 
 GPU_SHARE = 0.25       # the sorted vectors move to a GPU once when they fit in this share of it

@@ -9,22 +9,21 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
   which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
 
 Candidates (issue 15: one neighbour pass serves both stages): when hpm ran its neighbour pass
-exhaustively (hpm.method exact, or auto up to hpm.exact_max_n rows), a row's candidates are its
-``hpm_pair_ids``, every pair the pass found above hpm's floors (hpm.pair_image/text/cross,
-in the spaces this rule judges: the cross-modal one when there is one); this stage only applies the rule to them, with exact
+(hpm.method exact, blocks or auto), a row's candidates are its ``hpm_pair_ids``, every pair the
+pass found above hpm's floors (hpm.pair_image/text/cross, in the spaces this rule judges: the
+cross-modal one when there is one); this stage only applies the rule to them, with exact
 similarities, and searches nothing. The floors must not be above the thresholds, which the
-preflight checks (``floor_problems``); with an exhaustive pass the result is then exact Eq. 1
-(tested), short only of pairs hpm.max_pairs cut (counted in the summary). Sec. 4.3's recaptions
-join after hpm, so a pair whose only link is a recaption is found only if one of the pass's
-floors fires on it too (hpm.pair_cross = 0.24 below p1 = 0.27 leaves a margin). Without the
-pass's pairs (hpm.method fast, no hpm stage in the DAG) or above hpm.exact_max_n it runs its own
-search, exact blockwise or per-space IVF-PQ (``use_fast``): a partial pass routes each row on
-the joint HELIP vector and misses pairs near in one space only (an image with an unrelated
-caption). Measured on the real-derived set with planted pairs
-(tests/benchmarks/bench_one_space_pairs.py): a partial pass finds 53-58% of image-only and
-57-63% of text-only near-duplicates, and routing on the joint clusters' per-space means would
-place their cluster in the top 40 for only 55-76%: per-space layouts (clusters of the image
-vectors, and of the text vectors, each mined for its floor) are what would close it.
+preflight checks (``floor_problems``). With an exhaustive pass (exact, or auto up to
+hpm.exact_max_n rows) the result is then exact Eq. 1 (tested), short only of pairs
+hpm.max_pairs cut (counted in the summary). A partial pass routes each row on the joint HELIP
+vector, which alone misses pairs near in one space only (an image with an unrelated caption:
+53-63% found, tests/benchmarks/bench_one_space_pairs.py), so it also searches one-space
+layouts (stages/mining/spaces.py, hpm.pair_probe clusters per row and space): with the
+default 8, 0.99-1.0 of those planted pairs are found. With hpm.pair_probe 0, hpm.method fast or
+no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-space IVF-PQ
+(``use_fast``). Sec. 4.3's recaptions join after hpm, so a pair whose only link is a recaption
+is found only if one of the pass's floors fires on it too (hpm.pair_cross = 0.24 below p1 =
+0.27 leaves a margin).
 
 The rule (fff.py): with ``embed.cross_model`` set, FFF's full Eq. 1 on the cross-modal
 embeddings, and with recaptions (stage ``recaption_embed``, ``positives.recaptions`` > 0) over
@@ -66,15 +65,15 @@ HPM = "hpm"
 
 def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> bool:
     """Candidates from hpm's pass: its table has the pair lists, hpm ran the pass, and (given
-    ``n``, the rows mined) the pass is exhaustive. A partial pass routes on the joint HELIP
-    vector, which misses pairs close in one space only (an image with an unrelated caption:
-    FFF's main case), so above hpm.exact_max_n positives keeps its per-space search."""
+    ``n``, the rows mined) the pass is exhaustive or also searched its one-space layouts
+    (hpm.pair_probe > 0): the joint routing alone misses pairs close in one space only (an
+    image with an unrelated caption: FFF's main case)."""
     if config.hpm.method == "fast" or M.PAIR_IDS.name not in names:
         return False
     if n is None:
         return True
     p = pass_params(config.hpm, n)
-    return p.probe >= p.clusters(n)
+    return p.probe >= p.clusters(n) or p.space_probe > 0
 
 
 SOURCE = "candidates.txt"      # the global step's word on where the candidates came from
@@ -85,13 +84,17 @@ def source(config: Any, meta: Any, pairs: bool, fast: bool) -> str:
     stage's info and the run summary."""
     h = config.hpm
     if pairs:
-        return "hpm's neighbour pass (exhaustive): its hpm_pair_ids, no search of its own"
+        p = pass_params(h, meta.n)
+        how = ("exhaustive" if p.probe >= p.clusters(meta.n) else
+               f"partial: {p.probe} of {p.clusters(meta.n)} joint clusters and "
+               f"{p.space_probe} per one-space layout per row")
+        return f"hpm's neighbour pass ({how}): its hpm_pair_ids, no search of its own"
     if not meta.n:
         return "none: no row to search"
     why = ("hpm.method is fast" if h.method == "fast" else
            "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in meta.names else
-           f"hpm's pass is partial: {meta.n} rows, hpm.method {h.method}, "
-           f"hpm.exact_max_n {h.exact_max_n}")
+           f"hpm's pass is partial and hpm.pair_probe is 0: {meta.n} rows, hpm.method "
+           f"{h.method}, hpm.exact_max_n {h.exact_max_n}")
     return f"its own {'per-space IVF-PQ' if fast else 'exact'} search ({why})"
 
 

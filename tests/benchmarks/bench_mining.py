@@ -294,6 +294,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     time: said so in the output."""
     from vlcurate.stages.mining import blocks as B
     from vlcurate.stages.mining import fff, hpm
+    from vlcurate.stages.mining import spaces as S
     from vlcurate.stages.mining.pass_io import pass_params, resident
     n, kmax = len(img), max(a.ks)
     cfg = pass_config(a, kmax)
@@ -316,16 +317,28 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # bf16 copies as stored
     vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_build = time.time() - t
+    sp = S.layouts(vec, p, dev) if p.space_probe and not exhaustive else []
+    t_spaces = time.time() - t - t_build
     rng = np.random.default_rng(0)
     mined = np.arange(n) if not a.targets else np.sort(rng.choice(n, min(a.targets, n),
                                                                   replace=False))
     pos = lay.positions()[mined]
     if a.warm:            # an actor mines many chunks: its GEMM kernels per shape exist already
         other = np.random.default_rng(1).choice(n, min(n, a.chunk), replace=False)
-        B.mine(lay, vec, lay.positions()[other], p, dev)
+        S.mine(lay, vec, sp, lay.positions()[other], p, dev)
     t = time.time()       # chunks of run.chunk_rows, as the stage mines them
     parts = [B.mine(lay, vec, pos[c:c + a.chunk], p, dev) for c in range(0, len(pos), a.chunk)]
     t_units = time.time() - t
+    joint = B.PassResult.concat(parts)
+    if sp:                # the same chunks with the one-space layouts' pairs (spaces.py)
+        t = time.time()
+        parts = [S.mine(lay, vec, sp, pos[c:c + a.chunk], p, dev)
+                 for c in range(0, len(pos), a.chunk)]
+        t_sp = time.time() - t
+        print(f"one-space layouts {[s.name for s in sp]}: built in {t_spaces:.1f}s, pass with "
+              f"them {1e6 * t_sp / len(pos):.0f} us per target against "
+              f"{1e6 * t_units / len(pos):.0f} without ({t_sp / t_units:.2f}x, same run; "
+              f"hpm.pair_probe {p.space_probe})", flush=True)
     found = B.PassResult.concat(parts)
     by_row = ("idx", "score", "support", "certified", "bound", "cut")
     r = B.PassResult(**{f: np.zeros((n,) + getattr(found, f).shape[1:], getattr(found, f).dtype)
@@ -372,13 +385,21 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     rule = fff.Rule(p2=0.92, p3=0.99)
     exf = fff.exact_positives(img, txt, rule, 512, queries=qs, device=dev)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
-    code, _ = fff.relate(torch.from_numpy(r.pair_sii), torch.from_numpy(r.pair_stt), None, rule)
-    q_of = np.repeat(mined, np.diff(r.offsets))          # the pairs of the mined rows
-    inq = np.isin(q_of, qs) & (code.numpy() >= 0)
-    got = set(zip(q_of[inq].tolist(), r.pair_j[inq].tolist()))
+    got, alone = (positive_pairs(x, mined, qs, rule) for x in (r, joint))
     print(f"FFF Eq. 1 (unimodal: p2 0.92, p3 0.99, dup 0.98) positives of the {len(qs)} targets: "
           f"{len(want)} exact, recall of the pass's pairs {len(got & want) / max(len(want), 1):.4f}"
-          f"; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f" (joint routing alone {len(alone & want) / max(len(want), 1):.4f}); load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+
+
+def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:
+    """(target, row) pairs of the targets qs among the pass's pairs that Eq. 1 makes positive
+    (r: the pass's pairs of the rows ``mined``, in that order)."""
+    from vlcurate.stages.mining import fff
+    code, _ = fff.relate(torch.from_numpy(r.pair_sii), torch.from_numpy(r.pair_stt), None, rule)
+    q_of = np.repeat(mined, np.diff(r.offsets))
+    inq = np.isin(q_of, qs) & (code.numpy() >= 0)
+    return set(zip(q_of[inq].tolist(), r.pair_j[inq].tolist()))
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,15 +39,20 @@ def planted(img, txt, m: int, seed: int = 0):
     return np.vstack([img, ni]), np.vstack([txt, nt]), q, n + np.arange(2 * m)
 
 
-def found_share(I, T, q, j, clusters: int, probe: int) -> tuple[np.ndarray, float, object]:
-    from vlcurate.stages.mining import blocks as B
+def found_share(I, T, q, j, clusters: int, probe: int, space_probe: int = 0):
+    """(hit per plant, rows scored per target, joint layout, seconds to mine the targets)."""
+    from vlcurate.stages.mining import blocks as B, spaces as S
     p = B.PassParams(k=10, tau_i=0.5, tau_t=0.5, floor_i=0.9, floor_t=0.9, max_pairs=256,
-                     n_clusters=clusters, probe=probe)
+                     n_clusters=clusters, probe=probe, space_probe=space_probe)
     lay = B.build_layout(I, T, p)
-    r = B.mine(lay, B.sorted_vectors(lay, I, T), lay.positions()[q], p)
+    vec = B.sorted_vectors(lay, I, T)
+    sp = S.layouts(vec, p) if space_probe else []
+    t0 = time.perf_counter()
+    r = S.mine(lay, vec, sp, lay.positions()[q], p)
+    dt = time.perf_counter() - t0
     hit = np.array([j[k] in set(r.pair_j[r.offsets[k]:r.offsets[k + 1]].tolist())
                     for k in range(len(q))])
-    return hit, r.scored / len(q), lay
+    return hit, r.scored / len(q), lay, dt
 
 
 def mean_rank(lay, X, q, j) -> np.ndarray:
@@ -62,7 +68,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--plants", type=int, default=300)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/vlcurate_bench"))
-    ap.add_argument("--settings", nargs="+", default=["128:16", "256:40", "512:40"])
+    # clusters:probe[:space_probe] (space_probe: one-space layouts, spaces.py)
+    ap.add_argument("--settings", nargs="+", default=[
+        "128:16", "128:16:4", "128:16:8", "128:16:16", "256:40", "256:40:16"])
     a = ap.parse_args()
     torch.set_num_threads(2)
     img, txt = real_pairs(a.cache)
@@ -73,10 +81,13 @@ def main() -> int:
           f"{np.median((T[q[:m]] * T[j[:m]]).sum(1)):.3f}); S_T of text plants median "
           f"{np.median((T[q[m:]] * T[j[m:]]).sum(1)):.4f}")
     for setting in a.settings:
-        c, probe = map(int, setting.split(":"))
-        hit, rows, lay = found_share(I, T, q, j, c, probe)
-        print(f"clusters {c}, probe {probe} ({rows:.0f} rows per target): found "
+        c, probe, *sp = map(int, setting.split(":"))
+        hit, rows, lay, dt = found_share(I, T, q, j, c, probe, sp[0] if sp else 0)
+        print(f"clusters {c}, probe {probe}, space_probe {sp[0] if sp else 0} ({rows:.0f} joint "
+              f"rows per target, {1e3 * dt / len(q):.2f} ms per target): found "
               f"{hit[:m].mean():.3f} of image plants, {hit[m:].mean():.3f} of text plants")
+        if sp:
+            continue
         for name, X, sl in (("image", I, slice(0, m)), ("text", T, slice(m, 2 * m))):
             rank = mean_rank(lay, X, q[sl], j[sl])
             print(f"  routing on per-space cluster means, {name} plants: j's cluster within "

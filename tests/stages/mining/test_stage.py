@@ -346,25 +346,37 @@ def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(
     assert info["positives"]["candidates"].startswith("hpm's neighbour pass")
 
 
-def test_positives_search_on_their_own_when_hpms_pass_is_partial(source, tmp_path, monkeypatch):
-    """A partial pass (probe < clusters) routes on the joint vector and would miss pairs near in
-    one space only: positives then keeps its own (here exact) search, and equals exact Eq. 1."""
+def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, tmp_path,
+                                                                      monkeypatch):
+    """A partial pass (probe < clusters) routes on the joint vector and misses pairs near in one
+    space only. With hpm.pair_probe 0 positives keeps its own (here exact) search; with its
+    one-space layouts (stages/mining/spaces.py) the pass finds more pairs, positives reads them
+    and searches nothing. Either way the result is exact Eq. 1."""
     calls = []
     search = fff.search
     monkeypatch.setattr(fff, "search", lambda *a, **k: calls.append(1) or search(*a, **k))
-    over = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 2}
-    res = run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
-    assert calls
-    said = {x.manifest["stage"]: x.info for x in res}["positives"]["candidates"]
-    assert said.startswith("its own exact search (hpm's pass is partial"), said
-    ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
-    hp = {x[F.SAMPLE_ID.name]: x for x in table(tmp_path, "hpm").to_pylist()}
-    survivors = [i for i in range(N) if i not in FLAG and not hp[ids[i]][M.IS_NOISE.name]]
-    ref = fff.exact_positives(IMG[survivors], TXT[survivors], fff.Rule(p2=0.9, p3=0.95), 64)
-    got = {x[F.SAMPLE_ID.name]: x[M.POSITIVE_IDS.name]
-           for x in table(tmp_path, "positives").to_pylist()}
-    for q, i in enumerate(survivors):
-        assert got[ids[i]] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
+
+    def runs(pair_probe):
+        over = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1,
+                "hpm.pair_probe": pair_probe}
+        calls.clear()
+        res = run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
+        said = {x.manifest["stage"]: x.info for x in res}["positives"]["candidates"]
+        said = ("searched " if calls else "") + said
+        ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
+        hp = {x[F.SAMPLE_ID.name]: x for x in table(tmp_path, "hpm").to_pylist()}
+        survivors = [i for i in range(N) if i not in FLAG and not hp[ids[i]][M.IS_NOISE.name]]
+        ref = fff.exact_positives(IMG[survivors], TXT[survivors], fff.Rule(p2=0.9, p3=0.95), 64)
+        got = {x[F.SAMPLE_ID.name]: x[M.POSITIVE_IDS.name]
+               for x in table(tmp_path, "positives").to_pylist()}
+        for q, i in enumerate(survivors):
+            assert got[ids[i]] == [ids[survivors[j]] for j in ref.idx[q] if j >= 0]
+        return said, sum(len(x[M.PAIR_IDS.name] or []) for x in hp.values())
+    said, joint_pairs = runs(0)
+    assert said.startswith("searched its own exact search (hpm's pass is partial"), said
+    said, pairs = runs(4)
+    assert said.startswith("hpm's neighbour pass (partial: 1 of 4"), said
+    assert pairs > joint_pairs
 
 
 def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tmp_path,

@@ -1,0 +1,207 @@
+"""One-space layouts: the candidate pairs near in one space only, when the pass is partial.
+
+The neighbour pass (blocks.py) routes a row on its joint HELIP vector. When it is partial (probe
+< clusters: above hpm.exact_max_n rows) it misses pairs close in one space only: an image
+near-duplicate under an unrelated caption (S_I 0.97, S_T 0.06: joint similarity ~0.5), FFF's
+main case. Measured on the real-derived set with planted pairs
+(tests/benchmarks/bench_one_space_pairs.py), the joint pass alone finds 53-63% of them.
+
+So a partial pass also lays out, each on its own, the spaces the positives rule judges
+(``spaces_of``): the image and text spaces of HELIP's encoders, or with cross-modal vectors
+the cross-modal image and text spaces (FFF Eq. 1 is judged there; a HELIP duplicate, S_I >
+0.98, is the same picture and so a cross-modal image near-duplicate too). A space's layout is
+the same spherical k-means as the joint one (``blocks.build_layout`` on that space's vectors
+alone), with rows sorted by cluster and a sorted copy of that space's vectors; its ``order``
+holds positions in the joint layout's sorted vectors, so a found pair's other similarities are
+read from there.
+
+Mining a row (``add_pairs``) then also routes it, in each space, to the ``space_probe``
+clusters whose means are nearest to its vector there, and keeps the members above that
+space's floor: one GEMM in one space, no HPM scoring (no hard pair comes from here). The
+cross-modal text space is searched twice: with text queries (X_tt) and with image queries
+(S_it = <x_i, t_j>, the main clause). A pair whose member lies in a joint cluster the row
+already searched is left to the joint pass (which kept it with every similarity, or cut it
+and counted it once). The others get their similarities from gathered dot products and join
+the row's pairs, which are capped again by max_pairs (exactly, as in blocks.gather).
+
+Like the joint pass, a row's result depends only on the layouts and its own routing. With
+space_probe = every cluster the union is every pair above a floor (tested against brute
+force). Disk: one more sorted copy of each laid-out space.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import blocks
+from .hpm import as_tensor
+
+# member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
+SPACES = {"img": (("img", "sii", "floor_i"),),
+          "txt": (("txt", "stt", "floor_t"),),
+          "ximg": (("ximg", "xii", "floor_i"),),
+          "xtxt": (("xtxt", "xtt", "floor_t"), ("ximg", "sit", "floor_x"))}
+# each similarity: (query's vectors, member's vectors)
+DOTS = {"sii": ("img", "img"), "stt": ("txt", "txt"), "sit": ("ximg", "xtxt"),
+        "xii": ("ximg", "ximg"), "xtt": ("xtxt", "xtxt")}
+
+
+def spaces_of(vec: blocks.Vectors, p: blocks.PassParams) -> list[str]:
+    """The spaces to lay out: the cross-modal ones when there are cross-modal vectors (the
+    positives rule judges there), else HELIP's; only those with a floor below 1."""
+    names = ("ximg", "xtxt") if vec.cross else ("img", "txt")
+    return [s for s in names if any(getattr(p, f) < 1 for _, _, f in SPACES[s])]
+
+
+@dataclass
+class Space:
+    name: str
+    lay: blocks.Layout
+    members: np.ndarray       # the space's vectors in its layout's order
+    pos: np.ndarray           # each joint position's position in this layout
+
+
+def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> list[Space]:
+    """Each space's layout, with its vectors sorted in memory (vec: the joint layout's sorted
+    vectors, so a space's ``order`` holds their positions)."""
+    out = []
+    for name in spaces_of(vec, p):
+        lay = blocks.build_layout(getattr(vec, name), None, p, device)
+        out.append(Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions()))
+    return out
+
+
+def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> None:
+    """Each space's layout and sorted vectors on disk, in ``dir_``/space_<name>."""
+    for name in spaces_of(vec, p):
+        x = getattr(vec, name)
+        lay = blocks.build_layout(x, None, p, device)
+        sub = os.path.join(dir_, f"space_{name}")
+        blocks.save_layout(sub, lay)
+        blocks.save_vectors(sub, lay, {name: x})
+
+
+def load(dir_: str, n: int) -> list[Space]:
+    out = []
+    for name in SPACES:
+        sub = os.path.join(dir_, f"space_{name}")
+        if os.path.isdir(sub):
+            lay, at = blocks.load_layout(sub)
+            out.append(Space(name, lay, getattr(blocks.load_vectors(sub, n), name), at))
+    return out
+
+
+def mine(lay: blocks.Layout, vec: blocks.Vectors, spaces: list[Space], pos: np.ndarray,
+         p: blocks.PassParams, device: str = "cpu") -> blocks.PassResult:
+    """blocks.mine for the rows at joint positions ``pos``, plus the spaces' pairs."""
+    routed = blocks.route(lay, vec, pos, p.probe, device)
+    r = blocks.mine(lay, vec, pos, p, device, routed)
+    return add_pairs(r, spaces, lay, vec, pos, routed[0], p, device) if spaces else r
+
+
+def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
+              vec: blocks.Vectors, pos: np.ndarray, routes: np.ndarray, p: blocks.PassParams,
+              device: str = "cpu") -> blocks.PassResult:
+    """The joint pass's result ``r`` for the rows at joint positions ``pos`` (routed to the
+    joint clusters ``routes``), with the pairs the spaces find that no earlier search found:
+    not in a joint cluster the row searched, nor found by an earlier space search (in a
+    cluster it searched there, above its floor). So each pair is seen once, and a pair the
+    cap cuts is counted once (up to the last bits of a similarity at its floor)."""
+    acc = Held(len(pos), p.max_pairs, r.cut)
+    acc.add({"q": np.repeat(np.arange(len(pos)), np.diff(r.offsets)), "j": r.pair_j,
+             **{f: getattr(r, f"pair_{f}") for f in blocks.SIMS}})
+    seen = [lambda q, j, sims: (routes[q] == joint.cluster_of(j)[:, None]).any(1)]
+    with torch.no_grad():
+        for s, qname, sim, floor in searches(spaces, vec, p):
+            x = blocks._take(getattr(vec, qname), pos, device)
+            probe = _probe(s.lay, x, p.space_probe)
+            for q, j in _hits(s, x, probe, floor, p, device):
+                other = j != pos[q]
+                q, j = q[other], j[other]
+                sims = similarities(vec, pos[q], j, device)
+                new = ~np.any([was(q, j, sims) for was in seen], 0)
+                acc.add({"q": q[new], "j": np.asarray(joint.order)[j[new]],
+                         **{f: v[new] for f, v in sims.items()}})
+            seen.append(_found_by(s, probe, sim, floor))
+    r.offsets, r.pair_j, sims_ = blocks.csr(acc.pairs(), len(pos))
+    for f, x in zip(blocks.SIMS, sims_):
+        setattr(r, f"pair_{f}", x)
+    return r
+
+
+def searches(spaces: list[Space], vec: blocks.Vectors, p: blocks.PassParams):
+    """(space, query vectors, similarity, floor) of each search with a floor below 1."""
+    for s in spaces:
+        for qname, sim, floor in SPACES[s.name]:
+            if getattr(vec, qname) is not None and getattr(p, floor) < 1:
+                yield s, qname, sim, getattr(p, floor)
+
+
+def _found_by(s: Space, probe: np.ndarray, sim: str, floor: float):
+    """Whether a search found pairs (q, j): j in a cluster of s that q searched, above floor."""
+    def was(q, j, sims):
+        return (probe[q] == s.lay.cluster_of(s.pos[j])[:, None]).any(1) & (sims[sim] > floor)
+    return was
+
+
+class Held:
+    """Pairs of n rows as they arrive, capped at max_pairs per row once over ~2 n max_pairs
+    (exact, as blocks.gather: a row's best are among its best so far and the new ones)."""
+
+    def __init__(self, n: int, max_pairs, cut: np.ndarray) -> None:
+        self.n, self.max_pairs, self.cut = n, max_pairs, cut
+        self.held, self.count = [], 0
+
+    def add(self, pairs: dict) -> None:
+        self.held.append(pairs)
+        self.count += len(pairs["q"])
+        if self.max_pairs is not None and \
+                self.count > 2 * self.n * self.max_pairs + blocks.COMPACT_SLACK:
+            self.held = [self.pairs()]
+            self.count = len(self.held[0]["q"])
+
+    def pairs(self) -> dict:
+        return blocks._cap(blocks._concat(self.held), self.max_pairs, self.cut)
+
+
+def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int) -> np.ndarray:
+    """[n, probe] the nearest non-empty clusters of each query, by <x, mean>."""
+    m = x @ as_tensor(lay.means, x.device).T
+    m.masked_fill_(torch.as_tensor(np.diff(lay.bounds) == 0, device=x.device), -math.inf)
+    return m.topk(min(probe, lay.n_clusters), dim=1).indices.cpu().numpy()
+
+
+def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.PassParams,
+          device: str):
+    """Per block of a unit (a cluster of s x the queries that probe it, query_block x
+    block_size at a time): (query index, member joint position) of the pairs <x, m> > floor."""
+    lay = s.lay
+    q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
+    o = np.lexsort((q, c))
+    q, c = q[o], c[o]
+    cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
+    for u in np.flatnonzero(np.diff(cuts)):
+        qs, b = q[cuts[u]:cuts[u + 1]], int(lay.bounds[u + 1])
+        for s0 in range(int(lay.bounds[u]), b, p.block_size):
+            block = blocks._rows(s.members, s0, min(b, s0 + p.block_size), device)
+            for a in range(0, len(qs), p.query_block):
+                rows = qs[a:a + p.query_block]
+                hit = x[torch.as_tensor(rows, device=device)] @ block.T > floor
+                r, col = (t.cpu().numpy() for t in hit.nonzero(as_tuple=True))
+                yield rows[r], np.asarray(lay.order[s0 + col])
+
+
+def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device: str) -> dict:
+    """Every similarity of the pairs (joint positions qpos, jpos) by gathered dot products (NaN
+    for the cross-modal ones without cross-modal vectors)."""
+    out = {}
+    for f, (a, b) in DOTS.items():
+        xa, xb = getattr(vec, a), getattr(vec, b)
+        out[f] = (np.full(len(qpos), np.nan, np.float32) if xa is None else
+                  (blocks._take(xa, qpos, device) * blocks._take(xb, jpos, device)).sum(1)
+                  .cpu().numpy().astype(np.float32))
+    return out

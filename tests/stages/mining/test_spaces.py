@@ -1,0 +1,90 @@
+"""One-space layouts (stages/mining/spaces.py): a partial joint pass plus them finds every pair
+above a floor, with exact similarities, capped as the joint pass caps."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import spaces as S
+
+from .test_blocks import brute_pairs, cross_vectors, data, params
+
+FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9)
+
+
+def space_pass(img, txt, p, ximg=None, xtxt=None, device="cpu", rows=50) -> B.PassResult:
+    """The pass with its one-space layouts, every row mined, ``rows`` at a time."""
+    lay = B.build_layout(img, txt, p, device)
+    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    sp = S.layouts(vec, p, device) if p.space_probe else []
+    pos = lay.positions()
+    order = np.argsort(lay.order[pos])
+    r = B.PassResult.concat([S.mine(lay, vec, sp, pos[a:a + rows], p, device)
+                             for a in range(0, len(pos), rows)])
+    assert (order == np.arange(len(pos))).all()     # results come in global row order
+    return r
+
+
+def found(r: B.PassResult) -> set:
+    return {(g, int(j)) for g in range(len(r.offsets) - 1)
+            for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_one_space_layouts_find_every_pair_a_partial_joint_pass_misses(cross, device):
+    img, txt = data()
+    ximg, xtxt = cross_vectors(img, 1) if cross else (None, None)
+    p = params(5, 8, probe=1, **FLOORS)
+    joint = found(space_pass(img, txt, p, ximg, xtxt, device))
+    r = space_pass(img, txt, dataclasses.replace(p, space_probe=8), ximg, xtxt, device)
+    got = found(r)
+    # the spaces searched: HELIP's two, or with cross-modal vectors the cross-modal ones
+    # (X_ii, X_tt and S_it); the joint pass adds HELIP's S_ii / S_tt pairs in its clusters
+    every = brute_pairs(img, txt, 0.8, 0.85, ximg, xtxt, 0.9)
+    want = (brute_pairs(np.zeros_like(img), np.zeros_like(txt), 0.8, 0.85, ximg, xtxt, 0.9)
+            if cross else every)
+    assert want <= got <= every and len(want) > 20
+    assert len(r.pair_j) == len(got)                # no pair listed twice
+    assert not want <= joint                        # the partial joint pass alone misses some
+    assert joint <= got
+    q = np.repeat(np.arange(len(img)), np.diff(r.offsets))
+    for f, (a, b) in {"sii": (img, img), "stt": (txt, txt), "sit": (ximg, xtxt),
+                      "xii": (ximg, ximg), "xtt": (xtxt, xtxt)}.items():
+        want_f = np.full(len(q), np.nan) if a is None else (a[q] * b[r.pair_j]).sum(1)
+        np.testing.assert_allclose(getattr(r, f"pair_{f}"), want_f, atol=1e-5)
+
+
+@pytest.mark.parametrize("slack", [None, -10**6])
+def test_one_space_pairs_are_capped_with_the_joint_ones_and_counted_once(slack, monkeypatch):
+    """Capped as they arrive (slack -10**6: at every block) or once: the same pairs, each
+    row's best by max similarity, and what the cap leaves out counted once per pair."""
+    if slack is not None:
+        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+    img, txt = data()
+    p = params(5, 8, probe=1, space_probe=8, **FLOORS)
+    full = space_pass(img, txt, p, rows=8)
+    capped = space_pass(img, txt, dataclasses.replace(p, max_pairs=2), rows=8)
+    n = np.diff(full.offsets)
+    every = brute_pairs(img, txt, 0.8, 0.85)
+    np.testing.assert_array_equal(n, np.bincount([a for a, _ in every], minlength=len(img)))
+    np.testing.assert_array_equal(np.diff(capped.offsets), np.minimum(n, 2))
+    np.testing.assert_array_equal(capped.cut, n - np.minimum(n, 2))
+    assert capped.cut.sum() > 0
+    best = np.fmax(full.pair_sii, full.pair_stt)
+    kept = np.fmax(capped.pair_sii, capped.pair_stt)
+    for g in np.flatnonzero(n > 2):
+        np.testing.assert_allclose(np.sort(kept[capped.offsets[g]:capped.offsets[g + 1]]),
+                                   np.sort(best[full.offsets[g]:full.offsets[g + 1]])[-2:])
+
+
+def test_a_space_is_laid_out_only_where_a_floor_can_fire():
+    img, txt = data(n=40)
+    lay = B.build_layout(img, txt, params(5, 2))
+    vec = B.sorted_vectors(lay, img, txt)
+    assert S.spaces_of(vec, params(5, 2, floor_i=0.9)) == ["img"]
+    assert S.spaces_of(vec, params(5, 2, floor_i=0.9, floor_t=0.5)) == ["img", "txt"]
+    ximg, xtxt = cross_vectors(img, 1)
+    cvec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    assert S.spaces_of(cvec, params(5, 2, floor_x=0.3)) == ["xtxt"]
