@@ -117,19 +117,28 @@ EVERY_PAIR = {"hpm.k": 1, "hpm.tau_image": 0.0, "hpm.tau_text": 0.0, "hpm.noise_
               "hpm.method": "exact"}
 
 
-@pytest.mark.parametrize("dag", ["own search", "hpm pass"])
+# a partial pass (1 of 4 joint clusters per row) whose one-space layouts search everything
+PARTIAL = {**EVERY_PAIR, "hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1,
+           "hpm.pair_probe": 4}
+
+
+@pytest.mark.parametrize("dag", ["own search", "hpm pass", "partial hpm pass"])
 def test_sec_4_3_recaptions_reach_positives_over_k_captions(source, tmp_path, dag):
-    """Without hpm (positives' own search), and with hpm's pass as the candidates (issue 15):
-    sec. 4.3 over images x k captions, equal to the exact rule either way."""
+    """Without hpm (positives' own search), and with hpm's pass as the candidates (issue 15),
+    exhaustive or partial with its cross-modal one-space layouts (spaces.py): sec. 4.3 over
+    images x k captions, equal to the exact rule every way."""
     # the tiny random CLIP's S_it sit around -0.1 (test 1 measures them): about half fire
     over = {"embed.cross_model": CLIP, "positives.p1": -0.1, "positives.p1_text": -0.2,
             "positives.p2": 0.999, "positives.p3": 0.999, "hpm.dup_threshold": 0.9999,
-            "positives.max_positives": 3, **(EVERY_PAIR if dag == "hpm pass" else {})}
+            "positives.max_positives": 3,
+            **{"hpm pass": EVERY_PAIR, "partial hpm pass": PARTIAL}.get(dag, {})}
     res = run(cfg(source, tmp_path, **over), FULL if dag == "own search" else PASS, "local",
               log=quiet)
-    if dag == "hpm pass":                       # every pair was hpm's candidate, and is read
+    if dag != "own search":                     # every pair was hpm's candidate, and is read
         pairs = table(tmp_path, "hpm").column(M.PAIR_IDS.name).to_pylist()
         assert all(len(p) == N - 1 for p in pairs)
+        said = next(r.info for r in res if r.manifest["stage"] == "positives")["candidates"]
+        assert ("partial: 1 of 4" in said) == (dag == "partial hpm pass"), said
     emb, rec = table(tmp_path, "embed"), table(tmp_path, "recaption_embed")
     flags = table(tmp_path, "recaption").column(RC.RECAPTION_FLAGS.name).to_pylist()
     xt, owner, number = [], [], []
