@@ -83,7 +83,7 @@ class PassParams:
     floor_t: float = 2.0
     floor_x: float = 2.0           # S_it > floor_x (needs cross-modal vectors; X_ii and X_tt
                                    # are held to floor_i and floor_t)
-    n_clusters: Optional[int] = None   # None: auto (clusters of about 2048 rows)
+    n_clusters: Optional[int] = None   # None: auto (clusters of about cluster_rows rows)
     probe: int = 40                # clusters searched per query (all: exhaustive)
     iters: int = 10
     sample: int = 64               # k-means training rows per cluster
@@ -94,6 +94,8 @@ class PassParams:
     precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 screen (screen.py)
     space_probe: int = 0           # one-space layouts' clusters searched per row (spaces.py;
                                    # 0: none)
+    cluster_rows: int = 2048       # the auto cluster size
+    space_rows: int = 512          # the one-space layouts' cluster size (spaces.py)
 
     def floors(self) -> dict:
         """Each similarity's candidate floor (X_ii and X_tt share S_ii's and S_tt's)."""
@@ -101,7 +103,7 @@ class PassParams:
                 "xii": self.floor_i, "xtt": self.floor_t}
 
     def clusters(self, n: int) -> int:
-        c = self.n_clusters or max(1, round(n / 2048))
+        c = self.n_clusters or max(1, round(n / self.cluster_rows))
         return max(1, min(c, n))
 
 

@@ -88,10 +88,14 @@ class HpmParams(Params):
     # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
     method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = positive(50_000)
-    clusters: Optional[int] = positive(None)   # blocks: k-means clusters; null = about n / 2048
-    # blocks: clusters searched per row (nearest means); 40 of 488 at 1M: recall@k >= 0.99 for
-    # k = 5..100 (5..500 at 200k; tests/benchmarks/bench_mining.py); 56 adds < 0.002
-    probe: int = positive(40)
+    # blocks: k-means clusters; null = about n / 512 with precision fp32, n / 2048 with bf16
+    # (pass_io.AUTO: an fp32 GEMM keeps its rate on smaller blocks, a bf16 call on a CPU costs
+    # >= 65 us whatever its size)
+    clusters: Optional[int] = positive(None)
+    # blocks: clusters searched per row (nearest means); null = 60 with fp32, 40 with bf16.
+    # Recall@10/50/100 (tests/benchmarks/bench_mining.py, 1M synthetic): fp32, 1,953 clusters,
+    # probe 60: 0.992 / 0.993 / 0.994; bf16, 488 clusters, probe 40: 0.990 / 0.993 / 0.995
+    probe: Optional[int] = positive(None)
     # candidate pairs kept for the positives stage, which reads them instead of searching (its
     # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
     pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
@@ -99,9 +103,9 @@ class HpmParams(Params):
     pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
     max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
     # a partial pass (blocks above exact_max_n) also lays out each space the positives rule
-    # judges on its own and searches this many of its clusters per row for pairs above the
-    # floors (stages/mining/spaces.py: pairs near in one space only); 0: none, and positives
-    # then runs its own search above exact_max_n
+    # judges on its own (clusters of ~512 rows) and searches this many of its clusters per row
+    # for pairs above the floors (stages/mining/spaces.py: pairs near in one space only); 0:
+    # none, and positives then runs its own search above exact_max_n
     pair_probe: int = at_least(8, 0)
     # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
     # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal

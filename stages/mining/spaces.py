@@ -30,6 +30,7 @@ force). Disk: one more sorted copy of each laid-out space.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -65,12 +66,17 @@ class Space:
     pos: np.ndarray           # each joint position's position in this layout
 
 
+def _space_params(p: blocks.PassParams) -> blocks.PassParams:
+    """A space's clusters: about p.space_rows rows each, whatever the joint layout's size."""
+    return dataclasses.replace(p, n_clusters=None, cluster_rows=p.space_rows)
+
+
 def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> list[Space]:
     """Each space's layout, with its vectors sorted in memory (vec: the joint layout's sorted
     vectors, so a space's ``order`` holds their positions)."""
     out = []
     for name in spaces_of(vec, p):
-        lay = blocks.build_layout(getattr(vec, name), None, p, device)
+        lay = blocks.build_layout(getattr(vec, name), None, _space_params(p), device)
         out.append(Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions()))
     return out
 
@@ -79,7 +85,7 @@ def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> 
     """Each space's layout and sorted vectors on disk, in ``dir_``/space_<name>."""
     for name in spaces_of(vec, p):
         x = getattr(vec, name)
-        lay = blocks.build_layout(x, None, p, device)
+        lay = blocks.build_layout(x, None, _space_params(p), device)
         sub = os.path.join(dir_, f"space_{name}")
         blocks.save_layout(sub, lay)
         blocks.save_vectors(sub, lay, {name: x})
@@ -119,7 +125,7 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
         for s, qname, sim, floor in searches(spaces, vec, p):
             x = blocks._take(getattr(vec, qname), pos, device)
             probe = _probe(s.lay, x, p.space_probe)
-            for q, j in _hits(s, x, probe, floor, p, device):
+            for q, j in _batches(_hits(s, x, probe, floor, p, device)):
                 other = j != pos[q]
                 q, j = q[other], j[other]
                 sims = similarities(vec, pos[q], j, device)
@@ -168,6 +174,23 @@ class Held:
         return blocks._cap(blocks._concat(self.held), self.max_pairs, self.cut)
 
 
+BATCH = 1 << 16       # hits gathered before their similarities are read (one pass per batch)
+
+
+def _batches(hits):
+    """The units' hits joined into batches of at least BATCH pairs (and the rest): a unit
+    of a few queries has few hits, and each batch costs ~20 small operations."""
+    held, count = [], 0
+    for q, j in hits:
+        held.append((q, j))
+        count += len(q)
+        if count >= BATCH:
+            yield tuple(np.concatenate(x) for x in zip(*held))
+            held, count = [], 0
+    if held:
+        yield tuple(np.concatenate(x) for x in zip(*held))
+
+
 def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int) -> np.ndarray:
     """[n, probe] the nearest non-empty clusters of each query, by <x, mean>."""
     m = x @ as_tensor(lay.means, x.device).T
@@ -191,8 +214,9 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
             for a in range(0, len(qs), p.query_block):
                 rows = qs[a:a + p.query_block]
                 hit = x[torch.as_tensor(rows, device=device)] @ block.T > floor
-                r, col = (t.cpu().numpy() for t in hit.nonzero(as_tuple=True))
-                yield rows[r], np.asarray(lay.order[s0 + col])
+                if hit.any():
+                    r, col = (t.cpu().numpy() for t in hit.nonzero(as_tuple=True))
+                    yield rows[r], np.asarray(lay.order[s0 + col])
 
 
 def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device: str) -> dict:

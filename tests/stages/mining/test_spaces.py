@@ -11,7 +11,7 @@ from vlcurate.stages.mining import spaces as S
 
 from .test_blocks import brute_pairs, cross_vectors, data, params
 
-FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9)
+FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9, space_rows=20)   # 8 space clusters
 
 
 def space_pass(img, txt, p, ximg=None, xtxt=None, device="cpu", rows=50) -> B.PassResult:
