@@ -28,3 +28,19 @@ def test_errors_name_the_key(data, match):
 
 def test_null_turns_duplicates_off():
     assert C.load(None, {"hpm.dup_threshold": None}).hpm.dup_threshold is None
+
+
+@pytest.mark.parametrize("precision, rows, probe", [("fp32", 512, 60), ("bf16", 2048, 40)])
+def test_the_pass_sizes_its_clusters_by_precision_unless_told(precision, rows, probe):
+    """hpm.clusters / hpm.probe null: pass_io.AUTO by hpm.precision (fp32 GEMMs keep their rate
+    on smaller blocks); set, they win; exhaustive up to exact_max_n; one-space layouts only on a
+    partial pass."""
+    from vlcurate.stages.mining.pass_io import pass_params
+    cfg = C.load(None, {"hpm.precision": precision}).hpm
+    p = pass_params(cfg, 1_000_000)
+    assert (p.n_clusters, p.probe, p.space_probe) == (round(1e6 / rows), probe, 8)
+    small = pass_params(cfg, 40_000)
+    assert small.probe == small.n_clusters and small.space_probe == 0
+    told = pass_params(C.load(None, {"hpm.precision": precision, "hpm.clusters": 100,
+                                     "hpm.probe": 7, "hpm.pair_probe": 0}).hpm, 1_000_000)
+    assert (told.n_clusters, told.probe, told.space_probe) == (100, 7, 0)
