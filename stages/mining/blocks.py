@@ -3,7 +3,7 @@ noise support, near-duplicates and FFF Eq. 1 candidate pairs with their exact si
 
 Layout (``build_layout``): spherical k-means of the joint vectors j = [I; T] / sqrt(2) (for unit
 I, T: <j_a, j_b> = m = (S_I + S_T) / 2) on a seeded sample, every row assigned to its nearest
-centroid (above TWO_LEVEL clusters: two levels, ``Centroids``), rows sorted by (cluster, row) so that a cluster is a contiguous slice. Per cluster:
+centroid (above TWO_LEVEL_WORK rows x clusters: two levels, ``Centroids``), rows sorted by (cluster, row) so that a cluster is a contiguous slice. Per cluster:
 its member mean mu_c and radius r_c = max ||j - mu_c||.
 
 Mining rows (``mine``, wherever they are: the hpm stage mines each chunk of each part on its
@@ -188,13 +188,15 @@ def _spherical(x: torch.Tensor, c: int, rng, iters: int) -> torch.Tensor:
     return cent
 
 
-TWO_LEVEL = 4096     # more clusters than this (8.4M rows at the default size): two levels
+# rows x clusters (a flat assignment's dot products) above which the layout has two levels:
+# 8.4M rows in bf16's ~2,048-row clusters (4,096 clusters), 4.2M in fp32's ~512-row ones (8,192)
+TWO_LEVEL_WORK = 1 << 35
 COARSE_PROBE = 8     # coarse clusters whose fine centroids a row is compared with
 
 
 @dataclass
 class Centroids:
-    """The layout's k-means centroids [C, D]. Above TWO_LEVEL clusters they have two levels
+    """The layout's k-means centroids [C, D]. Above TWO_LEVEL_WORK they have two levels
     (hierarchical k-means): ~sqrt(C) coarse centroids of the sample, then each coarse cluster's
     sample rows split into its share of C (fine centroids grouped by coarse centroid: group g
     is fine[start[g]:start[g + 1]]). A row is assigned to the nearest fine centroid of its
@@ -206,8 +208,8 @@ class Centroids:
     exact targets): layout 98 s flat, 30 s with COARSE_PROBE 4 and 37 s with 8; recall@10
     0.9925 flat, 0.982 (4), 0.985 (8), and 0.990 with flat assignment to the hierarchical
     centroids (their training costs ~0.003). Hence two levels only where a flat assignment
-    costs too much: above TWO_LEVEL clusters (C x N dot products: ~40 s at 4M rows on 2 cores,
-    seconds on a GPU)."""
+    costs too much: N x C > TWO_LEVEL_WORK (C x N dot products: ~40 s at 4M rows and 2,048 rows
+    per cluster on 2 cores, ~4 min at 4.2M and 512 rows per cluster, seconds on a GPU)."""
     fine: torch.Tensor
     coarse: Optional[torch.Tensor] = None
     start: Optional[np.ndarray] = None
@@ -249,13 +251,13 @@ def _shares(n_g: np.ndarray, c: int) -> np.ndarray:
 
 def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> Centroids:
     """Spherical k-means on a seeded sample of the joint vectors (p.sample rows per cluster, at
-    most MAX_SAMPLE); above TWO_LEVEL clusters, two levels (Centroids): ~sqrt(c) coarse
+    most MAX_SAMPLE); above n x c = TWO_LEVEL_WORK, two levels (Centroids): ~sqrt(c) coarse
     clusters of the sample, then each coarse cluster's rows split into its share of c."""
     n = len(img)
     rng = np.random.default_rng(p.seed)
     pick = np.sort(rng.choice(n, size=min(n, p.sample * c, max(MAX_SAMPLE, c)), replace=False))
     x = space_t(as_tensor(img[pick], device), None if txt is None else as_tensor(txt[pick], device))
-    if c <= TWO_LEVEL:
+    if n * c <= TWO_LEVEL_WORK:
         return Centroids(_spherical(x, c, rng, p.iters))
     coarse = _spherical(x, math.isqrt(c), rng, p.iters)
     g = nearest(x, coarse)
@@ -291,11 +293,25 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
     return Layout(means.cpu().numpy(), radius.cpu().numpy(), order, bounds)
 
 
+def route_step(lay: Layout) -> int:
+    """Queries routed at a time: ~4M scores held, whatever the number of clusters."""
+    return max(256, (1 << 22) // max(lay.n_clusters, 1))
+
+
 def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str = "cpu"
           ) -> tuple[np.ndarray, np.ndarray]:
     """For the queries at sorted positions ``pos``: their ``probe`` nearest non-empty clusters by
     <q, mu_c> (their own first), and m_out = max over the other non-empty clusters of
-    <q, mu_c> + r_c (+ SLACK; -inf when none), the certificate's bound."""
+    <q, mu_c> + r_c (+ SLACK; -inf when none), the certificate's bound. Routed route_step
+    queries at a time (a row's routing is its own)."""
+    step = route_step(lay)
+    parts = [_route(lay, vec, pos[a:a + step], probe, device)
+             for a in range(0, max(len(pos), 1), step)]
+    return np.concatenate([t for t, _ in parts]), np.concatenate([m for _, m in parts])
+
+
+def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
+           ) -> tuple[np.ndarray, np.ndarray]:
     c = lay.n_clusters
     probe = min(probe, c)
     means, radius = as_tensor(lay.means, device), as_tensor(lay.radius, device)
@@ -699,19 +715,13 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     best = Best(n, k, device)
     support = np.zeros(n, np.int64)
     cut = np.zeros(n, np.int64)
-    pairs, held = [], 0
+    pairs = Held(n, p.max_pairs, cut)
     for r in results:
         at = local(r.rows)
         np.add.at(cut, at, r.cut)
         best.add(torch.as_tensor(at, device=device)[r.top[0]], *r.top[1:])
         np.add.at(support, at, r.support)         # a stack may list a row more than once
-        pairs.append(dict(r.pairs, q=local(r.pairs["q"])))
-        held += len(r.pairs["q"])
-        if p.max_pairs is not None and held > 2 * n * p.max_pairs + COMPACT_SLACK:
-            # a row's best max_pairs of all its pairs are the best of its best so far and the
-            # new ones: capping as units arrive is exact, and holds ~ n * max_pairs pairs
-            capped = _cap(_concat(pairs), p.max_pairs, cut)
-            pairs, held = [capped], len(capped["q"])
+        pairs.add(dict(r.pairs, q=local(r.pairs["q"])))
     idx, score = (x.cpu().numpy() for x in best.dense())
     idx[score <= 0] = -1
     score[score <= 0] = 0.0
@@ -719,7 +729,7 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     score = np.take_along_axis(score, perm, 1)
     bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), p.tau_i, p.tau_t).numpy()
     cert = (bound <= 0) | ((support >= k) & (score[:, k - 1] >= bound))
-    offsets, pj, sims = csr(_cap(_concat(pairs), p.max_pairs, cut), n)
+    offsets, pj, sims = csr(pairs.pairs(), n)
     return PassResult(idx, score, support, cert, offsets, pj, *sims, bound, cut)
 
 
@@ -732,6 +742,28 @@ def csr(cat: dict, n: int) -> tuple[np.ndarray, np.ndarray, list]:
 
 
 COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather caps them
+
+
+class Held:
+    """Pairs of n rows as they arrive (gather's units, spaces.py's searches), capped at
+    max_pairs per row once over ~2 n max_pairs: exact, as a row's best max_pairs of all its
+    pairs are the best of its best so far and the new ones; what the cap leaves out is
+    counted in ``cut``."""
+
+    def __init__(self, n: int, max_pairs, cut: np.ndarray) -> None:
+        self.n, self.max_pairs, self.cut = n, max_pairs, cut
+        self.held, self.count = [], 0
+
+    def add(self, pairs: dict) -> None:
+        self.held.append(pairs)
+        self.count += len(pairs["q"])
+        if self.max_pairs is not None and \
+                self.count > 2 * self.n * self.max_pairs + COMPACT_SLACK:
+            self.held = [self.pairs()]
+            self.count = len(self.held[0]["q"])
+
+    def pairs(self) -> dict:
+        return _cap(_concat(self.held), self.max_pairs, self.cut)
 
 
 def _concat(pairs: list[dict]) -> dict:

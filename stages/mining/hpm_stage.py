@@ -143,8 +143,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "7"        # 7: a partial pass also searches one-space layouts (spaces.py);
-                         # 6: layouts of over blocks.TWO_LEVEL clusters have two levels;
+    version = "7"        # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
+                         # clusters have ~512 rows, two levels above blocks.TWO_LEVEL_WORK;
+                         # 6: layouts of over 4,096 clusters have two levels;
                          # 5: small units stacked (the same bytes in every test; bumped in
                          # case a GEMM on a slice rounds otherwise somewhere); 4: ties at the
                          # k-th place keep the lower row; 3: mined per part

@@ -140,7 +140,7 @@ def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
         return info
     p = pass_params(cfg, len(certified))
     info.update(clusters=p.clusters(len(certified)), probe=min(p.probe, p.clusters(len(certified))),
-                pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
+                pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
             f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above hpm.pair_*) were cut "

@@ -117,7 +117,7 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
     not in a joint cluster the row searched, nor found by an earlier space search (in a
     cluster it searched there, above its floor). So each pair is seen once, and a pair the
     cap cuts is counted once (up to the last bits of a similarity at its floor)."""
-    acc = Held(len(pos), p.max_pairs, r.cut)
+    acc = blocks.Held(len(pos), p.max_pairs, r.cut)
     acc.add({"q": np.repeat(np.arange(len(pos)), np.diff(r.offsets)), "j": r.pair_j,
              **{f: getattr(r, f"pair_{f}") for f in blocks.SIMS}})
     seen = [lambda q, j, sims: (routes[q] == joint.cluster_of(j)[:, None]).any(1)]
@@ -125,9 +125,11 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
         for s, qname, sim, floor in searches(spaces, vec, p):
             x = blocks._take(getattr(vec, qname), pos, device)
             probe = _probe(s.lay, x, p.space_probe)
-            for q, j in _batches(_hits(s, x, probe, floor, p, device)):
+            for q, j in _batches(_hits(s, x, probe, floor - MARGIN, p, device)):
                 other = j != pos[q]
                 q, j = q[other], j[other]
+                above = dot(vec, sim, pos[q], j, device) > floor   # as _found_by reads it
+                q, j = q[above], j[above]
                 sims = similarities(vec, pos[q], j, device)
                 new = ~np.any([was(q, j, sims) for was in seen], 0)
                 acc.add({"q": q[new], "j": np.asarray(joint.order)[j[new]],
@@ -154,48 +156,39 @@ def _found_by(s: Space, probe: np.ndarray, sim: str, floor: float):
     return was
 
 
-class Held:
-    """Pairs of n rows as they arrive, capped at max_pairs per row once over ~2 n max_pairs
-    (exact, as blocks.gather: a row's best are among its best so far and the new ones)."""
-
-    def __init__(self, n: int, max_pairs, cut: np.ndarray) -> None:
-        self.n, self.max_pairs, self.cut = n, max_pairs, cut
-        self.held, self.count = [], 0
-
-    def add(self, pairs: dict) -> None:
-        self.held.append(pairs)
-        self.count += len(pairs["q"])
-        if self.max_pairs is not None and \
-                self.count > 2 * self.n * self.max_pairs + blocks.COMPACT_SLACK:
-            self.held = [self.pairs()]
-            self.count = len(self.held[0]["q"])
-
-    def pairs(self) -> dict:
-        return blocks._cap(blocks._concat(self.held), self.max_pairs, self.cut)
-
-
-BATCH = 1 << 16       # hits gathered before their similarities are read (one pass per batch)
+# a hit is screened by the GEMM this far below its floor, then accepted by its gathered dot
+# product, the value an exclusion test (_found_by) reads too: so a pair at the floor is never
+# listed twice nor lost between searches (fp32 GEMM and dot differ by ~1e-6 for unit vectors)
+MARGIN = 1e-4
+BATCH = 1 << 14       # hits per batch whose similarities are gathered (~BATCH x d floats each)
 
 
 def _batches(hits):
-    """The units' hits joined into batches of at least BATCH pairs (and the rest): a unit
-    of a few queries has few hits, and each batch costs ~20 small operations."""
+    """The units' hits in batches of BATCH pairs (the last one smaller): a unit of a few
+    queries has few hits, each batch costs ~20 small operations, and its gathers are
+    bounded."""
     held, count = [], 0
     for q, j in hits:
-        held.append((q, j))
-        count += len(q)
-        if count >= BATCH:
-            yield tuple(np.concatenate(x) for x in zip(*held))
-            held, count = [], 0
+        for a in range(0, len(q), BATCH):
+            held.append((q[a:a + BATCH], j[a:a + BATCH]))
+            count += len(held[-1][0])
+            if count >= BATCH:
+                yield tuple(np.concatenate(x) for x in zip(*held))
+                held, count = [], 0
     if held:
         yield tuple(np.concatenate(x) for x in zip(*held))
 
 
 def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int) -> np.ndarray:
-    """[n, probe] the nearest non-empty clusters of each query, by <x, mean>."""
-    m = x @ as_tensor(lay.means, x.device).T
-    m.masked_fill_(torch.as_tensor(np.diff(lay.bounds) == 0, device=x.device), -math.inf)
-    return m.topk(min(probe, lay.n_clusters), dim=1).indices.cpu().numpy()
+    """[n, probe] the nearest non-empty clusters of each query, by <x, mean> (a slice of
+    queries at a time: ~4M scores held, whatever the number of clusters)."""
+    means = as_tensor(lay.means, x.device)
+    empty = torch.as_tensor(np.diff(lay.bounds) == 0, device=x.device)
+    out = [np.zeros((0, min(probe, lay.n_clusters)), np.int64)]
+    for a in range(0, len(x), blocks.route_step(lay)):
+        m = (x[a:a + blocks.route_step(lay)] @ means.T).masked_fill_(empty, -math.inf)
+        out.append(m.topk(min(probe, lay.n_clusters), dim=1).indices.cpu().numpy())
+    return np.concatenate(out)
 
 
 def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.PassParams,
@@ -222,10 +215,14 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
 def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device: str) -> dict:
     """Every similarity of the pairs (joint positions qpos, jpos) by gathered dot products (NaN
     for the cross-modal ones without cross-modal vectors)."""
-    out = {}
-    for f, (a, b) in DOTS.items():
-        xa, xb = getattr(vec, a), getattr(vec, b)
-        out[f] = (np.full(len(qpos), np.nan, np.float32) if xa is None else
-                  (blocks._take(xa, qpos, device) * blocks._take(xb, jpos, device)).sum(1)
-                  .cpu().numpy().astype(np.float32))
-    return out
+    return {f: dot(vec, f, qpos, jpos, device) for f in DOTS}
+
+
+def dot(vec: blocks.Vectors, f: str, qpos: np.ndarray, jpos: np.ndarray, device: str
+        ) -> np.ndarray:
+    """Similarity f (one of DOTS) of the pairs (qpos, jpos), one gathered product per pair."""
+    xa, xb = (getattr(vec, x) for x in DOTS[f])
+    if xa is None:
+        return np.full(len(qpos), np.nan, np.float32)
+    return (blocks._take(xa, qpos, device) * blocks._take(xb, jpos, device)).sum(1) \
+        .cpu().numpy().astype(np.float32)

@@ -131,10 +131,10 @@ def test_shares_split_the_clusters_in_proportion():
 
 
 def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypatch, device):
-    """Above TWO_LEVEL clusters: every row in the fine cluster nearest to it among those of its
+    """Above TWO_LEVEL_WORK: every row in the fine cluster nearest to it among those of its
     COARSE_PROBE nearest coarse clusters; the requested number of clusters; with every cluster
     probed, exact HPM; probing some, the certificate is still a proof."""
-    monkeypatch.setattr(B, "TWO_LEVEL", 4)
+    monkeypatch.setattr(B, "TWO_LEVEL_WORK", 4 * 900)
     monkeypatch.setattr(B, "COARSE_PROBE", 2)
     img, txt = pairs(900, 16, seed=8, spread=2.0, n_clusters=12)
     p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,

@@ -18,6 +18,9 @@ def test_defaults_follow_the_papers():
     ({"hpm": {"pq_nbits": 0}}, r"hpm\.pq_nbits: must be in \[1, 16\]"),
     ({"hpm": {"widen": "some"}}, r"hpm\.widen: expected one of"),
     ({"hpm": {"noise_action": "delete"}}, r"hpm\.noise_action: expected one of"),
+    ({"hpm": {"pair_probe": None}}, r"hpm\.pair_probe: expected int"),
+    ({"hpm": {"pair_probe": 2.5}}, r"hpm\.pair_probe: expected int"),
+    ({"hpm": {"pair_probe": -1}}, r"hpm\.pair_probe: must be >= 0"),
     ({"positives": {"p2": 2}}, r"positives\.p2: must be in \[-1, 1\]"),
     ({"positives": {"max_positive": 3}}, r"did you mean 'max_positives'"),
 ])

@@ -6,9 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 from vlcurate.stages.mining import blocks as B
 from vlcurate.stages.mining import spaces as S
 
+from .naive import pairs
 from .test_blocks import brute_pairs, cross_vectors, data, params
 
 FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9, space_rows=20)   # 8 space clusters
@@ -88,3 +90,19 @@ def test_a_space_is_laid_out_only_where_a_floor_can_fire():
     ximg, xtxt = cross_vectors(img, 1)
     cvec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
     assert S.spaces_of(cvec, params(5, 2, floor_x=0.3)) == ["xtxt"]
+
+
+def test_a_pair_at_a_floor_is_listed_once():
+    """A GEMM and a gathered dot product differ in their last bits (here in 384 d): with the
+    image floor set to a pair's gathered S_I, a search accepting by its GEMM and a later one
+    testing the gathered value would list some pairs twice. Each search accepts by the
+    gathered value, which later searches test."""
+    img, txt = pairs(160, 384, seed=3, spread=0.8, n_clusters=6)
+    st = txt @ txt.T
+    for a, b in ((7, 12), (7, 17), (12, 20)):
+        s_i = float((torch.from_numpy(img[a:a + 1]) * torch.from_numpy(img[b:b + 1])).sum())
+        p = params(5, 8, probe=1, space_probe=8, floor_i=s_i, floor_t=float(st[a, b]) - 0.01,
+                   space_rows=20)
+        r = space_pass(img, txt, p)
+        q = np.repeat(np.arange(len(img)), np.diff(r.offsets))
+        assert len(set(zip(q.tolist(), r.pair_j.tolist()))) == len(q) > 0
