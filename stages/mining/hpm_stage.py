@@ -115,8 +115,9 @@ class HpmParams(Params):
     precision: Literal["fp32", "bf16"] = "fp32"
     # rows mined per call (null: run.chunk_rows). A chunk's rows are routed together, so its
     # units (a cluster x the rows routed to it) hold chunk_rows x probe / clusters queries:
-    # ~84 at 1M rows in 1,024-row chunks, few enough that they run stacked (blocks.run_stack);
-    # 8,192 still mined ~1.3x faster there on a CPU (bench_mining); on an H100, 65,536 with query_block 8192 and block_size
+    # ~31 at 1M rows in 1,024-row chunks (fp32 defaults), few enough that they run stacked
+    # (blocks.run_stack); 8,192 still mined ~1.5x faster there on a CPU (bench_mining, 488
+    # clusters); on an H100, 65,536 with query_block 8192 and block_size
     # 16384 mined 2.2x faster than 8,192 with the default blocks. A numerics key (in the
     # fingerprint): a row's similarities may differ in their last bits with it.
     chunk_rows: Optional[int] = positive(None)

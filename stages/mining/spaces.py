@@ -74,21 +74,22 @@ def _space_params(p: blocks.PassParams) -> blocks.PassParams:
 def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> list[Space]:
     """Each space's layout, with its vectors sorted in memory (vec: the joint layout's sorted
     vectors, so a space's ``order`` holds their positions)."""
-    out = []
+    return [Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions())
+            for name, lay in _layouts(vec, p, device)]
+
+
+def _layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str):
+    """(space, its layout) for each space to lay out."""
     for name in spaces_of(vec, p):
-        lay = blocks.build_layout(getattr(vec, name), None, _space_params(p), device)
-        out.append(Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions()))
-    return out
+        yield name, blocks.build_layout(getattr(vec, name), None, _space_params(p), device)
 
 
 def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> None:
     """Each space's layout and sorted vectors on disk, in ``dir_``/space_<name>."""
-    for name in spaces_of(vec, p):
-        x = getattr(vec, name)
-        lay = blocks.build_layout(x, None, _space_params(p), device)
+    for name, lay in _layouts(vec, p, device):
         sub = os.path.join(dir_, f"space_{name}")
         blocks.save_layout(sub, lay)
-        blocks.save_vectors(sub, lay, {name: x})
+        blocks.save_vectors(sub, lay, {name: getattr(vec, name)})   # streamed, not in memory
 
 
 def load(dir_: str, n: int) -> list[Space]:
