@@ -53,6 +53,8 @@ class PartIO:
     source_cfg: Any = None                  # source stages only
     read_source: Any = None                 # source stages only: fn(source_cfg, spec) -> table
     preprocess: Any = None                  # the stage's CPU-side preprocess(table) -> table
+    done: frozenset = frozenset()           # parts committed already: read (a spanning chunk's
+                                            # context), never written again
 
     def dir(self, stage: Optional[str] = None) -> StageDir:
         if stage is None or stage == self.stage:
@@ -91,6 +93,15 @@ def read_inputs(io: PartIO, part: int, spec: Optional[dict] = None, lo: int = 0,
     if lo or (hi is not None and hi < t.num_rows):
         t = t.slice(lo, (t.num_rows if hi is None else hi) - lo)
     return io.preprocess(t) if io.preprocess is not None and t.num_rows else t
+
+
+def read_item(io: PartIO, ranges, specs=None) -> pa.Table:
+    """The rows of one work item (``executors.Work.items``: ranges (part, lo, hi)), in order;
+    ``specs[part]``: a source part's spec. An empty part yields no rows: the driver commits it
+    (nothing is committed in a worker)."""
+    out = [read_inputs(io, p, specs[p] if specs else None, lo, hi) for p, lo, hi in ranges]
+    nonempty = [t for t in out if t.num_rows] or out[:1]
+    return pa.concat_tables(nonempty) if len(nonempty) > 1 else nonempty[0]
 
 
 def batch_rows(batch_size: Optional[int], chunk_rows: int) -> int:
@@ -246,10 +257,11 @@ class StageCall:
         with pinned_threads(self.threads):
             self.stage = stage_cls(cfg, state, self.schema)
             self.stage.setup()
-        self.wants_position = stage_cls.wants_position
+        self.wants_position, self.spans = stage_cls.wants_position, stage_cls.spans_parts
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        bounds = chunks(batch, self.chunk_rows) or [(0, 0)]
+        # a spanning stage's batch is one chunk (executors.spanning_items), whatever its parts
+        bounds = [(0, batch.num_rows)] if self.spans else chunks(batch, self.chunk_rows) or [(0, 0)]
         with pinned_threads(self.threads):
             outs = [self.call_chunk(batch.slice(lo, hi - lo)) for lo, hi in bounds]
         return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="default")
@@ -287,6 +299,9 @@ def scatter(out: pa.Table, active: np.ndarray, ids: pa.ChunkedArray) -> pa.Table
 
 def write_fragments(batch: pa.Table, io: PartIO) -> pa.Table:
     """Write each contiguous run of rows of each part as a fragment; return one record each."""
+    if io.done and batch.num_rows:
+        batch = batch.filter(pa.array(~np.isin(batch.column(F.PART.name).to_numpy(),
+                                               np.fromiter(io.done, np.int64))))
     if batch.num_rows == 0:
         return pa.table({"record": pa.array([], pa.string())})
     order = pc.sort_indices(batch, [(F.PART.name, "ascending"), (F.ROW.name, "ascending")])

@@ -26,7 +26,7 @@ from vlcurate.schemas import F
 from . import config as C
 from . import executors, guards, storage
 from .dag import Node, ancestors, default_dag, frontier, select, topo_order
-from .executors import Work, work_items
+from .executors import Work, spanning_items, work_items
 from .executors.tasks import TableReader, Upstream, Workdir, prepare_step, workdir_for
 from .params import DEFAULT_RESOURCES, Resources
 from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
@@ -380,11 +380,10 @@ class Runner:
             committer.finish(pending, out_schema)
             return
         state, state_uri = self.global_step(node, sd, io, n_parts, res)
-        sizes = None if specs is not None else {
-            p: self.stage_dir(io.ancestors[0]).part_counts(p)[F.MK.ROWS] for p in pending}
+        io, items = self.items(node, io, n_parts, pending, rows, specs is None)
         work = Work(io, stage, view, state, state_uri,
                     self.workdir(sd) if stage.kind == Kind.GLOBAL else None, res,
-                    work_items(pending, sizes, rows), specs, out_schema)
+                    items, specs, out_schema)
         bar, in_rows = self._progress(name, pending, node)
         committer = Committer(sd, on_commit=lambda p, c: bar.update(c[F.MK.ROWS] if in_rows else 1))
         try:
@@ -392,6 +391,20 @@ class Runner:
             committer.finish(pending, out_schema)
         finally:
             bar.close()
+
+    def items(self, node: Node, io: PartIO, n_parts: int, pending: list[int], rows: int,
+              sized: bool) -> tuple[PartIO, list]:
+        """The work items (executors.Work.items) over the pending parts; for a stage that
+        ``spans_parts``, also the parts its chunks read without writing (``PartIO.done``)."""
+        if not sized:                    # a source: its parts' sizes are known once read
+            return io, work_items(pending, None, rows)
+        rows_of = self.stage_dir(io.ancestors[0]).part_counts
+        if not node.stage.spans_parts:
+            return io, work_items(pending, {p: rows_of(p)[F.MK.ROWS] for p in pending}, rows)
+        sizes = [rows_of(p)[F.MK.ROWS] for p in range(n_parts)]
+        done = frozenset(range(n_parts)) - frozenset(pending)
+        return (dataclasses.replace(io, done=done),
+                spanning_items(pending, sizes, node.stage.chunk_rows(self.view(node.stage))))
 
     def global_step(self, node: Node, sd: StageDir, io: PartIO, n_parts: int, res: Resources
                     ) -> tuple[Any, Optional[str]]:

@@ -102,6 +102,10 @@ class Stage:
     on_actors: ClassVar[bool] = False
     all_rows: ClassVar[bool] = False       # see every row, not only the ones still kept
     all_reasons: ClassVar[bool] = False    # receive F.ALL_REASONS, every upstream stage's reasons
+    # a call's chunk may span parts: chunk_rows consecutive rows of the input over all parts, in
+    # (part, row) order (pipeline/executors spanning_items), for a stage whose cost per row falls
+    # with the rows per call (hpm's mining); the parts are still committed one by one
+    spans_parts: ClassVar[bool] = False
 
     @classmethod
     def sections(cls) -> dict[str, type]:
@@ -129,7 +133,8 @@ class Stage:
 
     @classmethod
     def chunk_rows(cls, cfg: Any) -> int:
-        """Rows of one part per call (pipeline/parts.py StageCall): ``run.chunk_rows`` unless
+        """Rows per call, of one part (pipeline/parts.py StageCall) unless the stage
+        ``spans_parts``: ``run.chunk_rows`` unless
         the stage's own config sets a chunk of its own (a numerics key: in its fingerprint)."""
         return cfg.run.chunk_rows
 

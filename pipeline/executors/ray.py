@@ -34,8 +34,8 @@ class RayExecutor:
             logging.getLogger("ray.data").setLevel(logging.ERROR)
 
     def parts(self, w: Work, committer: Committer) -> None:
-        items = [{"part": p, "lo": lo, "hi": -1 if hi is None else hi,
-                  "spec": json.dumps(w.specs[p]) if w.specs else ""} for p, lo, hi in w.items]
+        items = [{"ranges": json.dumps(item), "spec": json.dumps(w.specs[item[0][0]]) if w.specs
+                  else ""} for item in w.items]      # specs: a source's items are one range
         ds = self.ray.data.from_items(items, override_num_blocks=len(items))
         for b in self._chain(ds, w).iter_batches(batch_size=None, batch_format="pyarrow"):
             for rec in b.column("record").to_pylist():

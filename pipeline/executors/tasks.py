@@ -18,20 +18,16 @@ import pyarrow as pa
 from vlcurate.schemas import F
 
 from .. import storage
-from ..parts import PartIO, StageCall, bounded_heap, pinned_threads, read_inputs, write_fragments
+from ..parts import PartIO, StageCall, bounded_heap, pinned_threads, read_inputs, read_item, \
+    write_fragments
 from ..rundir import StageDir
 
 
 def read_batch(batch: pa.Table, io: PartIO) -> pa.Table:
-    """The rows of each work item (a part's row range). An empty part yields no rows: the
-    driver commits it (nothing is committed in a worker)."""
-    out = []
-    for row in batch.to_pylist():
-        spec = json.loads(row["spec"]) if row["spec"] else None
-        t = read_inputs(io, row["part"], spec, row["lo"], None if row["hi"] < 0 else row["hi"])
-        out.append(t)
-    nonempty = [t for t in out if t.num_rows] or out[:1]
-    return pa.concat_tables(nonempty) if len(nonempty) > 1 else nonempty[0]
+    """The rows of a Ray batch: one work item, its ranges as JSON."""
+    (row,) = batch.to_pylist()              # read_batch runs with batch_size=1
+    ranges = json.loads(row["ranges"])
+    return read_item(io, ranges, {ranges[0][0]: json.loads(row["spec"])} if row["spec"] else None)
 
 
 def write_batch(batch: pa.Table, io: PartIO) -> pa.Table:

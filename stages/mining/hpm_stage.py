@@ -113,14 +113,16 @@ class HpmParams(Params):
     # 2 threads, 1M rows, 0.68 ms per target against fp32's 1.04 (1.5x; deploy/SIZING.md); a
     # CPU without native bf16 GEMMs emulates them, slower than fp32
     precision: Literal["fp32", "bf16"] = "fp32"
-    # rows mined per call (null: run.chunk_rows). A chunk's rows are routed together, so its
-    # units (a cluster x the rows routed to it) hold chunk_rows x probe / clusters queries:
-    # ~31 at 1M rows in 1,024-row chunks (fp32 defaults), few enough that they run stacked
-    # (blocks.run_stack); 8,192 still mined ~1.5x faster there on a CPU (bench_mining, 488
-    # clusters); on an H100, 65,536 with query_block 8192 and block_size
-    # 16384 mined 2.2x faster than 8,192 with the default blocks. A numerics key (in the
-    # fingerprint): a row's similarities may differ in their last bits with it.
-    chunk_rows: Optional[int] = positive(None)
+    # rows mined per call: chunks of this many consecutive input rows, across parts (the stage
+    # spans_parts; rows flagged upstream are not mined, so a call mines the kept ones). A
+    # chunk's rows are routed together, so its units (a cluster x the rows routed to it) hold
+    # ~kept rows x probe / clusters queries; per target, at 1M rows (fp32 defaults, 2 threads):
+    # 1.05 ms in chunks of 1,024, 0.70 ms in 8,192, 0.63 ms in 32,768 (bench: before session
+    # 19, a chunk was one part's rows at most: ~400 kept rows at 1,000-row parts). On an H100,
+    # 65,536 with query_block 8192 and block_size 16384. Memory per actor grows with it
+    # (the chunk's vectors and pairs: ~0.5 GB at 32,768). A numerics key (in the fingerprint):
+    # a row's similarities may differ in their last bits with it.
+    chunk_rows: int = positive(32768)
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2
@@ -144,7 +146,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "7"        # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
+    version = "8"        # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
+                         # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
                          # clusters have ~512 rows, two levels above blocks.TWO_LEVEL_WORK;
                          # 6: layouts of over 4,096 clusters have two levels;
                          # 5: small units stacked (the same bytes in every test; bumped in
@@ -157,10 +160,11 @@ class HpmStage(GlobalStage):
     resources = Resources(num_cpus=1, batch_size=0)
     on_actors = True
     wants_position = True
+    spans_parts = True
 
     @classmethod
     def chunk_rows(cls, config: Any) -> int:
-        return config.hpm.chunk_rows or config.run.chunk_rows
+        return config.hpm.chunk_rows
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:

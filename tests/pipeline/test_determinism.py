@@ -35,8 +35,10 @@ def resources(batch_size: int, concurrency=None) -> dict:
 def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurrency=None) -> dict:
     # 24-row parts in chunks of 4 rows: batch sizes 3 and 10 round to 4 and 12 rows, i.e. 6 and
     # 2 batches per part; 0 is a whole part per batch. Micro-batches of 4 inside each chunk.
+    # hpm's chunks of 10 rows span parts (rows 20-29: parts 0 and 1).
     cfg = cfg_for(data, run_dir, **{"run.stages": list(STAGES[1:-1]), "source.rows_per_part": 24,
-                                    "run.chunk_rows": 4, "embed.text_batch_size": 2,
+                                    "run.chunk_rows": 4, "hpm.chunk_rows": 10,
+                                    "embed.text_batch_size": 2,
                                     "embed.image_batch_size": 2, "export.samples_per_shard": 20,
                                     **resources(batch_size, concurrency)})
     res = run(cfg, executor=executor, log=quiet)
@@ -115,3 +117,19 @@ def test_batches_round_to_whole_chunks_and_a_cut_chunk_is_refused():
         chunks(batch(10, 2, 8), 4)
     with pytest.raises(AlignmentError, match="cut a chunk"):
         chunks(batch(10, 0, 6), 4)
+
+
+def test_spanning_chunks_are_cut_by_the_part_sizes_alone():
+    """A spans_parts stage's items (executors.spanning_items): chunk_rows consecutive rows over
+    all parts, empty parts skipped; only chunks with a pending part's rows are work, and they
+    are the same chunks as a full run's (a committed part's rows come along as context)."""
+    from vlcurate.pipeline.executors import spanning_items
+    sizes = [7, 0, 5, 10, 3]
+    full = spanning_items([0, 1, 2, 3, 4], sizes, 6)
+    assert full == [((0, 0, 6),), ((0, 6, 7), (2, 0, 5)), ((3, 0, 6),), ((3, 6, 10), (4, 0, 2)),
+                    ((4, 2, 3),)]
+    assert [sum(hi - lo for _, lo, hi in item) for item in full] == [6, 6, 6, 6, 1]
+    assert spanning_items([2, 4], sizes, 6) == [full[1], full[3], full[4]]
+    assert spanning_items([1], sizes, 6) == []          # an empty part: committed empty
+    assert spanning_items([0, 1, 2, 3, 4], sizes, 100) == [((0, 0, 7), (2, 0, 5), (3, 0, 10),
+                                                            (4, 0, 3))]

@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.dag import Node
+from vlcurate.pipeline.rundir import StageDir
 from vlcurate.pipeline.runner import run
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import embed as E
@@ -24,6 +25,8 @@ from vlcurate.stages.mining import blocks, fff, hpm
 from vlcurate.stages.mining.pass_io import small_data_error
 from vlcurate.stages.mining.positives_stage import PositivesStage
 from vlcurate.stages.mining.hpm_stage import HpmStage
+
+from tests.pipeline.test_determinism import differing, snapshot
 
 from .. import corpus
 from .naive import pairs
@@ -420,6 +423,43 @@ def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(sour
     assert tables_[0].equals(tables_[1])
     want = table(tmp_path / "default", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     assert tables_[0].select(cols).equals(want)
+
+
+def test_hpm_chunks_span_parts_and_a_resumed_run_mines_the_same_chunks(source, tmp_path,
+                                                                       monkeypatch):
+    """hpm.chunk_rows 15 over 10-row parts: a call mines rows of two parts. A run stopped on
+    its second call (part 0 committed, part 1 half written) resumes on the same chunks: the
+    first one reads part 0 again, for context, and does not rewrite it; the tables are
+    byte-identical to an uninterrupted run's."""
+    over = {"hpm.chunk_rows": 15}
+    calls: list = []
+    real = HpmStage.__call__
+
+    def spy(self, batch):
+        calls.append(sorted(set(batch.column(F.PART.name).to_pylist())))
+        if len(calls) == fail_on:
+            raise RuntimeError("stopped")
+        return real(self, batch)
+
+    monkeypatch.setattr(HpmStage, "__call__", spy)
+    fail_on = 0
+    run(cfg(source, tmp_path / "clean", **over), dag()[:-2], executor="local", log=quiet)
+    assert calls[:2] == [[0, 1], [1, 2]]
+    calls.clear()
+    fail_on = 2
+    with pytest.raises(RuntimeError, match="stopped"):
+        run(cfg(source, tmp_path / "run", **over), dag()[:-2], executor="local", log=quiet)
+    hpm_dir = tmp_path / "run" / "hpm"
+    assert StageDir(str(tmp_path / "run"), "hpm").committed() == [0]
+    before = {p: p.stat().st_mtime_ns for p in (hpm_dir / "data" / "part-00000").iterdir()}
+    calls.clear()
+    fail_on = 0
+    run(cfg(source, tmp_path / "run", **over), dag()[:-2], executor="local", log=quiet)
+    assert calls[0] == [0, 1]                        # part 0 read again, as the chunk's context
+    assert {p: p.stat().st_mtime_ns for p in before} == before     # and not written again
+    want, got = ({k: v for k, v in snapshot(tmp_path / r).items() if k.startswith("hpm/")}
+                 for r in ("clean", "run"))
+    assert sum(k.startswith("hpm/data/") for k in want) == 5 and differing(got, want) == []
 
 
 def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
