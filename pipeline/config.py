@@ -44,8 +44,9 @@ class RunConfig(Params):
     cache_dir: Optional[str] = None
 
     # Determinism (not resources): a stage is always called on chunks of chunk_rows rows of one
-    # part (hpm: hpm.chunk_rows rows across parts, stages.base.Stage.spans_parts), aligned to the part's first row, whatever resources.batch_size (rounded up to a
-    # multiple of it), the concurrency or the executor; and with intra_op_threads torch/BLAS/
+    # part, aligned to the part's first row (hpm: hpm.chunk_rows rows across parts, see
+    # stages.base.Stage.spans_parts), whatever resources.batch_size (rounded up to a multiple
+    # of it), the concurrency or the executor; and with intra_op_threads torch/BLAS/
     # OpenMP threads. Both change numerics at ~1e-7, so a non-default value enters fingerprints.
     chunk_rows: int = positive(1024)
     intra_op_threads: int = positive(1)

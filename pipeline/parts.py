@@ -127,6 +127,19 @@ def chunks(batch: pa.Table, size: int) -> list[tuple[int, int]]:
     return out
 
 
+def spanning_chunk(batch: pa.Table, size: int) -> list[tuple[int, int]]:
+    """A ``spans_parts`` stage's batch as its one chunk (executors.spanning_items), checked: at
+    most ``size`` rows, consecutive in (part, row) order across parts."""
+    part, row = (batch.column(c.name).to_numpy() for c in (F.PART, F.ROW))
+    n = batch.column(F.PART_ROWS.name).to_numpy()
+    same = (np.diff(part) == 0) & (np.diff(row) == 1)
+    turn = (np.diff(part) > 0) & (row[1:] == 0) & (row[:-1] == n[:-1] - 1)
+    if len(row) > size or not (same | turn).all():
+        raise AlignmentError(f"a batch of {len(row)} rows is not one chunk of at most {size} "
+                             "consecutive rows")
+    return [(0, len(row))]
+
+
 HEAP_MMAP_BYTES = 4 << 20      # glibc maps arrays of this size and more on their own
 HEAP_MMAP_MAX = 32 << 20       # glibc's own ceiling for its moving threshold
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -245,7 +258,8 @@ def _read_ancestors(io: PartIO, part: int, levels: Optional[np.ndarray]
 
 class StageCall:
     """Wraps a stage for ``map_batches``: the stage is called once per chunk (``run.chunk_rows``,
-    or the stage's own ``chunk_rows``, rows of one part, aligned to its first row) with
+    or the stage's own ``chunk_rows``, rows of one part, aligned to its first row; a stage that
+    ``spans_parts``: the batch, one chunk over parts) with
     ``run.intra_op_threads`` threads, so what it computes never depends on the batch size, the
     concurrency or the executor. Only rows still kept reach the stage; the rows it did not see
     come back with null columns and no reasons, so every input row has an output row."""
@@ -260,8 +274,8 @@ class StageCall:
         self.wants_position, self.spans = stage_cls.wants_position, stage_cls.spans_parts
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        # a spanning stage's batch is one chunk (executors.spanning_items), whatever its parts
-        bounds = [(0, batch.num_rows)] if self.spans else chunks(batch, self.chunk_rows) or [(0, 0)]
+        bounds = (spanning_chunk(batch, self.chunk_rows) if self.spans
+                  else chunks(batch, self.chunk_rows)) or [(0, 0)]
         with pinned_threads(self.threads):
             outs = [self.call_chunk(batch.slice(lo, hi - lo)) for lo, hi in bounds]
         return outs[0] if len(outs) == 1 else pa.concat_tables(outs, promote_options="default")

@@ -329,9 +329,10 @@ class Runner:
                 results: dict[str, StageResult]) -> set[int]:
         """Parts to recompute: the damaged ones (``StageDir.damaged``), and those an upstream
         stage redid in this run. A stage with a global step (``prepare``) depends on every upstream
-        part, so any redone upstream part redoes all of it (and so export's finalize reruns)."""
+        part (one that ``spans_parts``, on its chunks' neighbours), so any redone upstream part
+        redoes all of it (and so export's finalize reruns)."""
         redone = set().union(*(results[u].redone for u in ancestors(self.dag, node)))
-        if redone and node.stage.kind == Kind.GLOBAL:
+        if redone and (node.stage.kind == Kind.GLOBAL or node.stage.spans_parts):
             return set(range(n_parts))
         return {p for p in redone if p < n_parts} | set(sd.damaged(n_parts))
 

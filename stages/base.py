@@ -133,9 +133,9 @@ class Stage:
 
     @classmethod
     def chunk_rows(cls, cfg: Any) -> int:
-        """Rows per call, of one part (pipeline/parts.py StageCall) unless the stage
-        ``spans_parts``: ``run.chunk_rows`` unless
-        the stage's own config sets a chunk of its own (a numerics key: in its fingerprint)."""
+        """Rows per call (pipeline/parts.py StageCall), of one part unless the stage
+        ``spans_parts``: ``run.chunk_rows``, unless the stage's own config sets a chunk of its
+        own (a numerics key: in its fingerprint)."""
         return cfg.run.chunk_rows
 
     @classmethod

@@ -2,9 +2,9 @@
 
 A stage with ``on_actors`` runs as a callable class on an actor pool (its models load once per
 actor); any other runs in tasks with equal resources, which Ray Data fuses with the read and the
-write into one task. Every Ray batch is one work item (a whole number of chunks of one part):
-batch_size=None, and Ray never slices a block (target_max_block_size=None), so no batch spans
-parts or cuts a chunk.
+write into one task. Every Ray batch is one work item (a whole number of chunks of one part, or
+for a stage that ``spans_parts`` one chunk over several parts): batch_size=None, and Ray never
+slices a block (target_max_block_size=None), so no batch cuts a chunk or joins two items.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ class RayExecutor:
             logging.getLogger("ray.data").setLevel(logging.ERROR)
 
     def parts(self, w: Work, committer: Committer) -> None:
+        if not w.items:                 # only empty parts pending: the driver commits them
+            return
         items = [{"ranges": json.dumps(item), "spec": json.dumps(w.specs[item[0][0]]) if w.specs
                   else ""} for item in w.items]      # specs: a source's items are one range
         ds = self.ray.data.from_items(items, override_num_blocks=len(items))
@@ -52,14 +54,11 @@ class RayExecutor:
         ds = ds.map_batches(read_batch, fn_kwargs={"io": w.io}, batch_size=1,
                             batch_format="pyarrow", **io_cpus)
         if w.stage.on_actors:
-            ds = ds.map_batches(StageActor, fn_constructor_kwargs=kw, batch_size=None,
-                                batch_format="pyarrow", compute=self._pool(res, len(w.items)),
-                                **stage_cpus)
+            ds = whole_blocks(ds, StageActor, fn_constructor_kwargs=kw,
+                              compute=self._pool(res, len(w.items)), **stage_cpus)
         else:
-            ds = ds.map_batches(stage_task, fn_kwargs=kw, batch_size=None,
-                                batch_format="pyarrow", **stage_cpus)
-        return ds.map_batches(write_batch, fn_kwargs={"io": w.io}, batch_size=None,
-                              batch_format="pyarrow", **io_cpus)
+            ds = whole_blocks(ds, stage_task, fn_kwargs=kw, **stage_cpus)
+        return whole_blocks(ds, write_batch, fn_kwargs={"io": w.io}, **io_cpus)
 
     def _pool(self, res: Resources, n_items: int) -> Any:
         """A fixed pool of ``resources.concurrency`` actors, else one that starts with one
@@ -78,3 +77,15 @@ class RayExecutor:
     def map(self, fn: Callable, items: list) -> list:
         task = self.ray.remote(num_cpus=1)(apply)
         return self.ray.get([task.remote(fn, x, self.threads) for x in items])
+
+
+def whole_blocks(ds: Any, fn: Any, **kw: Any) -> Any:
+    """``ds.map_batches(fn, batch_size=None)``: a batch is a block, one work item. Ray's public
+    map_batches refuses batch_size=None with GPUs (an int batch size would slice and join
+    blocks); its unvalidated twin, which Ray's own map_groups uses for the same reason, takes
+    it (``map_batches_internal``; older Ray: ``_map_batches_without_batch_size_validation``)."""
+    run = ds.map_batches
+    if kw.get("num_gpus"):
+        run = getattr(ds, "map_batches_internal", None) or \
+            ds._map_batches_without_batch_size_validation
+    return run(fn, batch_size=None, batch_format="pyarrow", **kw)

@@ -72,6 +72,9 @@ def columns(read: Callable[[int], pa.Table], n_parts: int) -> tuple[str, ...]:
     return COLUMNS + (CROSS if all(c in names for c in CROSS) else ())
 
 
+CHUNK_ROWS = 32768      # hpm.chunk_rows' default: rows per call, across parts
+
+
 @dataclass(frozen=True)
 class HpmParams(Params):
     """HELIP hard-pair mining (stage ``hpm``); ``positives`` reads its method/search settings."""
@@ -110,19 +113,19 @@ class HpmParams(Params):
     # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
     # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal
     # to fp32's up to their last bits. For GPU tensor cores and AMX CPUs: on this AMX Xeon,
-    # 2 threads, 1M rows, 0.68 ms per target against fp32's 1.04 (1.5x; deploy/SIZING.md); a
+    # 2 threads, 1M rows, 0.68 ms per target against fp32's 1.04 (1.5x, 8,192-row chunks); a
     # CPU without native bf16 GEMMs emulates them, slower than fp32
     precision: Literal["fp32", "bf16"] = "fp32"
-    # rows mined per call: chunks of this many consecutive input rows, across parts (the stage
-    # spans_parts; rows flagged upstream are not mined, so a call mines the kept ones). A
-    # chunk's rows are routed together, so its units (a cluster x the rows routed to it) hold
-    # ~kept rows x probe / clusters queries; per target, at 1M rows (fp32 defaults, 2 threads):
-    # 1.05 ms in chunks of 1,024, 0.70 ms in 8,192, 0.63 ms in 32,768 (bench: before session
-    # 19, a chunk was one part's rows at most: ~400 kept rows at 1,000-row parts). On an H100,
-    # 65,536 with query_block 8192 and block_size 16384. Memory per actor grows with it
-    # (the chunk's vectors and pairs: ~0.5 GB at 32,768). A numerics key (in the fingerprint):
-    # a row's similarities may differ in their last bits with it.
-    chunk_rows: int = positive(32768)
+    # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
+    # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
+    # are routed together, so its units (a cluster x the rows routed to it) hold ~kept rows x
+    # probe / clusters queries; per target at 1M rows (fp32 defaults, 2 threads): 2.2 ms for
+    # ~400 kept rows (a 1,024-row chunk of one part, the only choice before session 19), 1.05
+    # ms for 1,024, 0.70 ms for 8,192 to 12,800, 0.63 ms for 32,768. On an H100: 65,536 with
+    # query_block 8192 and block_size 16384. Memory per actor grows with it (+0.42 GB peak for
+    # 32,768 kept rows at 1M; pairs add up to ~0.3 GB). A numerics key (in the fingerprint): a
+    # row's similarities may differ in their last bits with it.
+    chunk_rows: Optional[int] = positive(None)
     pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
     nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
     pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2
@@ -164,7 +167,7 @@ class HpmStage(GlobalStage):
 
     @classmethod
     def chunk_rows(cls, config: Any) -> int:
-        return config.hpm.chunk_rows
+        return config.hpm.chunk_rows or CHUNK_ROWS
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
@@ -176,7 +179,7 @@ class HpmStage(GlobalStage):
     @classmethod
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         """Collect the kept rows' vectors once; then the neighbour pass's layout (method
-        exact/blocks: the rows are mined per part, on the actors) or FastHPM's index."""
+        exact/blocks: the rows are mined in chunks across parts, on the actors) or FastHPM's index."""
         cfg = config.hpm
         set_threads(cfg.build_threads)
         meta = collect(read, n_parts, workdir, columns(read, n_parts))

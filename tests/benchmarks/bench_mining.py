@@ -426,7 +426,8 @@ def main() -> int:
     ap.add_argument("--clusters", type=int, help="pass: k-means clusters (default auto)")
     ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.probe)")
     ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
-    ap.add_argument("--chunk", type=int, default=1024, help="pass: rows mined together (run.chunk_rows)")
+    ap.add_argument("--chunk", type=int, help="pass: rows mined together (default: "
+                    "hpm.chunk_rows, whose chunks span parts; a call mines its kept rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
     ap.add_argument("--precisions", choices=("fp32", "bf16"), nargs="+", default=[None],
                     help="pass: one run per hpm.precision, in this process (default: the config's)")
@@ -441,6 +442,9 @@ def main() -> int:
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 10, 50, 100, 500])
     a = ap.parse_args()
+    if a.chunk is None:
+        from vlcurate.stages.mining.hpm_stage import CHUNK_ROWS
+        a.chunk = CHUNK_ROWS
     if not (DATA / "coco_val2017_captions.csv").exists() and not (a.cache / "minilm_captions.npz").exists():
         print(f"skipped: {DATA} not found")
         return 0

@@ -117,6 +117,13 @@ def test_batches_round_to_whole_chunks_and_a_cut_chunk_is_refused():
         chunks(batch(10, 2, 8), 4)
     with pytest.raises(AlignmentError, match="cut a chunk"):
         chunks(batch(10, 0, 6), 4)
+    # a spanning stage's batch is one chunk: consecutive rows, a part's end then the next's start
+    from vlcurate.pipeline.parts import spanning_chunk
+    assert spanning_chunk(both, 12) == [(0, 12)]
+    for bad, size in ((both, 11), (pa.concat_tables([batch(10, 4, 9), batch(6, 0, 6, 1)]), 12),
+                      (pa.concat_tables([batch(10, 4, 10), batch(6, 1, 6, 1)]), 12)):
+        with pytest.raises(AlignmentError, match="not one chunk"):
+            spanning_chunk(bad, size)
 
 
 def test_spanning_chunks_are_cut_by_the_part_sizes_alone():

@@ -404,10 +404,10 @@ def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tm
 
 def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(source, tmp_path,
                                                                            monkeypatch):
-    """hpm.chunk_rows: the stage is called on chunks of that many rows of a part (not
-    run.chunk_rows); a batch size that is not a multiple of it is rounded up, so the tables
-    are byte-identical whatever the batch; the pairs equal the default chunks' (a row's result
-    does not depend on the rows mined with it)."""
+    """hpm.chunk_rows: the stage is called on chunks of that many rows (across parts, not
+    run.chunk_rows); its batch is one chunk whatever resources.batch_size, so the tables are
+    byte-identical; the pairs equal the default chunks' (a row's result does not depend on
+    the rows mined with it)."""
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
     run(cfg(source, tmp_path / "default"), dag()[:-2], executor="local", log=quiet)
     sizes = []
