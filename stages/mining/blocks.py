@@ -748,22 +748,45 @@ class Held:
     """Pairs of n rows as they arrive (gather's units, spaces.py's searches), capped at
     max_pairs per row once over ~2 n max_pairs: exact, as a row's best max_pairs of all its
     pairs are the best of its best so far and the new ones; what the cap leaves out is
-    counted in ``cut``."""
+    counted in ``cut``. After a cap, a row holding max_pairs pairs has a floor (its worst
+    kept max similarity): a new pair strictly below it can never be kept, so it is counted
+    and dropped on arrival (ties are kept: the cap orders them by j). Without it a chunk of
+    dense rows (every pair above the floors) sorted its millions of pairs again and again."""
 
     def __init__(self, n: int, max_pairs, cut: np.ndarray) -> None:
         self.n, self.max_pairs, self.cut = n, max_pairs, cut
         self.held, self.count = [], 0
+        self.floor = np.full(n, -np.inf, np.float32)
 
     def add(self, pairs: dict) -> None:
+        if self.max_pairs is not None and len(pairs["q"]):
+            low = _best(pairs) < self.floor[pairs["q"]]
+            if low.any():
+                np.add.at(self.cut, pairs["q"][low], 1)
+                pairs = {f: v[~low] for f, v in pairs.items()}
         self.held.append(pairs)
         self.count += len(pairs["q"])
         if self.max_pairs is not None and \
                 self.count > 2 * self.n * self.max_pairs + COMPACT_SLACK:
             self.held = [self.pairs()]
             self.count = len(self.held[0]["q"])
+            self.floor = _floors(self.held[0], self.n, self.max_pairs)
 
     def pairs(self) -> dict:
         return _cap(_concat(self.held), self.max_pairs, self.cut)
+
+
+def _best(pairs: dict) -> np.ndarray:
+    """Each pair's max(S_ii, S_tt, S_it, X_ii, X_tt): the order of ``_cap``."""
+    return np.fmax.reduce([pairs[f] for f in SIMS])
+
+
+def _floors(capped: dict, n: int, max_pairs: int) -> np.ndarray:
+    """Per row, its worst kept pair's _best where it holds max_pairs pairs, else -inf."""
+    q, best = capped["q"], _best(capped)
+    low = np.full(n, np.inf, np.float32)
+    np.minimum.at(low, q, best)
+    return np.where(np.bincount(q, minlength=n) >= max_pairs, low, -np.inf).astype(np.float32)
 
 
 def _concat(pairs: list[dict]) -> dict:
@@ -777,8 +800,7 @@ def _cap(cat: dict, max_pairs: Optional[int], cut: Optional[np.ndarray] = None) 
     in ``cut``."""
     if max_pairs is None or not len(cat["q"]):
         return cat
-    best = np.fmax.reduce([cat[f] for f in SIMS])
-    o = np.lexsort((cat["j"], -best, cat["q"]))
+    o = np.lexsort((cat["j"], -_best(cat), cat["q"]))
     q = cat["q"][o]
     over = np.arange(len(q)) - np.searchsorted(q, q) >= max_pairs
     if cut is not None:

@@ -240,6 +240,37 @@ def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
 
 
 @pytest.mark.parametrize("slack", [None, -10**6])
+def test_held_drops_pairs_below_a_full_rows_floor_exactly_as_one_cap(slack, monkeypatch):
+    """Held: pieces in any order, capped whenever they pass 2 n max_pairs (+ slack: -10**6
+    after every piece), with pairs strictly below a full row's floor dropped on arrival, keep
+    and cut exactly what one cap of every pair keeps and cuts, ties (equal max similarity,
+    ordered by j) included."""
+    if slack is not None:
+        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+    rng = np.random.default_rng(7)
+    n, cap, m = 6, 5, 400
+    pairs = {"q": rng.integers(0, n, m), "j": rng.permutation(10 * m)[:m]}
+    for f in B.SIMS:
+        pairs[f] = rng.choice([0.5, 0.7, 0.9], m).astype(np.float32)
+        pairs[f][rng.random(m) < 0.3] = np.nan              # cross-modal ones may be absent
+    pairs["sii"] = rng.choice([0.6, 0.8, 0.95], m).astype(np.float32)
+    want_cut = np.zeros(n, np.int64)
+    want = B._cap(pairs, cap, want_cut)
+    cut = np.zeros(n, np.int64)
+    held = B.Held(n, cap, cut)
+    for piece in np.array_split(rng.permutation(m), 9):
+        held.add({f: v[piece] for f, v in pairs.items()})
+    got = held.pairs()
+    order = lambda x: np.lexsort((x["j"], x["q"]))          # noqa: E731
+    for f in pairs:
+        np.testing.assert_array_equal(got[f][order(got)], want[f][order(want)])
+    np.testing.assert_array_equal(cut, want_cut)
+    assert want_cut.sum() == m - n * cap
+    if slack is not None:
+        assert (held.floor > -np.inf).all()                  # the floors did drop pairs
+
+
+@pytest.mark.parametrize("slack", [None, -10**6])
 def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypatch, device):
     """Best (the pass's top-k, held as lists): pieces in any order, cut whenever they pass
     2 n k (+ slack; -10**6: after every piece), give each row's k best by score, equal scores
