@@ -369,10 +369,11 @@ class Runner:
         out_schema = stage.output_schema(schemas, view)
         res = resources(stage, self.config)
         rows = batch_rows(res.batch_size, stage.chunk_rows(view))
+        batch = f"chunks of {stage.chunk_rows(view)} rows across parts" if stage.spans_parts \
+            else f"batch={rows or 'part'}"
         self.log(f"[{name}] {n_parts} parts" + (f", {n_parts - len(pending)} already committed"
                                                  if len(pending) < n_parts else "")
-                 + f" · {self.executor_name} · cpus={res.num_cpus} gpus={res.num_gpus} "
-                 f"batch={rows or 'part'}")
+                 + f" · {self.executor_name} · cpus={res.num_cpus} gpus={res.num_gpus} {batch}")
         if self._nothing_to_compute(node, results):
             self.log(f"[{name}] no row is left to compute: null columns written, stage not run")
             committer = Committer(sd)

@@ -51,9 +51,11 @@ whatever N is. No process ever holds the pass's whole output (issue 14).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import os
+import sys
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -65,6 +67,24 @@ import torch
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
 
+def keep_freed_memory() -> None:
+    """glibc only, once per process: blocks under 32 MB come from the heap, and up to 256 MB
+    freed at its top stay there. By default every tensor over ~128 KB is a fresh mmap whose
+    pages fault in again, and the pass makes thousands of ~1 MB temporaries per chunk: ~15%
+    of its time per target (1M synthetic). Speed only; RSS may hold those 256 MB."""
+    global _MALLOC_SET
+    if _MALLOC_SET or not sys.platform.startswith("linux"):
+        return
+    _MALLOC_SET = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        for option, value in ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20)):  # M_MMAP_-
+            libc.mallopt(option, value)              # THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD
+    except (OSError, AttributeError):                # not glibc (musl, ...): the default
+        pass
+
+
+_MALLOC_SET = False
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
 # a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
 # directed S_it = <x_i, t_j>, X_ii = <x_i, x_j>, X_tt = <t_i, t_j> (NaN without them)
@@ -189,7 +209,7 @@ def _spherical(x: torch.Tensor, c: int, rng, iters: int) -> torch.Tensor:
 
 
 # rows x clusters (a flat assignment's dot products) above which the layout has two levels:
-# 8.4M rows in bf16's ~2,048-row clusters (4,096 clusters), 4.2M in fp32's ~512-row ones (8,192)
+# ~3M rows in the default clusters of ~256 rows (11,600 clusters)
 TWO_LEVEL_WORK = 1 << 35
 COARSE_PROBE = 8     # coarse clusters whose fine centroids a row is compared with
 
@@ -359,6 +379,16 @@ class Best:
         keep = _slot(r) < self.k
         return r[keep], j[keep], s[keep]
 
+    def unsorted(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r, j, s) of what is held, unsorted (at most ~2 n k + COMPACT_SLACK entries, every
+        row's best k among them): for a Best that merges them (gather's), which sorts once
+        with the same result as sorting here first."""
+        if not self.parts:
+            return self.lists()
+        if len(self.parts) > 1:
+            self.parts = [tuple(torch.cat(x) for x in zip(*self.parts))]
+        return self.parts[0]
+
     def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[n, k] global rows (-1 padded) and scores (0 padded), best first."""
         r, j, s = self.lists()
@@ -406,8 +436,9 @@ def at_or_above_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
 @dataclass
 class UnitResult:
     rows: np.ndarray          # [q] global rows of the unit's queries
-    top: tuple                # (r, j, s) on the unit's device: each query's (index into rows)
-                              # best k pairs with s > 0, j the global row (Best.lists)
+    top: tuple                # (r, j, s) on the unit's device, unsorted: pairs with s > 0 of
+                              # each query (index into rows) among them its best k, j the
+                              # global row (Best.unsorted)
     support: np.ndarray       # [q] pairs with s > 0 within the unit
     pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q, j (global rows), similarities
     cut: np.ndarray = None    # [q] pairs the per-row cap left out already (within the unit)
@@ -484,9 +515,9 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     size = np.array([lay.bounds[c + 1] for c in cs], np.int64) - a
     qoff = np.cumsum([0] + [len(x) for x in qss])
     qall = np.concatenate(qss)
-    q, q_low = qc.rows(qall)
+    q = qc.rows(qall)
     blocks = [(int(qoff[u]), int(qoff[u + 1]),
-               {x: None if q[x] is None else _rows(getattr(vec, x), a[u], a[u] + size[u], device)
+               {x: None if not q.has(x) else _rows(getattr(vec, x), a[u], a[u] + size[u], device)
                 for x in NAMES},
                vec.low and {x: screen.low_rows(vec.low[x], slice(a[u], a[u] + size[u]), device)
                             for x in vec.low}) for u in range(len(cs))]
@@ -495,7 +526,7 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
-    flat, val = screen.ragged_pairs(q, q_low, blocks, p.floors(), p.tau_i,
+    flat, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i,
                                     p.tau_t, p.precision, torch.as_tensor(own, device=device))
     u = torch.searchsorted(torch.as_tensor(at, device=device), flat, right=True) - 1
     local = flat - torch.as_tensor(at, device=device)[u]
@@ -530,28 +561,29 @@ class Queries:
         self.full = {x: _take(getattr(vec, x), self.pos, device) for x in NAMES}
         self.low = screen.low(self.full, precision)
 
-    def rows(self, qpos: np.ndarray) -> tuple[dict, dict]:
-        """(fp32, screen precision) vectors of the queries at sorted positions qpos."""
+    def rows(self, qpos: np.ndarray) -> screen.QueryRows:
+        """The vectors of the queries at sorted positions qpos (low ones gathered, fp32 ones
+        where needed: screen.QueryRows)."""
         i = torch.as_tensor(np.searchsorted(self.pos, qpos), device=self.device)
-        pick = lambda d: {x: None if v is None else v.index_select(0, i)   # noqa: E731
-                          for x, v in d.items()}
-        full = pick(self.full)
-        return full, (full if self.low is self.full else pick(self.low))
+        if self.low is self.full:
+            return screen.QueryRows(self.full, i)
+        return screen.QueryRows(self.full, i, {x: None if v is None else v.index_select(0, i)
+                                               for x, v in self.low.items()})
 
 
 def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p: PassParams,
                  device) -> UnitResult:
-    (q, q_low), floors = qc.rows(qpos_np), p.floors()
+    q, floors = qc.rows(qpos_np), p.floors()
     qpos = torch.as_tensor(qpos_np, device=device)
     acc, to_row = Findings(len(qpos_np), p, device), lay.order_on(device)
     a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
-        m = {x: None if q[x] is None else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
+        m = {x: None if not q.has(x) else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
         m_low = vec.low and {x: screen.low_rows(vec.low[x], slice(s0, s1), device)
                              for x in vec.low}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
-        r, cc, val = screen.block_pairs(q, q_low, m, m_low, floors, p.tau_i, p.tau_t,
+        r, cc, val = screen.block_pairs(q, m, m_low, floors, p.tau_i, p.tau_t,
                                         p.precision, own, qpos[own] - s0)
         acc.add(r, to_row[cc + s0], val)
     return acc.result(lay.order, qpos_np)
@@ -588,7 +620,7 @@ class Findings:
         """The rows' results, row i being the query at sorted position qpos_np[i]."""
         pairs = _cap(_pairs(self.found), self.p.max_pairs, self.cut)
         pairs["q"] = order[qpos_np[pairs["q"]]]
-        return UnitResult(order[qpos_np], self.best.lists(), self.support.cpu().numpy(), pairs,
+        return UnitResult(order[qpos_np], self.best.unsorted(), self.support.cpu().numpy(), pairs,
                           self.cut)
 
 
@@ -686,6 +718,7 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     cluster order, queries by position), run the units (small ones stacked) and merge. A row's
     result depends only on the layout and its own routing, never on the other rows mined with
     it; memory is bounded by len(pos), not N."""
+    keep_freed_memory()
     pos = np.asarray(pos, np.int64)
     routes, m_out = routed or route(lay, vec, pos, p.probe, device)
     q = np.repeat(pos, routes.shape[1])

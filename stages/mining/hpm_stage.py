@@ -91,13 +91,11 @@ class HpmParams(Params):
     # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
     method: Literal["auto", "exact", "blocks", "fast"] = "auto"
     exact_max_n: int = positive(50_000)
-    # blocks: k-means clusters; null = about n / 512 with precision fp32, n / 2048 with bf16
-    # (pass_io.AUTO: an fp32 GEMM keeps its rate on smaller blocks, a bf16 call on a CPU costs
-    # >= 65 us whatever its size)
+    # blocks: k-means clusters; null = about n / 256 (pass_io.AUTO: finer clusters score fewer
+    # rows per target for the same recall)
     clusters: Optional[int] = positive(None)
-    # blocks: clusters searched per row (nearest means); null = 60 with fp32, 40 with bf16.
-    # Recall@10/50/100 (tests/benchmarks/bench_mining.py, 1M synthetic): fp32, 1,953 clusters,
-    # probe 60: 0.992 / 0.993 / 0.994; bf16, 488 clusters, probe 40: 0.990 / 0.993 / 0.995
+    # blocks: clusters searched per row (nearest means); null = 80. Recall@10/50/100
+    # (tests/benchmarks/bench_mining.py, 1M synthetic, 3,906 clusters): 0.991 / 0.995 / 0.995
     probe: Optional[int] = positive(None)
     # candidate pairs kept for the positives stage, which reads them instead of searching (its
     # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
@@ -149,7 +147,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "8"        # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
+    version = "9"        # 9: clusters of ~256 rows, probe 80 (both precisions);
+                         # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
                          # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
                          # clusters have ~512 rows, two levels above blocks.TWO_LEVEL_WORK;
                          # 6: layouts of over 4,096 clusters have two levels;

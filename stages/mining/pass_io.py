@@ -39,20 +39,21 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
             f"more rows.")
 
 
-# hpm.clusters / hpm.probe null: (rows per cluster, clusters probed) by hpm.precision. An fp32
-# GEMM keeps its rate on smaller blocks, so clusters of ~512 rows scan 2.6x fewer rows per target
-# than ~2,048 for the same recall; a bf16 GEMM call costs >= 65-100 us on a CPU whatever its
-# size, so bf16 keeps the large ones. 1M synthetic rows, 2 threads, chunks of 1,024 (same run,
-# median of 3 rounds): fp32 1,233 us per target with 1,953 clusters / probe 60 against 1,736
-# with 488 / 40 (layout 51 s against 18 s; all 1M rows 1.37x faster); bf16 1,725 against 1,384.
-AUTO = {"fp32": (512, 60), "bf16": (2048, 40)}
+# hpm.clusters / hpm.probe null: clusters of ~256 rows, 80 of them probed, in both precisions.
+# Finer clusters score fewer rows for the same recall (1M synthetic, 300 exact targets, session
+# 20: ~256 rows / probe 80 score 23.6k rows per target at recall@10/50/100 0.991 / 0.995 / 0.995,
+# ~512 / 60 score 35.0k at 0.995 / 0.995 / 0.996, ~1,024 / 30 35.3k at 0.984 / 0.989 / 0.991),
+# and since chunks span parts (32,768 rows) and small units run stacked, their units are no
+# longer bound by per-call costs: fp32 0.44-0.51 ms per target against 0.57 for ~512 / 60,
+# bf16 0.39-0.49 against 0.52-0.67 for the former bf16 default ~2,048 / 40 (82k rows scored).
+AUTO = (256, 80)
 
 
 def pass_params(cfg: Any, n: int) -> blocks.PassParams:
     """hpm config -> pass parameters; method exact (or auto up to exact_max_n rows) probes
     every cluster: the pass is then exhaustive, i.e. exact HPM."""
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
-    rows, probe = AUTO[cfg.precision]
+    rows, probe = AUTO
     c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=cfg.clusters,
                           cluster_rows=rows).clusters(n)
     return blocks.PassParams(

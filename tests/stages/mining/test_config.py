@@ -33,11 +33,12 @@ def test_null_turns_duplicates_off():
     assert C.load(None, {"hpm.dup_threshold": None}).hpm.dup_threshold is None
 
 
-@pytest.mark.parametrize("precision, rows, probe", [("fp32", 512, 60), ("bf16", 2048, 40)])
-def test_the_pass_sizes_its_clusters_by_precision_unless_told(precision, rows, probe):
-    """hpm.clusters / hpm.probe null: pass_io.AUTO by hpm.precision (fp32 GEMMs keep their rate
-    on smaller blocks); set, they win; exhaustive up to exact_max_n; one-space layouts only on a
-    partial pass."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_pass_sizes_its_clusters_unless_told(precision):
+    """hpm.clusters / hpm.probe null: pass_io.AUTO (~256 rows per cluster, probe 80) in either
+    precision; set, they win; exhaustive up to exact_max_n; one-space layouts only on a partial
+    pass."""
+    rows, probe = 256, 80
     from vlcurate.stages.mining.pass_io import pass_params
     cfg = C.load(None, {"hpm.precision": precision}).hpm
     p = pass_params(cfg, 1_000_000)

@@ -462,6 +462,28 @@ def test_hpm_chunks_span_parts_and_a_resumed_run_mines_the_same_chunks(source, t
     assert sum(k.startswith("hpm/data/") for k in want) == 5 and differing(got, want) == []
 
 
+def test_a_spanning_stage_resumes_on_ray_on_the_same_chunks(source, tmp_path, ray_local):
+    """On Ray too: an in-process run's tables with hpm's part 1 lost (its commit record and its
+    data). The Ray rerun mines only the chunks holding part 1's rows (parts 0 and 2 read as
+    context, never rewritten) and the tables are byte-identical to the uninterrupted run's."""
+    over = {"hpm.chunk_rows": 15, "ray.address": "local"}
+    run(cfg(source, tmp_path / "clean", **over), dag()[:-2], executor="local", log=quiet)
+    shutil.copytree(tmp_path / "clean", tmp_path / "run")
+    hpm_dir = tmp_path / "run" / "hpm"
+    (hpm_dir / "_commit" / "part-00001.json").unlink()
+    for f in (hpm_dir / "data" / "part-00001").iterdir():
+        f.unlink()
+    context = {f: f.stat().st_mtime_ns for d in ("part-00000", "part-00002")
+               for f in (hpm_dir / "data" / d).iterdir()}
+    res = run(cfg(source, tmp_path / "run", **over), dag()[:-2], executor="ray", log=quiet)
+    assert {r.manifest["stage"]: r.status for r in res}["hpm"] == "repaired"
+    assert {f: f.stat().st_mtime_ns for f in context} == context
+    want, got = ({k: v for k, v in snapshot(tmp_path / r).items() if k.startswith("hpm/")}
+                 for r in ("clean", "run"))
+    assert sum(k.startswith("hpm/data/part-00001") for k in got) >= 1
+    assert differing(got, want) == []
+
+
 def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
     """hpm.device cuda through the stage (the global step's layout, the sorted vectors resident
     on the GPU, the per-part mining): the hard pairs, noise flags and candidate pairs of the
