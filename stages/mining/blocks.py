@@ -321,9 +321,9 @@ def route_step(lay: Layout) -> int:
 def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str = "cpu"
           ) -> tuple[np.ndarray, np.ndarray]:
     """For the queries at sorted positions ``pos``: their ``probe`` nearest non-empty clusters by
-    <q, mu_c> (their own first), and m_out = max over the other non-empty clusters of
-    <q, mu_c> + r_c (+ SLACK; -inf when none), the certificate's bound. Routed route_step
-    queries at a time (a row's routing is its own)."""
+    <q, mu_c> (their own among them; a set, in no order), and m_out = max over the other
+    non-empty clusters of <q, mu_c> + r_c (+ SLACK; -inf when none), the certificate's bound.
+    Routed route_step queries at a time (a row's routing is its own)."""
     step = route_step(lay)
     parts = [_route(lay, vec, pos[a:a + step], probe, device)
              for a in range(0, max(len(pos), 1), step)]
@@ -338,13 +338,21 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
     m = joint_t(_take(vec.img, pos, device), _take(vec.txt, pos, device)) @ means.T
     own = torch.as_tensor(lay.cluster_of(pos), device=device).unsqueeze(1)
     m.masked_fill_(torch.as_tensor(np.diff(lay.bounds) == 0, device=device), -math.inf)
-    top = m.clone().scatter_(1, own, math.inf).topk(probe, dim=1).indices
+    top = _largest(m.clone().scatter_(1, own, math.inf), probe)
     m_out = np.full(len(pos), -np.inf, np.float32)
     if probe < c:
         m.add_(radius.unsqueeze(0)).scatter_(1, top, -math.inf)
         m_out = m.max(1).values.cpu().numpy()
     m_out = np.where(np.isfinite(m_out), m_out + SLACK, -np.inf).astype(np.float32)
     return top.cpu().numpy().astype(np.int64), m_out
+
+
+def _largest(m: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's k largest columns, in no order (a set: routing groups them by cluster). On a
+    CPU NumPy's introselect, ~2x torch's topk for 80 of ~4,000."""
+    if m.device.type != "cpu":
+        return m.topk(k, dim=1, sorted=False).indices
+    return torch.from_numpy(np.argpartition(m.numpy(), -k, axis=1)[:, -k:])
 
 
 class Best:
