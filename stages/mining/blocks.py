@@ -67,21 +67,38 @@ import torch
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
 
-def keep_freed_memory() -> None:
-    """glibc only, once per process: blocks under 32 MB come from the heap, and up to 256 MB
-    freed at its top stay there. By default every tensor over ~128 KB is a fresh mmap whose
-    pages fault in again, and the pass makes thousands of ~1 MB temporaries per chunk: ~15%
-    of its time per target (1M synthetic). Speed only; RSS may hold those 256 MB."""
-    global _MALLOC_SET
-    if _MALLOC_SET or not sys.platform.startswith("linux"):
-        return
-    _MALLOC_SET = True
+def _glibc():
+    """glibc's handle, or None (not Linux, or another libc: musl, ...)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         libc = ctypes.CDLL("libc.so.6")
-        for option, value in ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20)):  # M_MMAP_-
-            libc.mallopt(option, value)              # THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD
-    except (OSError, AttributeError):                # not glibc (musl, ...): the default
-        pass
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def keep_freed_memory() -> None:
+    """glibc, once per process: blocks under 32 MB come from the heap, and up to 256 MB freed
+    at its top stay there (it also turns glibc's adaptive mmap threshold off). By default
+    every tensor over ~128 KB is a fresh mmap whose pages fault in again, and the pass makes
+    thousands of ~1 MB temporaries per chunk: ~15% of its time per target (1M synthetic).
+    Process-wide and speed only; ``mine`` gives what is free back at the end of each chunk
+    (``give_back_memory``), so the RSS between chunks is what is live."""
+    global _MALLOC_SET
+    libc = _glibc()
+    if _MALLOC_SET or libc is None:
+        return
+    _MALLOC_SET = True
+    for option, value in ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20)):  # M_MMAP_THRESHOLD,
+        libc.mallopt(option, value)                       # M_TRIM_THRESHOLD, M_TOP_PAD
+
+
+def give_back_memory() -> None:
+    """glibc's malloc_trim(0): every arena's free memory back to the system (a chunk's end)."""
+    libc = _glibc() if _MALLOC_SET else None
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 _MALLOC_SET = False
@@ -391,8 +408,8 @@ class Best:
         """(r, j, s) of what is held, unsorted (at most ~2 n k + COMPACT_SLACK entries, every
         row's best k among them): for a Best that merges them (gather's), which sorts once
         with the same result as sorting here first."""
-        if not self.parts:
-            return self.lists()
+        if not self.parts or self.held > 2 * self.n * self.k:
+            return self.lists()          # over twice n k (COMPACT_SLACK's share): cut first
         if len(self.parts) > 1:
             self.parts = [tuple(torch.cat(x) for x in zip(*self.parts))]
         return self.parts[0]
@@ -741,6 +758,7 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
                    run_stack(lay, vec, qc, u, qs, p, device) for u, qs in stacks(lay, units, p))
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
+    give_back_memory()
     return r
 
 

@@ -110,10 +110,10 @@ def whole_block_rule(s, floors, tau_i, tau_t, eps, own_r, own_c):
 @pytest.mark.parametrize("eps", [0.0, 0.03])
 @pytest.mark.parametrize("cross", [False, True])
 def test_the_pre_screened_candidates_equal_the_rule_over_the_whole_block(cross, eps, device):
-    """flat_candidates lists the few pairs above any threshold, then applies the rule to
-    those: the same pairs, in the same (row-major) order, as the rule over every pair, with
-    thresholds that differ per similarity, values placed exactly on them, and the targets
-    left out."""
+    """flat_candidates runs the rule over the block with its thresholds a hair low (GUARD),
+    then exactly on the pairs listed: the same pairs, in the same (row-major) order, as the
+    rule over every pair, with thresholds that differ per similarity, values placed exactly
+    on them, and the targets left out."""
     g = torch.Generator().manual_seed(3)
     names = ("sii", "stt", "sit", "xii", "xtt") if cross else ("sii", "stt")
     s = {n: torch.rand(37, 61, generator=g) * 2 - 1 for n in names}
