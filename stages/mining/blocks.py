@@ -770,7 +770,8 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
     row)."""
     n, k = len(rows), p.k
     sorter = np.argsort(rows)
-    local = lambda g: sorter[np.searchsorted(rows, g, sorter=sorter)]      # noqa: E731
+    ordered = rows[sorter]        # searchsorted on it, not via sorter=: ~1.5x, no indirection
+    local = lambda g: sorter[np.searchsorted(ordered, g)]      # noqa: E731
     best = Best(n, k, device)
     support = np.zeros(n, np.int64)
     cut = np.zeros(n, np.int64)
