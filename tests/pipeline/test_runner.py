@@ -57,6 +57,13 @@ class CharCount(Stage):
                          F.REASONS.name: pa.array([[]] * len(n), F.REASONS.type)})
 
 
+class SpanCount(CharCount):
+    """CharCount whose chunks span parts (Stage.spans_parts): run.chunk_rows consecutive rows
+    over all parts, so a chunk reads its neighbouring parts' rows."""
+    name = "spancount"
+    spans_parts = True
+
+
 def spine():
     """ingest -> ids -> export: the runner's mechanics without the model stages (fast)."""
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)),
@@ -269,3 +276,25 @@ def test_run_stages_selects_a_subset_of_the_dag():
     assert dict((n.name, n.after) for n in dag)["export"] == ("ingest", "ids", "embed")
     with pytest.raises(ValueError, match="unknown stage"):
         select(default_dag(), ("bogus",))
+
+
+def test_an_upstream_redo_redoes_every_part_of_a_spanning_stage(demo_data, tmp_path):
+    """ids' part 1 lost: ids redoes part 1, charcount (per part) only part 1, and spancount,
+    whose chunks read their neighbours' rows, every part (Runner.to_redo); the tables are
+    those of a clean run."""
+    def dag():
+        return [Node(IngestStage), Node(IdsStage, after=("ingest",)),
+                Node(CharCount, after=("ids",)), Node(SpanCount, after=("ids",)),
+                Node(ExportStage, after=("ingest", "ids", "charcount", "spancount"))]
+    over = {"run.chunk_rows": 20}
+    run(cfg_for(demo_data, tmp_path / "clean", **over), dag=dag(), executor="local", log=quiet)
+    cfg = cfg_for(demo_data, tmp_path / "run", **over)
+    run(cfg, dag=dag(), executor="local", log=quiet)
+    (tmp_path / "run" / "ids" / "_commit" / "part-00001.json").unlink()
+    res = by_stage(run(cfg, dag=dag(), executor="local", log=quiet))
+    n = res["ids"].manifest["parts"]
+    assert n >= 3 and res["ids"].redone == {1} and res["charcount"].redone == {1}
+    assert res["spancount"].redone == set(range(n))
+    for stage in ("ids", "charcount", "spancount"):
+        assert table(tmp_path / "run" / stage / "data").equals(
+            table(tmp_path / "clean" / stage / "data"))
