@@ -67,6 +67,9 @@ import torch
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
 
+_MALLOC_SET = False       # keep_freed_memory ran in this process
+
+
 def _glibc():
     """glibc's handle, or None (not Linux, or another libc: musl, ...)."""
     if not sys.platform.startswith("linux"):
@@ -101,7 +104,6 @@ def give_back_memory() -> None:
         libc.malloc_trim(0)
 
 
-_MALLOC_SET = False
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
 # a candidate pair's similarities: S_I, S_T (HELIP's encoders), and with cross-modal vectors the
 # directed S_it = <x_i, t_j>, X_ii = <x_i, x_j>, X_tt = <t_i, t_j> (NaN without them)
