@@ -57,7 +57,7 @@ import math
 import os
 import sys
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -66,9 +66,6 @@ import torch
 
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
-
-_MALLOC_SET = False       # keep_freed_memory ran in this process
-
 
 def _glibc():
     """glibc's handle, or None (not Linux, or another libc: musl, ...)."""
@@ -81,27 +78,29 @@ def _glibc():
         return None
 
 
-def keep_freed_memory() -> None:
-    """glibc, once per process: blocks under 32 MB come from the heap, and up to 256 MB freed
-    at its top stay there (it also turns glibc's adaptive mmap threshold off). By default
-    every tensor over ~128 KB is a fresh mmap whose pages fault in again, and the pass makes
-    thousands of ~1 MB temporaries per chunk: ~15% of its time per target (1M synthetic).
-    Process-wide and speed only; ``mine`` gives what is free back at the end of each chunk
-    (``give_back_memory``), so the RSS between chunks is what is live."""
-    global _MALLOC_SET
+# (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD) while mining, and glibc's documented defaults
+_KEEP = ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20))
+_DEFAULTS = ((-3, 128 << 10), (-1, 128 << 10), (-2, 128 << 10))
+
+
+@contextmanager
+def freed_memory_kept():
+    """glibc, while a chunk is mined: blocks under 32 MB come from the heap, and up to 256 MB
+    freed at its top stay there. By default every tensor over ~128 KB is a fresh mmap whose
+    pages fault in again, and the pass makes thousands of ~1 MB temporaries per chunk: ~15%
+    of its time per target (1M synthetic). Speed only. On exit glibc's defaults are set back
+    (left set, every later stage of an in-process run held ~0.5 GB more: bench_scale at 100k)
+    and the free memory is given back (malloc_trim)."""
     libc = _glibc()
-    if _MALLOC_SET or libc is None:
-        return
-    _MALLOC_SET = True
-    for option, value in ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20)):  # M_MMAP_THRESHOLD,
-        libc.mallopt(option, value)                       # M_TRIM_THRESHOLD, M_TOP_PAD
-
-
-def give_back_memory() -> None:
-    """glibc's malloc_trim(0): every arena's free memory back to the system (a chunk's end)."""
-    libc = _glibc() if _MALLOC_SET else None
-    if libc is not None:
-        libc.malloc_trim(0)
+    for option, value in _KEEP if libc else ():
+        libc.mallopt(option, value)
+    try:
+        yield
+    finally:
+        for option, value in _DEFAULTS if libc else ():
+            libc.mallopt(option, value)
+        if libc:
+            libc.malloc_trim(0)
 
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this
@@ -745,8 +744,12 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     cluster order, queries by position), run the units (small ones stacked) and merge. A row's
     result depends only on the layout and its own routing, never on the other rows mined with
     it; memory is bounded by len(pos), not N."""
-    keep_freed_memory()
-    pos = np.asarray(pos, np.int64)
+    with freed_memory_kept():
+        return _mine(lay, vec, np.asarray(pos, np.int64), p, device, routed)
+
+
+def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str,
+          routed: Optional[tuple]) -> PassResult:
     routes, m_out = routed or route(lay, vec, pos, p.probe, device)
     q = np.repeat(pos, routes.shape[1])
     c = routes.ravel()
@@ -760,7 +763,6 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
                    run_stack(lay, vec, qc, u, qs, p, device) for u, qs in stacks(lay, units, p))
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
-    give_back_memory()
     return r
 
 
