@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -67,9 +68,12 @@ import torch
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
 
+
+@functools.lru_cache(maxsize=1)
 def _glibc():
-    """glibc's handle, or None (not Linux, or another libc: musl, ...)."""
-    if not sys.platform.startswith("linux"):
+    """glibc's handle, or None: not Linux, another libc (musl, ...), or the user tunes glibc's
+    malloc through its MALLOC_* environment variables (theirs win)."""
+    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") for k in os.environ):
         return None
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -44,8 +44,10 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 # 20: ~256 rows / probe 80 score 23.6k rows per target at recall@10/50/100 0.991 / 0.995 / 0.995,
 # ~512 / 60 score 35.0k at 0.995 / 0.995 / 0.996, ~1,024 / 30 35.3k at 0.984 / 0.989 / 0.991),
 # and since chunks span parts (32,768 rows) and small units run stacked, their units are no
-# longer bound by per-call costs: fp32 0.44-0.51 ms per target against 0.57 for ~512 / 60,
-# bf16 0.39-0.49 against 0.52-0.67 for the former bf16 default ~2,048 / 40 (82k rows scored).
+# longer bound by per-call costs. Interleaved rounds of 16,384 targets (this machine's rounds
+# differ by up to 1.6x): fp32 0.48-0.60 ms per target against 0.56-0.87 for session 19's code at
+# ~512 / 60; bf16 0.48-0.58 against 0.70-0.85 at the former bf16 default ~2,048 / 40 (82k rows
+# scored).
 AUTO = (256, 80)
 
 

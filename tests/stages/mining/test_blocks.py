@@ -342,3 +342,23 @@ def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cel
         np.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=str(k))
         assert k >= 200 or not want.all()
     assert B.at_or_above_kth(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3).shape == (0,)
+
+
+def test_glibc_tuning_changes_no_byte_and_yields_to_the_users_malloc_settings(monkeypatch):
+    """blocks.freed_memory_kept is speed only: the pass with glibc tuned (this Linux) and with
+    it off (another libc, or the user's MALLOC_* variables, which win) gives the same bytes."""
+    img, txt = data()
+    B._glibc.cache_clear()
+    assert B._glibc() is not None                        # the tests run on glibc
+    tuned = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    B._glibc.cache_clear()
+    try:
+        assert B._glibc() is None
+        plain = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
+    finally:
+        monkeypatch.delenv("MALLOC_ARENA_MAX")
+        B._glibc.cache_clear()
+    assert len(tuned.pair_j) and (tuned.idx >= 0).any()
+    for f in ("idx", "score", "support", "offsets", "pair_j", "pair_sii", "cut"):
+        assert np.array_equal(getattr(tuned, f), getattr(plain, f)), f
