@@ -12,6 +12,9 @@ own, so a global step, model loads and the commit are all inside it):
   CPU-s     user + system CPU of the process and its children (getrusage) over the span
   peak RSS  the largest RSS seen by a sampler (/proc, every 50 ms; children every 1 s) during
             the span, of the driver process and, separately, the sum over its child processes
+  anon MB   the driver's peak anonymous (private) RSS: RSS less its file-backed pages, which
+            are the memory-mapped vectors and models (page cache, shared between the processes
+            of a node and dropped under pressure: a 1M run maps ~1.5 GB of sorted vectors)
   disk      bytes of the stage's folder after the run
   load      the 1-minute load average when the stage finished (the machine is shared)
 
@@ -92,11 +95,13 @@ def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 
     return out
 
 
-def rss(pid: int | str = "self") -> int:
-    """Current resident set size of a process, from /proc (Linux; psutil is not a dependency)."""
+def rss(pid: int | str = "self", anon: bool = False) -> int:
+    """Current resident set size of a process, from /proc (Linux; psutil is not a dependency);
+    ``anon``: less its file-backed and shared pages (statm's resident - shared)."""
     try:
         with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            f = fh.read().split()
+        return (int(f[1]) - (int(f[2]) if anon else 0)) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -125,7 +130,7 @@ class Sampler:
 
     def __init__(self, every: float = 0.05) -> None:
         self.pid, self.every = os.getpid(), every
-        self.peak_self = self.peak_children = 0
+        self.peak_self = self.peak_children = self.peak_anon = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
         self._t.start()
@@ -139,13 +144,15 @@ class Sampler:
 
     def sample(self, kids: bool = True) -> None:
         self.peak_self = max(self.peak_self, rss())
+        self.peak_anon = max(self.peak_anon, rss(anon=True))
         if kids:
             self.peak_children = max(self.peak_children, sum(rss(c) for c in children(self.pid)))
 
-    def reset(self) -> tuple[int, int]:
+    def reset(self) -> tuple[int, int, int]:
+        """(peak RSS, peak anonymous RSS, children's peak RSS) since the last reset."""
         self.sample()
-        out = (self.peak_self, self.peak_children)
-        self.peak_self, self.peak_children = rss(), 0
+        out = (self.peak_self, self.peak_anon, self.peak_children)
+        self.peak_self, self.peak_anon, self.peak_children = rss(), rss(anon=True), 0
         return out
 
     def stop(self) -> None:
@@ -190,11 +197,12 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
             return
         name = line[1:line.index("]")]
         now, cpu = time.perf_counter(), cpu_s()
-        peak, kids = sampler.reset()
+        peak, anon, kids = sampler.reset()
         if name not in prior or " done: " in line:       # ran (again): a fresh span
             prior.pop(name, None)
             spans[name] = {"stage": name, "wall": now - state["t"], "cpu": cpu - state["cpu"],
-                           "rss": peak, "rss_children": kids, "load": os.getloadavg()[0]}
+                           "rss": peak, "anon": anon, "rss_children": kids,
+                           "load": os.getloadavg()[0]}
             with open(book, "a") as f:
                 f.write(json.dumps(spans[name]) + "\n")
         state.update(t=now, cpu=cpu)
@@ -213,6 +221,7 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
     spans.append({"stage": "TOTAL", "wall": sum(s["wall"] for s in spans),
                   "cpu": sum(s["cpu"] for s in spans),
                   "rss": max(s["rss"] for s in spans),
+                  "anon": max(s.get("anon", 0) for s in spans),
                   "rss_children": max(s["rss_children"] for s in spans),
                   "load": os.getloadavg()[0], "rows_in": man["ingest"]["rows_in"],
                   "rows_kept": man["export"]["rows_kept"], "disk": du(run_dir),
@@ -224,14 +233,16 @@ def print_table(n: int, spans: list[dict]) -> None:
     print(f"\n== N = {n:,} rows (in-process executor; RSS = driver process, children = its forks; "
           f"* resumed after a kill: only the parts computed after the restart)")
     print(f"{'stage':<10} {'rows in':>8} {'kept':>8} {'wall s':>8} {'rows/s':>9} {'CPU-s':>8} "
-          f"{'CPU-ms/row':>10} {'peak RSS MB':>11} {'child MB':>8} {'disk MB':>8} {'load1':>6}")
+          f"{'CPU-ms/row':>10} {'peak RSS MB':>11} {'anon MB':>8} {'child MB':>8} "
+          f"{'disk MB':>8} {'load1':>6}")
     for s in spans:
         rate = s["rows_in"] / s["wall"] if s["wall"] else 0.0
         per = 1000 * s["cpu"] / s["rows_in"] if s["rows_in"] else 0.0
         name = s["stage"] + ("*" if s.get("resumed") else "")
+        anon = f"{s['anon'] / 2**20:.0f}" if s.get("anon") else "-"     # older result files
         print(f"{name:<10} {s['rows_in']:>8,} {s['rows_kept']:>8,} {s['wall']:>8.1f} "
               f"{rate:>9,.0f} {s['cpu']:>8.1f} {per:>10.2f} {s['rss'] / 2**20:>11.0f} "
-              f"{s['rss_children'] / 2**20:>8.0f} {s['disk'] / 2**20:>8.1f} {s['load']:>6.2f}")
+              f"{anon:>8} {s['rss_children'] / 2**20:>8.0f} {s['disk'] / 2**20:>8.1f} {s['load']:>6.2f}")
 
 
 def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
@@ -247,8 +258,10 @@ def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
             continue
         cpu = (b["cpu"] / b["rows_in"]) / max(a["cpu"] / a["rows_in"], 1e-9)
         rss = b["rss"] / max(a["rss"], 1)
-        flag = "  <-- per-row cost grows" if cpu > limit else ""
-        print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}{flag}")
+        anon = f"x{b['anon'] / a['anon']:5.2f}" if a.get("anon") and b.get("anon") else "    -"
+        flag = ("  <-- per-row cost grows" if cpu > limit else "") + \
+            ("  <-- peak RSS grows" if rss > limit else "")
+        print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}   anon {anon}{flag}")
 
 
 def one(n: int, root: Path, rows_per_part: int, ocr: bool) -> list[dict]:
@@ -267,6 +280,8 @@ def main() -> int:
     ap.add_argument("--rows-per-part", type=int, default=1000)
     ap.add_argument("--ocr", action="store_true")
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--report", action="store_true",
+                    help="print the tables of --sizes from --keep's result files; run nothing")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="vlc-scale-"))
@@ -282,6 +297,13 @@ def main() -> int:
         (root / f"result{a.one}.json").write_text(json.dumps(spans))
         return 0
     results: dict[int, list[dict]] = {}
+    if a.report:
+        import json
+        for n in (int(x) for x in a.sizes.split(",")):
+            results[n] = json.loads((root / f"result{n}.json").read_text())
+            print_table(n, results[n])
+        growth(results)
+        return 0
     try:
         for n in (int(x) for x in a.sizes.split(",")):
             results[n] = one(n, root, a.rows_per_part, a.ocr)
