@@ -270,6 +270,35 @@ def test_held_drops_pairs_below_a_full_rows_floor_exactly_as_one_cap(slack, monk
         assert (held.floor > -np.inf).all()                  # the floors did drop pairs
 
 
+def test_cap_keeps_each_rows_best_by_max_similarity_then_j_as_a_naive_sort():
+    """_cap sorts only the rows over the cap, after dropping what is below their cap-th value:
+    the same pairs kept and cut as sorting each row's pairs by (-max similarity, j) in Python,
+    with ties at the cap-th place, NaN similarities and rows under the cap (left untouched)."""
+    rng = np.random.default_rng(11)
+    n, cap, m = 9, 4, 300
+    q = rng.choice([0, 1, 2, 3, 5, 8], m - 7, p=[.3, .3, .2, .1, .05, .05])
+    pairs = {"q": np.r_[q, [6] * 3, [7] * 4], "j": rng.permutation(5 * m)[:m]}   # 6, 7: <= cap
+    for f in B.SIMS:
+        pairs[f] = rng.choice([0.5, 0.7, 0.9], m).astype(np.float32)
+        pairs[f][rng.random(m) < 0.4] = np.nan
+    pairs["sii"] = rng.choice([0.6, 0.8, 0.95], m).astype(np.float32)
+    cut = np.zeros(n, np.int64)
+    got = B._cap({f: v.copy() for f, v in pairs.items()}, cap, cut)
+    best = np.fmax.reduce([pairs[f] for f in B.SIMS])
+    want, want_cut = set(), np.zeros(n, np.int64)
+    for q in range(n):
+        mine = sorted(np.flatnonzero(pairs["q"] == q), key=lambda i: (-best[i], pairs["j"][i]))
+        want |= {(q, int(pairs["j"][i])) for i in mine[:cap]}
+        want_cut[q] = max(len(mine) - cap, 0)
+    assert set(zip(got["q"].tolist(), got["j"].tolist())) == want
+    np.testing.assert_array_equal(cut, want_cut)
+    assert (want_cut > 0).sum() >= 2 and want_cut[6] == want_cut[7] == 0
+    at = {(q, j): i for i, (q, j) in enumerate(zip(pairs["q"].tolist(), pairs["j"].tolist()))}
+    for i, key in enumerate(zip(got["q"].tolist(), got["j"].tolist())):
+        for f in B.SIMS:                                     # every similarity travels with it
+            np.testing.assert_array_equal(got[f][i], pairs[f][at[key]])
+
+
 @pytest.mark.parametrize("slack", [None, -10**6])
 def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypatch, device):
     """Best (the pass's top-k, held as lists): pieces in any order, cut whenever they pass
