@@ -879,18 +879,21 @@ def _cap(cat: dict, max_pairs: Optional[int], cut: Optional[np.ndarray] = None) 
     full = np.bincount(cat["q"]) > max_pairs
     if not full.any():
         return cat
-    rest = np.flatnonzero(~full[cat["q"]])
+    rest = np.flatnonzero(~full[cat["q"]])                  # rows under the cap: all kept
     at = np.flatnonzero(full[cat["q"]])
-    at = at[np.argsort(cat["q"][at], kind="stable")]
-    q, best = cat["q"][at], _best({f: cat[f][at] for f in SIMS})
-    top = at_or_above_kth(torch.from_numpy(q), torch.from_numpy(best), max_pairs).numpy()
-    o = np.lexsort((cat["j"][at[top]], -best[top], q[top]))
-    over = np.zeros(len(q), bool)
-    over[np.flatnonzero(top)[o]] = np.arange(len(o)) - np.searchsorted(q[top][o], q[top][o]) \
-        >= max_pairs
+    at = at[np.argsort(cat["q"][at], kind="stable")]          # at_or_above_kth wants q sorted
+    best = _best({f: cat[f][at] for f in SIMS})
+    top = at_or_above_kth(torch.from_numpy(cat["q"][at]), torch.from_numpy(best),
+                          max_pairs).numpy()
     if cut is not None:
-        np.add.at(cut, q[~top | over], 1)
-    return {f: v[np.concatenate([rest, at[top & ~over]])] for f, v in cat.items()}
+        np.add.at(cut, cat["q"][at[~top]], 1)
+    at, best = at[top], best[top]
+    q = cat["q"][at]
+    o = np.lexsort((cat["j"][at], -best, q))
+    over = np.arange(len(o)) - np.searchsorted(q[o], q[o]) >= max_pairs
+    if cut is not None:
+        np.add.at(cut, q[o][over], 1)
+    return {f: v[np.concatenate([rest, at[o[~over]]])] for f, v in cat.items()}
 
 
 def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None, precision: str = "fp32"

@@ -220,16 +220,17 @@ def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device
     case a query has thousands: the memory-mapped gathers were ~2/3 of 1M hpm's time)."""
     uq, inv = np.unique(qpos, return_inverse=True)
     inv = torch.as_tensor(inv.ravel(), device=device)
-    rows: dict = {}
+    held: dict = {}
 
-    def side(name: str, at) -> torch.Tensor:
-        if (name, at is None) not in rows:
+    def rows(name: str, query: bool) -> torch.Tensor:
+        """Array ``name``'s rows for the pairs' queries (query) or members, read once."""
+        if (name, query) not in held:
             x = getattr(vec, name)
-            rows[name, at is None] = blocks._take(x, jpos, device) if at is None else \
-                blocks._take(x, uq, device)[at]
-        return rows[name, at is None]
+            held[name, query] = blocks._take(x, uq, device)[inv] if query else \
+                blocks._take(x, jpos, device)
+        return held[name, query]
     out = {}
     for f, (a, b) in DOTS.items():
         out[f] = np.full(len(qpos), np.nan, np.float32) if getattr(vec, a) is None else \
-            (side(a, inv) * side(b, None)).sum(1).cpu().numpy().astype(np.float32)
+            (rows(a, True) * rows(b, False)).sum(1).cpu().numpy().astype(np.float32)
     return out
