@@ -140,43 +140,6 @@ def spanning_chunk(batch: pa.Table, size: int) -> list[tuple[int, int]]:
     return [(0, len(row))]
 
 
-HEAP_MMAP_BYTES = 4 << 20      # glibc maps arrays of this size and more on their own
-HEAP_MMAP_MAX = 32 << 20       # glibc's own ceiling for its moving threshold
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def _mallopt():
-    import ctypes
-    import ctypes.util
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
-
-
-@contextlib.contextmanager
-def bounded_heap():
-    """Within: glibc's mmap threshold fixed at HEAP_MMAP_BYTES (the executors run a global
-    step's ``prepare`` so): an array that large is mapped on its own and returned to the system
-    when freed. glibc's default raises the threshold (up to 32 MiB) each time such an array is
-    freed, after which a loop's large temporaries come from the heap, interleaved with arrays
-    that live on: the holes grew with N (hpm's global step, 32-d vectors: anonymous peak 389 MB
-    at 100k rows, 533 MB at 1M; 440 MB at 1M with the threshold fixed; tests/benchmarks/
-    bench_hpm_memory.py). After: the threshold glibc's default settles at (32 MiB), so stage
-    code run later in the process (the in-process executor) reuses heap memory as before: a
-    mapped array's pages fault in afresh each time, which made the bf16 pass's block casts 3x
-    slower. A no-op where the C library has no mallopt (macOS, musl)."""
-    mallopt = _mallopt()
-    if mallopt is not None:
-        mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_BYTES)
-    try:
-        yield
-    finally:
-        if mallopt is not None:
-            mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_MAX)
-            mallopt(_M_TRIM_THRESHOLD, 2 * HEAP_MMAP_MAX)
-
-
 @contextlib.contextmanager
 def pinned_threads(n: int):
     """Run with ``n`` intra-op threads (torch, BLAS, OpenMP): reductions split across threads

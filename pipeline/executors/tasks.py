@@ -18,7 +18,8 @@ import pyarrow as pa
 from vlcurate.schemas import F
 
 from .. import storage
-from ..parts import PartIO, StageCall, bounded_heap, pinned_threads, read_inputs, read_item, \
+from ..heap import bounded_heap
+from ..parts import PartIO, StageCall, pinned_threads, read_inputs, read_item, \
     write_fragments
 from ..rundir import StageDir
 

@@ -51,60 +51,36 @@ whatever N is. No process ever holds the pass's whole output (issue 14).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import math
 import os
-import sys
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import numpy as np
 import torch
 
+from vlcurate.pipeline import heap
+
 from . import screen
 from .hpm import as_tensor, positive_scores, score_bound
 
 
-@functools.lru_cache(maxsize=1)
-def _glibc():
-    """glibc's handle, or None: not Linux, another libc (musl, ...), or the user tunes glibc's
-    malloc through its MALLOC_* environment variables (theirs win)."""
-    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") for k in os.environ):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
+# while a chunk is mined: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD
+_KEEP = {heap.M_MMAP_THRESHOLD: 32 << 20, heap.M_TRIM_THRESHOLD: 256 << 20,
+         heap.M_TOP_PAD: 64 << 20}
 
 
-# (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_TOP_PAD) while mining, and glibc's documented defaults
-_KEEP = ((-3, 32 << 20), (-1, 256 << 20), (-2, 64 << 20))
-_DEFAULTS = ((-3, 128 << 10), (-1, 128 << 10), (-2, 128 << 10))
-
-
-@contextmanager
 def freed_memory_kept():
     """glibc, while a chunk is mined: blocks under 32 MB come from the heap, and up to 256 MB
     freed at its top stay there. By default every tensor over ~128 KB is a fresh mmap whose
     pages fault in again, and the pass makes thousands of ~1 MB temporaries per chunk: ~15%
-    of its time per target (1M synthetic). Speed only. On exit glibc's defaults are set back
-    (left set, every later stage of an in-process run held ~0.5 GB more: bench_scale at 100k)
-    and the free memory is given back (malloc_trim)."""
-    libc = _glibc()
-    for option, value in _KEEP if libc else ():
-        libc.mallopt(option, value)
-    try:
-        yield
-    finally:
-        for option, value in _DEFAULTS if libc else ():
-            libc.mallopt(option, value)
-        if libc:
-            libc.malloc_trim(0)
+    of its time per target (1M synthetic). Speed only. On exit the enclosing settings come back
+    (pipeline/heap.py: left set, every later stage of an in-process run held ~0.5 GB more:
+    bench_scale at 100k) and the free memory is given back (malloc_trim)."""
+    return heap.heap_settings(_KEEP, trim=True)
 
 
 SLACK = 1e-5          # fp32 rounding of <q, mu> + r: the certificate's bound is raised by this

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from vlcurate.pipeline import heap
 from vlcurate.stages.mining import blocks as B
 from vlcurate.stages.mining import fff, hpm
 
@@ -377,17 +378,17 @@ def test_glibc_tuning_changes_no_byte_and_yields_to_the_users_malloc_settings(mo
     """blocks.freed_memory_kept is speed only: the pass with glibc tuned (this Linux) and with
     it off (another libc, or the user's MALLOC_* variables, which win) gives the same bytes."""
     img, txt = data()
-    B._glibc.cache_clear()
-    assert B._glibc() is not None                        # the tests run on glibc
+    heap.glibc.cache_clear()
+    assert heap.glibc() is not None                      # the tests run on glibc
     tuned = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
-    B._glibc.cache_clear()
+    heap.glibc.cache_clear()
     try:
-        assert B._glibc() is None
+        assert heap.glibc() is None
         plain = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
     finally:
         monkeypatch.delenv("MALLOC_ARENA_MAX")
-        B._glibc.cache_clear()
+        heap.glibc.cache_clear()
     assert len(tuned.pair_j) and (tuned.idx >= 0).any()
     for f in ("idx", "score", "support", "offsets", "pair_j", "pair_sii", "cut"):
         assert np.array_equal(getattr(tuned, f), getattr(plain, f)), f
