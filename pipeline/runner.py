@@ -415,8 +415,11 @@ class Runner:
         starting when the stage finishes finds it (the next attempt replaces it)."""
         if node.stage.kind != Kind.GLOBAL:
             return None, None
+        kinds = {n.name: n.stage.kind for n in self.dag}
+        ups = [self.stage_dir(a) for a in ancestors(self.dag, node) if kinds[a] == Kind.GLOBAL]
         read = Upstream(io, self.executor.name, self.config.run.intra_op_threads,
-                        sd.uri("_tmp/prepare"))
+                        sd.uri("_tmp/prepare"),
+                        tuple((u.name, u.uri("_state.pkl"), self.workdir(u)) for u in ups))
         state = self.executor.call(prepare_step, node.stage, self.view(node.stage), read, n_parts,
                                    self.workdir(sd), num_gpus=res.num_gpus)
         uri = sd.uri("_state.pkl")

@@ -99,15 +99,36 @@ def workdir_for(root: str, attempt: str) -> Workdir:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """An upstream stage's global step as another stage finds it: the state its ``prepare``
+    returned, and its files (``workdir.local``, fetched to this node; a worker on another node
+    calls ``workdir.fetch()`` before it reads them)."""
+    state: Any
+    workdir: Workdir
+
+
+@dataclass(frozen=True)
 class Upstream:
     """What a global step gets as ``read``: ``read(part)`` is a part's still-kept rows (with
     ``F.PART``/``F.ROW``); ``read.map(fn, items)`` runs ``fn`` over ``items`` in parallel (Ray
     tasks under the ray executor, so a step can spread its work: ids does); ``read.scratch``
-    is a folder every such task sees (under the stage's folder: a URI on an object store)."""
+    is a folder every such task sees (under the stage's folder: a URI on an object store);
+    ``read.prepared(name)``, an upstream global stage's state and files (positives reads hpm's
+    sorted vectors instead of collecting its own)."""
     io: PartIO
     parallel: str           # "ray" | "local"
     threads: int
     scratch: str
+    steps: tuple = ()       # (name, state URI, Workdir) of each upstream global stage
+
+    def prepared(self, name: str) -> Optional[Prepared]:
+        """Upstream global stage ``name``'s Prepared; None when the DAG has none or its state is
+        gone (a run directory from before states were kept, or files deleted by hand)."""
+        for step, uri, workdir in self.steps:
+            if step == name and storage.exists(uri):
+                workdir.fetch()
+                return Prepared(pickle.loads(storage.read_bytes(uri)), workdir)
+        return None
 
     def __call__(self, part: int) -> pa.Table:
         t = read_inputs(self.io, part)

@@ -43,6 +43,7 @@ import torch
 from vlcurate.schemas import mining as M
 
 from .hpm import IvfParams, as_tensor, build_ivfpq, gather_dots, stable_topk
+from .store import Gathered
 
 CODES = M.RELATIONS          # code c <-> CODES[c]; -1 = not a positive
 
@@ -256,9 +257,11 @@ class Candidates:
         self.device = device
 
         def keep(x):                             # CPU: FAISS reads them in place (memmaps)
-            if x is None:
-                return None
-            return np.ascontiguousarray(x, np.float32) if device == "cpu" else as_tensor(x, device)
+            if x is None or (device == "cpu" and isinstance(x, Gathered)):
+                return x
+            if device == "cpu":
+                return np.ascontiguousarray(x, np.float32)
+            return as_tensor(np.asarray(x) if isinstance(x, Gathered) else x, device)
         self.f = Features(*(keep(getattr(f, k)) for k in ("img", "txt", "dimg", "dtxt", "ximg",
                                                           "xtxt")), f.owner, f.number)
         n = len(f.img)
@@ -290,8 +293,10 @@ class Candidates:
         img_of = t if f.owner is None else np.where(t >= 0, f.owner[np.maximum(t, 0)], -1)
 
         def per_image(a):
-            return None if a is None else gather_dots(self._rows(a, qidx), a, img_of, dev)
-        sit = gather_dots(self._rows(f.ximg, qidx), f.xtxt, t, dev) if rule.cross else None
+            return None if a is None else gather_dots(self._rows(a, qidx), *_by_index(a, img_of),
+                                                      dev)
+        sit = (gather_dots(self._rows(f.ximg, qidx), *_by_index(f.xtxt, t), dev) if rule.cross
+               else None)
         code, score = relate(per_image(f.img), per_image(f.txt), sit, rule, per_image(f.dimg),
                              per_image(f.dtxt))
         code.masked_fill_(torch.as_tensor(t < 0, device=code.device), -1)
@@ -299,6 +304,11 @@ class Candidates:
         best.add(rank_key(code, score), torch.as_tensor(np.maximum(t, 0), device=dev), code,
                  score)
         return best.result(f)
+
+
+def _by_index(a, ids: np.ndarray) -> tuple:
+    """(array, ids) for gather_dots: a Gathered array's base, with the ids mapped to it."""
+    return (a.base, a.ids(ids)) if isinstance(a, Gathered) else (a, ids)
 
 
 def _ascending(t: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Global step (``prepare``, once): the image/text (and cross-modal, when embed wrote them)
 embeddings of every kept row go to files in the stage's workdir (store.py, the one collect of
-mining). Methods exact/blocks/auto: the neighbour pass's layout (k-means of the joint vectors,
+mining: positives reads the sorted copy). Methods exact/blocks/auto: the neighbour pass's layout (k-means of the joint vectors,
 rows sorted by cluster: blocks.py, pass_io.py); ``fast``: FastHPM's pool and IVF-PQ index
 (legacy). Before any part is mined it stops with an actionable error naming ``hpm.k`` when no
 row of a seeded sample (every row, on small data) can have k supporting pairs (issue 12: every

@@ -25,6 +25,13 @@ no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-
 is found only if one of the pass's floors fires on it too (hpm.pair_cross = 0.24 below p1 =
 0.27 leaves a margin).
 
+Vectors (issue 15: stored once): with hpm's pass as the candidates, the global step collects
+ids and positions only, and the rule reads hpm's vectors, sorted by cluster in hpm's
+``_prepare/pass/``, at each row's sorted position (``sorted_rows.npy``, through
+store.Gathered; the runner hands the step hpm's state: ``read.prepared``). On an object store
+the actors fetch hpm's files once per node. Without hpm's state (no hpm upstream, FastHPM, a
+run directory from before, or files deleted) it collects its own vectors, with the same result.
+
 The rule (fff.py): with ``embed.cross_model`` set, FFF's full Eq. 1 on the cross-modal
 embeddings, and with recaptions (stage ``recaption_embed``, ``positives.recaptions`` > 0) over
 images x k captions (sec. 4.3); without one, only S_ii > p2 or S_tt > p3 on HELIP's unimodal
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -49,12 +56,15 @@ from vlcurate.pipeline.params import Params, at_least, positive, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
-from . import fff, hpm
+from . import blocks, fff, hpm
 from .hpm_stage import EMBED, set_threads, use_fast
 from .pass_io import pass_params
 from vlcurate.stages.arrow import masked_lists, spread
 
-from .store import Store, collect, vectors
+from .store import Gathered, Store, StoreMeta, collect, vectors
+
+if TYPE_CHECKING:
+    from vlcurate.pipeline.executors.tasks import Prepared
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
@@ -79,21 +89,21 @@ def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> boo
 SOURCE = "candidates.txt"      # the global step's word on where the candidates came from
 
 
-def source(config: Any, meta: Any, pairs: bool, fast: bool) -> str:
-    """Where this run's candidate pairs come from (``pairs``: hpm's, ``fast``: IVF-PQ), for the
-    stage's info and the run summary."""
+def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool) -> str:
+    """Where this run's candidate pairs come from (``pairs``: hpm's pass over ``n`` rows,
+    ``fast``: IVF-PQ), for the stage's info and the run summary."""
     h = config.hpm
     if pairs:
-        p = pass_params(h, meta.n)
-        how = ("exhaustive" if p.probe >= p.clusters(meta.n) else
-               f"partial: {p.probe} of {p.clusters(meta.n)} joint clusters and "
+        p = pass_params(h, n)
+        how = ("exhaustive" if p.probe >= p.clusters(n) else
+               f"partial: {p.probe} of {p.clusters(n)} joint clusters and "
                f"{p.space_probe} per one-space layout per row")
         return f"hpm's neighbour pass ({how}): its hpm_pair_ids, no search of its own"
-    if not meta.n:
+    if not n:
         return "none: no row to search"
     why = ("hpm.method is fast" if h.method == "fast" else
-           "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in meta.names else
-           f"hpm's pass is partial and hpm.pair_probe is 0: {meta.n} rows, hpm.method "
+           "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in names else
+           f"hpm's pass is partial and hpm.pair_probe is 0: {n} rows, hpm.method "
            f"{h.method}, hpm.exact_max_n {h.exact_max_n}")
     return f"its own {'per-space IVF-PQ' if fast else 'exact'} search ({why})"
 
@@ -193,6 +203,49 @@ def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Stor
     return paths
 
 
+def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
+    """hpm's global step, when its pass gives this stage its candidates (exhaustive, or with
+    one-space layouts) and its vectors: the rule then reads hpm's sorted copy through ``Gathered``,
+    and this stage collects ids only (issue 15: vectors stored once). None: hpm is not upstream,
+    ran FastHPM, or its state or files are gone; this stage then collects its own vectors."""
+    prepared = getattr(read, "prepared", None)      # a plain function in a direct call
+    hp = prepared(HPM) if prepared else None
+    done = hp.state.get("pass") if hp is not None and isinstance(hp.state, dict) else None
+    if done is None or config.hpm.method == "fast" or not os.path.isdir(done.dir):
+        return None
+    p = done.params
+    return hp if p.probe >= p.clusters(done.n) or p.space_probe > 0 else None
+
+
+SORTED = {E.IMAGE_EMB_NAME: "img", E.TEXT_EMB_NAME: "txt", E.CROSS_IMAGE_EMB_NAME: "ximg",
+          E.CROSS_TEXT_EMB_NAME: "xtxt"}       # hpm's sorted vector files (blocks.NAMES)
+
+
+def sorted_source(meta: StoreMeta, hp: "Prepared", workdir: str) -> tuple:
+    """Where this stage's rows are in hpm's sorted vectors: (hpm's Workdir, its pass folder, its
+    rows, the file of each of our rows' sorted position). Our rows are hpm's less its noise."""
+    done = hp.state["pass"]
+    parts = np.repeat(np.arange(len(meta.counts)), meta.counts)
+    at = Store(hp.state["store"]).locate(parts, np.load(os.path.join(meta.dir, "rows.npy")))
+    if (at < 0).any():
+        raise RuntimeError(f"positives: {int((at < 0).sum())} kept rows are not among hpm's")
+    path = os.path.join(workdir, "sorted_rows.npy")
+    np.save(path, np.asarray(blocks.load_layout(done.dir)[1])[at])
+    return hp.workdir, done.dir, done.n, path
+
+
+def open_store(state: dict) -> Store:
+    """The collected rows, with hpm's sorted vectors in their order when ``state['sorted']``."""
+    store = Store(state["store"])
+    if state.get("sorted"):
+        workdir, dir_, n, path = state["sorted"]
+        workdir.fetch()                      # an actor on another node: hpm's files, once
+        v, at = blocks.load_vectors(dir_, n), np.load(path, mmap_mode="r")
+        store.vec.update({c: Gathered(getattr(v, x), at) for c, x in SORTED.items()
+                          if getattr(v, x) is not None})
+    return store
+
+
 def _features(config: Any, store: Store, captions: Optional[dict], device: Optional[str]
               ) -> fff.Features:
     v = store.vec
@@ -203,6 +256,18 @@ def _features(config: Any, store: Store, captions: Optional[dict], device: Optio
         own, num = (np.load(captions[k], mmap_mode="r") for k in ("owner", "number"))
     return fff.features(v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME], rule(config), *x, own, num,
                         device)
+
+
+def _build_indexes(config: Any, f: fff.Features, workdir: str) -> dict:
+    """The fast method's per-space IVF-PQ indexes: {space: (file, nprobe)}."""
+    out = {}
+    for key, (base, _, _) in fff.index_sources(f).items():
+        prm = hpm.auto_params(len(base), base.shape[1], nbits=config.hpm.pq_nbits,
+                              nprobe=config.positives.nprobe)
+        path = os.path.join(workdir, f"{key}.ivfpq")
+        hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, config.hpm.seed), path)
+        out[key] = (path, prm.nprobe)
+    return out
 
 
 @dataclass(frozen=True)
@@ -265,25 +330,24 @@ class PositivesStage(GlobalStage):
     def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
-        meta = collect(read, n_parts, workdir, columns(config))
-        pairs = bool(n_parts) and uses_pass(config, meta.names, meta.n)
+        hp = hpm_pass(config, read)
+        meta = collect(read, n_parts, workdir, columns(config), write=hp is None)
+        pairs = bool(n_parts) and (hp is not None or uses_pass(config, meta.names, meta.n))
         problems = floor_problems(config) if pairs else []
         if problems:
             raise ValueError(problems[0][1])
         state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
-                       "fast": not pairs and use_fast(h, meta.n) and meta.n > 1}
+                       "fast": not pairs and use_fast(h, meta.n) and meta.n > 1,
+                       "sorted": hp and sorted_source(meta, hp, workdir)}
         with open(os.path.join(workdir, SOURCE), "w") as fh:
-            fh.write(source(config, meta, pairs, state["fast"]))
+            fh.write(source(config, hp.state["pass"].n if hp else meta.n, meta.names, pairs,
+                            state["fast"]))
+        store = open_store(state)
         if cross(config) and p.recaptions:
-            state["captions"] = gather_recaptions(read, n_parts, Store(meta), p.recaptions,
-                                                  workdir)
+            state["captions"] = gather_recaptions(read, n_parts, store, p.recaptions, workdir)
         if state["fast"]:
-            f = _features(config, Store(meta), state["captions"], None)
-            for key, (base, _, _) in fff.index_sources(f).items():
-                prm = hpm.auto_params(len(base), base.shape[1], nbits=h.pq_nbits, nprobe=p.nprobe)
-                path = os.path.join(workdir, f"{key}.ivfpq")
-                hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, h.seed), path)
-                state["indexes"][key] = (path, prm.nprobe)
+            state["indexes"] = _build_indexes(config, _features(config, store, state["captions"],
+                                                                None), workdir)
         return state
 
     @classmethod
@@ -315,7 +379,7 @@ class PositivesStage(GlobalStage):
         config, state = self.config, self.state
         self.device = hpm.resolve_device(config.hpm.device)
         self.rule = rule(config)
-        self.store = Store(state["store"])
+        self.store = open_store(state)
         self.search = None
         if state["pass"]:              # the pass's candidates: exact dots, no index
             f = _features(config, self.store, state["captions"], None)

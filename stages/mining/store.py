@@ -42,29 +42,25 @@ class StoreMeta:
 
 
 def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
-            columns: Sequence[str]) -> StoreMeta:
+            columns: Sequence[str], write: bool = True) -> StoreMeta:
+    """The rows with every one of ``columns`` present; with ``write``, their vectors too (else
+    ids and positions only: positives, which reads hpm's sorted copy through ``Gathered``)."""
     os.makedirs(workdir, exist_ok=True)
     dims: dict[str, int] = {}
     ids, rows, starts, counts, names = [], [], [], [], ()
     n = 0
     with ExitStack() as stack:
         files = {c: stack.enter_context(open(os.path.join(workdir, f"{c}.f32"), "wb"))
-                 for c in columns}
+                 for c in (columns if write else ())}
         for part in range(n_parts):
             t = read(part)
             names = names or tuple(t.column_names)
-            missing = [c for c in columns if c not in t.column_names]
-            if missing:
-                raise ValueError(f"no upstream stage provides {missing}: mining needs them")
-            ok = np.ones(t.num_rows, bool)
-            for c in columns:
-                ok &= t.column(c).is_valid().to_numpy(zero_copy_only=False)
-            t = t.filter(pa.array(ok))
-            for c in columns:
+            t = _complete(t, columns, part)
+            for c, fh in files.items():
                 v = normalize(vectors(t.column(c)))
                 if dims.setdefault(c, v.shape[1]) != v.shape[1]:
                     raise ValueError(f"{c}: dimension {v.shape[1]} in part {part}, {dims[c]} before")
-                files[c].write(v.tobytes())
+                fh.write(v.tobytes())
             ids.append(t.column(F.SAMPLE_ID.name).combine_chunks().cast(pa.string()))
             rows.append(t.column(F.ROW.name).to_numpy())
             starts.append(n), counts.append(t.num_rows)
@@ -73,8 +69,19 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
                              pa.array([], pa.string())}), os.path.join(workdir, "ids.parquet"))
     np.save(os.path.join(workdir, "rows.npy"),
             np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64))
-    return StoreMeta(workdir, n, tuple((c, dims.get(c, 0)) for c in columns), tuple(starts),
+    return StoreMeta(workdir, n, tuple((c, dims.get(c, 0)) for c in files), tuple(starts),
                      tuple(counts), names)
+
+
+def _complete(t: pa.Table, columns: Sequence[str], part: int) -> pa.Table:
+    """The rows of ``t`` with every one of ``columns`` present."""
+    missing = [c for c in columns if c not in t.column_names]
+    if missing:
+        raise ValueError(f"no upstream stage provides {missing}: mining needs them")
+    ok = np.ones(t.num_rows, bool)
+    for c in columns:
+        ok &= t.column(c).is_valid().to_numpy(zero_copy_only=False)
+    return t.filter(pa.array(ok))
 
 
 def drop_vectors(meta: StoreMeta) -> StoreMeta:
@@ -84,6 +91,30 @@ def drop_vectors(meta: StoreMeta) -> StoreMeta:
     for c, _ in meta.dims:
         os.remove(os.path.join(meta.dir, f"{c}.f32"))
     return dataclasses.replace(meta, dims=())
+
+
+class Gathered:
+    """Rows of a stored [N, d] array through an index map: row g is ``base[at[g]]``. Positives
+    reads hpm's vectors (sorted by cluster) so, in its own row order, without a copy; indexing
+    (ints, slices, index arrays) gives arrays, ``np.asarray`` gathers every row."""
+
+    def __init__(self, base: np.ndarray, at: np.ndarray) -> None:
+        self.base, self.at = base, at
+        self.shape, self.dtype = (len(at), base.shape[1]), base.dtype
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return self.base[np.asarray(self.at[key])]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.base[np.asarray(self.at)]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def ids(self, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` (-1: none, kept) as rows of ``base``."""
+        return np.where(idx >= 0, np.asarray(self.at)[np.maximum(idx, 0)], -1)
 
 
 class Store:
@@ -133,4 +164,4 @@ class Store:
         return list_array(valid.sum(1), self.ids.take(pa.array(idx[valid])))
 
 
-__all__ = ["Store", "StoreMeta", "collect", "drop_vectors", "vectors"]
+__all__ = ["Gathered", "Store", "StoreMeta", "collect", "drop_vectors", "vectors"]

@@ -496,3 +496,46 @@ def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
                  for d in ("cpu", cuda))
     assert got.equals(want)
     assert sum(len(x or []) for x in want.column(M.HARD_IDS.name).to_pylist()) > 20
+
+
+# a partial pass with one-space layouts: hpm's sorted order is far from the row order
+SORTED = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1, "hpm.pair_probe": 4}
+
+
+def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, tmp_path):
+    """Issue 15, vectors stored once: positives collects ids only and reads hpm's sorted vectors
+    at its rows' sorted positions (hpm's noise pairs dropped in between). With hpm's global
+    step gone (a run directory from before, files deleted) it collects its own: the same bytes."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        run(cfg(source, d, **SORTED), dag()[:-1], executor="local", log=quiet)
+    prep = a / "positives" / "_prepare"
+    at = np.load(prep / "sorted_rows.npy")
+    assert not list(prep.glob("*.f32")) and len(at) < N - len(FLAG)        # noise left out
+    assert (at != np.arange(len(at))).any() and len(np.unique(at)) == len(at)
+    (b / "hpm" / "_state.pkl").unlink()
+    shutil.rmtree(b / "positives")
+    res = run(cfg(source, b, **SORTED), dag()[:-1], executor="local", log=quiet)
+    assert [r.status for r in res][-2:] == ["skipped", "ran"]
+    assert list((b / "positives" / "_prepare").glob("*.f32"))              # its own collect
+    assert table(a, "positives").equals(table(b, "positives"))
+    assert sum(len(x or []) for x in table(a, "positives")
+               .column(M.POSITIVE_IDS.name).to_pylist()) > 0
+
+
+def test_positives_on_another_node_fetch_hpms_vectors_from_the_bucket(source, tmp_path, s3):
+    """A run directory on S3: positives' global step and actors on a node without hpm's files
+    (its node-local scratch emptied) fetch them from the bucket, and give the local run's table."""
+    import tempfile
+    local, remote = tmp_path / "local", f"{s3.bucket()}/run"
+    run(cfg(source, local, **SORTED), dag()[:-1], executor="local", log=quiet)
+    run(cfg(source, remote, **SORTED), dag()[:-1], executor="local", log=quiet)
+    scratch = Path(tempfile.gettempdir()) / "vlcurate-scratch"
+    shutil.rmtree(scratch)
+    StageDir(remote, "positives").reset()
+    res = run(cfg(source, remote, **SORTED), dag()[:-1], executor="local", log=quiet)
+    assert [r.status for r in res][-2:] == ["skipped", "ran"]
+    assert list(scratch.glob("*/*/_prepare/pass/img.f32"))                 # hpm's, fetched
+    got = pa.concat_tables(StageDir(remote, "positives").read(p) for p in range(res[-1]
+                                                                              .manifest["parts"]))
+    assert got.equals(table(local, "positives"))
