@@ -59,7 +59,8 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
             for c, fh in files.items():
                 v = normalize(vectors(t.column(c)))
                 if dims.setdefault(c, v.shape[1]) != v.shape[1]:
-                    raise ValueError(f"{c}: dimension {v.shape[1]} in part {part}, {dims[c]} before")
+                    raise ValueError(f"{c}: dimension {v.shape[1]} in part {part}, "
+                                     f"{dims[c]} before")
                 fh.write(v.tobytes())
             ids.append(t.column(F.SAMPLE_ID.name).combine_chunks().cast(pa.string()))
             rows.append(t.column(F.ROW.name).to_numpy())
