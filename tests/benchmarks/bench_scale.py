@@ -5,6 +5,8 @@ with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
         [--ocr]          # also run textspot (OCR): skipped by default, see below
         [--keep DIR]     # keep the data and runs there (else a temp folder, removed); the
                          # same command again after a kill resumes the run there (run_once)
+        [--embed synthetic]  # embed's contract with clustered synthetic vectors, no models
+                         # (synthetic_embed: the random ViT's all-pairs-near worst case aside)
 
 What it measures, per stage (a stage's span runs from the previous stage's "done" log line to its
 own, so a global step, model loads and the commit are all inside it):
@@ -34,6 +36,7 @@ stage, CPU-s per row at the largest N over the smallest; a ratio > 1.3 is printe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import os
 import random
@@ -51,6 +54,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def all_stages() -> tuple[str, ...]:
     from vlcurate.pipeline.dag import default_dag
     return tuple(n.name for n in default_dag())
+
+
+def synthetic_embed(clusters: int):
+    """The embed stage's contract (its output schema, from the demo's models) with synthetic
+    vectors instead of the models (``--embed synthetic``): each row's vectors are drawn from its
+    sample id alone (so batching changes nothing), around one of ``clusters`` centres per space
+    (cosine ~0.9 to it; N / 200 of them, so every N has the same density), like a trained
+    encoder's clusters. The demo's random ViT instead puts almost
+    every pair of pictures above hpm.pair_image (cosine 0.94-0.999), so each row fills its 256
+    candidate pairs: a worst case that made hpm ~3 h of the 1M run alone."""
+    import zlib
+
+    import numpy as np
+    import pyarrow as pa
+
+    from vlcurate.schemas import F, conform
+    from vlcurate.schemas import embed as E
+    from vlcurate.stages.arrow import fixed_lists
+    from vlcurate.stages.embed import EmbedStage
+
+    cols = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME, E.CROSS_IMAGE_EMB_NAME,
+                            E.CROSS_TEXT_EMB_NAME)
+
+    class SyntheticEmbed(EmbedStage):
+        def setup(self) -> None:
+            self.cfg = self.config.embed
+            names = [c for c in cols if c in self.schema.names]
+            self.types = {c: self.schema.field(c).type for c in names}
+            self.centres = {c: np.random.default_rng(i).standard_normal(
+                (clusters, t.list_size)).astype(np.float32) for i, (c, t) in
+                enumerate(self.types.items())}
+
+        def __call__(self, batch: pa.Table) -> pa.Table:
+            ids = batch.column(F.SAMPLE_ID.name).to_pylist()
+            seeds = [zlib.crc32(str(x).encode()) for x in ids]
+            n, c = len(ids), self.cfg
+            out = {F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+                   E.IMAGE_MODEL.name: pa.array([c.image_model.id] * n, pa.string()),
+                   E.TEXT_MODEL.name: pa.array([c.text_model.id] * n, pa.string()),
+                   E.RANDOM_WEIGHTS.name: pa.array([True] * n, pa.bool_()),
+                   F.REASONS.name: pa.array([[]] * n, F.REASONS.type)}
+            if c.cross_model is not None:
+                out[E.CROSS_MODEL.name] = pa.array([c.cross_model.id] * n, pa.string())
+            for i, (col, typ) in enumerate(self.types.items()):
+                d = typ.list_size
+                noise = np.stack([np.random.default_rng([x, i]).standard_normal(d)
+                                  for x in seeds]).astype(np.float32) if n else \
+                    np.zeros((0, d), np.float32)
+                lab = np.asarray(seeds, np.int64) % clusters
+                x = self.centres[col][lab] + 0.45 * noise
+                out[col] = fixed_lists(x / np.linalg.norm(x, axis=1, keepdims=True), typ)
+            return conform(pa.table(out), self.schema)
+    return SyntheticEmbed
 
 
 def make_data(out: Path, n: int, seed: int = 0, size: int = 48, per_file: int = 10_000) -> Path:
@@ -168,7 +224,8 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool, embed: str = "models",
+             n_rows: int = 0) -> list[dict]:
     """The DAG once, each stage's span appended to run_dir/../spans<N>.jsonl as it ends. Run
     again on the same --keep folder after a kill (the runner resumes from the committed parts),
     the stages that ended before keep their recorded spans (a stage that runs again, its code or
@@ -178,6 +235,7 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
 
     from vlcurate.pipeline import config as C
     from vlcurate.pipeline.demo import DEMO_MODELS
+    from vlcurate.pipeline.dag import default_dag
     from vlcurate.pipeline.runner import run
 
     stages = [s for s in all_stages() if ocr or s != "textspot"]
@@ -207,7 +265,12 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool) -> list[d
                 f.write(json.dumps(spans[name]) + "\n")
         state.update(t=now, cpu=cpu)
 
-    res = run(cfg, executor="local", log=log)
+    dag = default_dag()
+    if embed == "synthetic":
+        stage = synthetic_embed(max(1, n_rows // 200))
+        dag = [dataclasses.replace(n, stage=stage) if n.name == "embed" else n
+               for n in dag]
+    res = run(cfg, dag, executor="local", log=log)
     sampler.stop()
     man = {r.manifest["stage"]: r.manifest for r in res}
     status = {r.manifest["stage"]: r.status for r in res}
@@ -264,12 +327,12 @@ def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
         print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}   anon {anon}{flag}")
 
 
-def one(n: int, root: Path, rows_per_part: int, ocr: bool) -> list[dict]:
+def one(n: int, root: Path, rows_per_part: int, ocr: bool, embed: str) -> list[dict]:
     """Render and run N rows in a fresh process, so that each N's peak RSS is its own."""
     import json
     import subprocess
     args = [sys.executable, __file__, "--one", str(n), "--rows-per-part", str(rows_per_part),
-            "--keep", str(root)] + (["--ocr"] if ocr else [])
+            "--keep", str(root), "--embed", embed] + (["--ocr"] if ocr else [])
     subprocess.run(args, check=True)
     return json.loads((root / f"result{n}.json").read_text())
 
@@ -280,6 +343,9 @@ def main() -> int:
     ap.add_argument("--rows-per-part", type=int, default=1000)
     ap.add_argument("--ocr", action="store_true")
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--embed", choices=("models", "synthetic"), default="models",
+                    help="synthetic: the embed stage's contract with clustered vectors drawn "
+                         "from each sample id instead of the demo's models (synthetic_embed)")
     ap.add_argument("--report", action="store_true",
                     help="print the tables of --sizes from --keep's result files; run nothing")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
@@ -293,7 +359,7 @@ def main() -> int:
             done.touch()
         print(f"rendered {a.one:,} rows in {time.perf_counter() - t0:.1f}s "
               f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
-        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr)
+        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr, a.embed, a.one)
         (root / f"result{a.one}.json").write_text(json.dumps(spans))
         return 0
     results: dict[int, list[dict]] = {}
@@ -306,7 +372,7 @@ def main() -> int:
         return 0
     try:
         for n in (int(x) for x in a.sizes.split(",")):
-            results[n] = one(n, root, a.rows_per_part, a.ocr)
+            results[n] = one(n, root, a.rows_per_part, a.ocr, a.embed)
             print_table(n, results[n])
             sys.stdout.flush()
         growth(results)
