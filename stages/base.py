@@ -186,8 +186,11 @@ class GlobalStage(Stage):
     def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int,
                 workdir: str) -> Any:
         """The global step: ``read(part)`` gives a part's still-kept rows (with ``F.PART`` and
-        ``F.ROW``). Its result is every instance's ``state``: keep it small (big things, an
-        index say, go as files in ``workdir``, which every worker sees; return their paths)."""
+        ``F.ROW``); ``read.map(fn, items)`` spreads work over tasks; ``read.prepared(name)``
+        is an upstream global stage's state and files (executors/tasks.Prepared: positives reads
+        hpm's sorted vectors so). Its result is every instance's ``state``: keep it small (big
+        things, an index say, go as files in ``workdir``, which every worker sees; return their
+        paths)."""
         raise NotImplementedError
 
 
