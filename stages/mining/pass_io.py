@@ -74,6 +74,11 @@ class PassState:
     params: blocks.PassParams
 
 
+def pass_dir(workdir: str) -> str:
+    """Where the pass's layout and sorted vectors are, in hpm's workdir."""
+    return os.path.join(workdir, "pass")
+
+
 def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) -> PassState:
     """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, and
     stop with issue 12's error when no row of a seeded sample (every row, up to GUARD_SAMPLE)
@@ -81,7 +86,7 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = blocks.build_layout(img, txt, p, device)
-    out = os.path.join(workdir, "pass")
+    out = pass_dir(workdir)
     blocks.save_layout(out, lay)
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
@@ -153,4 +158,5 @@ def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
     return info
 
 
-__all__ = ["Miner", "PassState", "pass_info", "pass_params", "prepare_pass", "small_data_error"]
+__all__ = ["Miner", "PassState", "pass_dir", "pass_info", "pass_params", "prepare_pass",
+           "small_data_error"]

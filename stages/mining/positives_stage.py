@@ -42,6 +42,7 @@ what a duplicate is. Positives cut by ``positives.max_positives`` are counted pe
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -58,7 +59,7 @@ from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import blocks, fff, hpm
 from .hpm_stage import EMBED, set_threads, use_fast
-from .pass_io import pass_params
+from .pass_io import pass_dir, pass_params
 from vlcurate.stages.arrow import masked_lists, spread
 
 from .store import Gathered, Store, StoreMeta, collect, vectors
@@ -211,7 +212,7 @@ def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
     prepared = getattr(read, "prepared", None)      # a plain function in a direct call
     hp = prepared(HPM) if prepared else None
     done = hp.state.get("pass") if hp is not None and isinstance(hp.state, dict) else None
-    if done is None or config.hpm.method == "fast" or not os.path.isdir(done.dir):
+    if done is None or config.hpm.method == "fast" or not os.path.isdir(pass_dir(hp.workdir.local)):
         return None
     p = done.params
     return hp if p.probe >= p.clusters(done.n) or p.space_probe > 0 else None
@@ -223,15 +224,18 @@ SORTED = {E.IMAGE_EMB_NAME: "img", E.TEXT_EMB_NAME: "txt", E.CROSS_IMAGE_EMB_NAM
 
 def sorted_source(meta: StoreMeta, hp: "Prepared", workdir: str) -> tuple:
     """Where this stage's rows are in hpm's sorted vectors: (hpm's Workdir, its pass folder, its
-    rows, the file of each of our rows' sorted position). Our rows are hpm's less its noise."""
-    done = hp.state["pass"]
+    rows, the file of each of our rows' sorted position). Our rows are hpm's less its noise.
+    Paths come from hpm's workdir as it is now, never from its state (a run directory copied
+    elsewhere, or fetched to another node, would point at the old place)."""
+    home = hp.workdir.local
+    hpm_rows = Store(dataclasses.replace(hp.state["store"], dir=home))
     parts = np.repeat(np.arange(len(meta.counts)), meta.counts)
-    at = Store(hp.state["store"]).locate(parts, np.load(os.path.join(meta.dir, "rows.npy")))
+    at = hpm_rows.locate(parts, np.load(os.path.join(meta.dir, "rows.npy")))
     if (at < 0).any():
         raise RuntimeError(f"positives: {int((at < 0).sum())} kept rows are not among hpm's")
     path = os.path.join(workdir, "sorted_rows.npy")
-    np.save(path, np.asarray(blocks.load_layout(done.dir)[1])[at])
-    return hp.workdir, done.dir, done.n, path
+    np.save(path, np.asarray(blocks.load_layout(pass_dir(home))[1])[at])
+    return hp.workdir, pass_dir(home), hp.state["pass"].n, path
 
 
 def open_store(state: dict) -> Store:

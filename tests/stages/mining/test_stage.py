@@ -521,6 +521,16 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
     assert table(a, "positives").equals(table(b, "positives"))
     assert sum(len(x or []) for x in table(a, "positives")
                .column(M.POSITIVE_IDS.name).to_pylist()) > 0
+    # a run directory copied elsewhere: hpm's state names the old place, which is gone; positives
+    # finds hpm's files where they are now (the runner's workdir, not the state's paths)
+    c = tmp_path / "c"
+    shutil.copytree(a, c, ignore=shutil.ignore_patterns("positives"))
+    shutil.rmtree(a / "hpm" / "_prepare")
+    res = run(cfg(source, c, **SORTED), dag()[:-1], executor="local", log=quiet)
+    assert [r.status for r in res][-2:] == ["skipped", "ran"]
+    prep = c / "positives" / "_prepare"
+    assert (prep / "sorted_rows.npy").exists() and not list(prep.glob("*.f32"))
+    assert table(c, "positives").equals(table(b, "positives"))
 
 
 def test_positives_on_another_node_fetch_hpms_vectors_from_the_bucket(source, tmp_path, s3):
