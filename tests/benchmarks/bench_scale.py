@@ -5,6 +5,7 @@ with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
         [--ocr]          # also run textspot (OCR): skipped by default, see below
         [--keep DIR]     # keep the data and runs there (else a temp folder, removed); the
                          # same command again after a kill resumes the run there (run_once)
+        [--set KEY=VALUE]  # a config override (repeatable), e.g. hpm.exact_max_n=10000
         [--embed synthetic]  # embed's contract with clustered synthetic vectors, no models
                          # (synthetic_embed: the random ViT's all-pairs-near worst case aside)
 
@@ -225,7 +226,7 @@ def du(path: Path) -> int:
 
 
 def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool, embed: str = "models",
-             n_rows: int = 0) -> list[dict]:
+             n_rows: int = 0, sets: tuple[str, ...] = ()) -> list[dict]:
     """The DAG once, each stage's span appended to run_dir/../spans<N>.jsonl as it ends. Run
     again on the same --keep folder after a kill (the runner resumes from the committed parts),
     the stages that ended before keep their recorded spans (a stage that runs again, its code or
@@ -242,7 +243,8 @@ def run_once(data: Path, run_dir: Path, rows_per_part: int, ocr: bool, embed: st
     cfg = C.load(None, {"source.kind": "parquet", "source.path": str(data),
                         "source.key_column": "id", "source.rows_per_part": rows_per_part,
                         "run.run_dir": str(run_dir), "run.progress": False,
-                        "run.stages": stages, "export.samples_per_shard": 10_000, **DEMO_MODELS})
+                        "run.stages": stages, "export.samples_per_shard": 10_000, **DEMO_MODELS,
+                        **overrides(sets)})
     book = run_dir.parent / f"spans{run_dir.name[3:]}.jsonl"
     prior = {x["stage"]: x for x in map(json.loads, book.read_text().splitlines())} \
         if book.exists() else {}
@@ -327,12 +329,27 @@ def growth(results: dict[int, list[dict]], limit: float = 1.3) -> None:
         print(f"{name:<10} CPU/row x{cpu:5.2f}   peak RSS x{rss:5.2f}   anon {anon}{flag}")
 
 
-def one(n: int, root: Path, rows_per_part: int, ocr: bool, embed: str) -> list[dict]:
+def overrides(sets: tuple[str, ...]) -> dict:
+    """--set KEY=VALUE pairs as config overrides (VALUE read as JSON when it parses)."""
+    import json
+    out = {}
+    for item in sets:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def one(n: int, root: Path, rows_per_part: int, ocr: bool, embed: str,
+        sets: tuple[str, ...] = ()) -> list[dict]:
     """Render and run N rows in a fresh process, so that each N's peak RSS is its own."""
     import json
     import subprocess
     args = [sys.executable, __file__, "--one", str(n), "--rows-per-part", str(rows_per_part),
-            "--keep", str(root), "--embed", embed] + (["--ocr"] if ocr else [])
+            "--keep", str(root), "--embed", embed] + (["--ocr"] if ocr else []) + \
+        [x for kv in sets for x in ("--set", kv)]
     subprocess.run(args, check=True)
     return json.loads((root / f"result{n}.json").read_text())
 
@@ -343,6 +360,8 @@ def main() -> int:
     ap.add_argument("--rows-per-part", type=int, default=1000)
     ap.add_argument("--ocr", action="store_true")
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override, e.g. hpm.exact_max_n=10000 (repeatable)")
     ap.add_argument("--embed", choices=("models", "synthetic"), default="models",
                     help="synthetic: the embed stage's contract with clustered vectors drawn "
                          "from each sample id instead of the demo's models (synthetic_embed)")
@@ -359,7 +378,8 @@ def main() -> int:
             done.touch()
         print(f"rendered {a.one:,} rows in {time.perf_counter() - t0:.1f}s "
               f"({du(data) / 2**20:.1f} MB), load {os.getloadavg()[0]:.2f}", flush=True)
-        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr, a.embed, a.one)
+        spans = run_once(data, root / f"run{a.one}", a.rows_per_part, a.ocr, a.embed, a.one,
+                         tuple(a.set))
         (root / f"result{a.one}.json").write_text(json.dumps(spans))
         return 0
     results: dict[int, list[dict]] = {}
@@ -372,7 +392,7 @@ def main() -> int:
         return 0
     try:
         for n in (int(x) for x in a.sizes.split(",")):
-            results[n] = one(n, root, a.rows_per_part, a.ocr, a.embed)
+            results[n] = one(n, root, a.rows_per_part, a.ocr, a.embed, tuple(a.set))
             print_table(n, results[n])
             sys.stdout.flush()
         growth(results)
