@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from vlcurate.stages.arrow import list_array
 from vlcurate.schemas import F
@@ -148,16 +149,11 @@ class Store:
         return out
 
     def lookup(self, ids: pa.Array) -> np.ndarray:
-        """Global row of each sample id; -1 for an id that was not stored (a sorted index of the
-        ids, built once per process: 8 bytes plus 4 per character of an id, per row)."""
-        if not hasattr(self, "_sorted"):
-            keys = np.asarray(self.ids.to_numpy(zero_copy_only=False), dtype=str)
-            self._order = np.argsort(keys, kind="stable")
-            self._sorted = keys[self._order]
-        want = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=str)
-        at = np.minimum(np.searchsorted(self._sorted, want), max(len(self._sorted) - 1, 0))
-        hit = (self._sorted[at] == want) if len(self._sorted) else np.zeros(len(want), bool)
-        return np.where(hit, self._order[at] if len(self._sorted) else -1, -1).astype(np.int64)
+        """Global row of each sample id; -1 for an id that was not stored; of equal stored ids,
+        the first. A hash lookup (pyarrow's index_in): a binary search of the sorted string ids
+        was a third of positives' time at 1M rows, its cost per id growing with N."""
+        found = pc.index_in(ids.cast(self.ids.type), value_set=self.ids)
+        return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def id_lists(self, idx: np.ndarray) -> pa.ListArray:
         """[q, k] global rows, -1 padded -> list<string> of sample ids (the -1 left out)."""

@@ -272,6 +272,14 @@ def test_store_skips_rows_without_embeddings_and_reads_float16(tmp_path):
     np.testing.assert_array_equal(s.locate(np.array([1, 1, 1, 0]), np.array([0, 1, 2, 2])),
                                   [3, -1, 4, 2])
     assert s.id_lists(np.array([[4, -1], [-1, -1]])).to_pylist() == [["p1r2"], []]
+    # ids -> rows (positives' candidates): -1 for ids not stored (p1r1 had no embedding), and
+    # a row's list read back in its order; and with no rows stored at all
+    want = ["p1r2", "p0r0", "nope", "p1r1", "", "p0r2", "p1r0"]
+    np.testing.assert_array_equal(s.lookup(pa.array(want)), [4, 0, -1, -1, -1, 2, 3])
+    empty = Store(collect(lambda p: read(p).slice(0, 0), 1, str(tmp_path / "e"),
+                          (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)))
+    assert empty.lookup(pa.array(["p0r0"])).tolist() == [-1]
+    assert s.lookup(pa.array([], pa.string())).tolist() == []
 
 
 @pytest.mark.parametrize("k", [100, 40])
