@@ -345,7 +345,8 @@ class PositivesStage(GlobalStage):
                        "sorted": hp and sorted_source(meta, hp, workdir)}
         with open(os.path.join(workdir, SOURCE), "w") as fh:
             fh.write(source(config, hp.state["pass"].n if hp else meta.n, meta.names, pairs,
-                            state["fast"]))
+                            state["fast"]) + ("; vectors: hpm's sorted copy" if hp else
+                                              "; vectors: its own collect"))
         store = open_store(state)
         if cross(config) and p.recaptions:
             state["captions"] = gather_recaptions(read, n_parts, store, p.recaptions, workdir)

@@ -56,7 +56,7 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
         for part in range(n_parts):
             t = read(part)
             names = names or tuple(t.column_names)
-            t = _complete(t, columns, part)
+            t = _complete(t, columns)
             for c, fh in files.items():
                 v = normalize(vectors(t.column(c)))
                 if dims.setdefault(c, v.shape[1]) != v.shape[1]:
@@ -75,7 +75,7 @@ def collect(read: Callable[[int], pa.Table], n_parts: int, workdir: str,
                      tuple(counts), names)
 
 
-def _complete(t: pa.Table, columns: Sequence[str], part: int) -> pa.Table:
+def _complete(t: pa.Table, columns: Sequence[str]) -> pa.Table:
     """The rows of ``t`` with every one of ``columns`` present."""
     missing = [c for c in columns if c not in t.column_names]
     if missing:

@@ -526,6 +526,8 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
     res = run(cfg(source, b, **SORTED), dag()[:-1], executor="local", log=quiet)
     assert [r.status for r in res][-2:] == ["skipped", "ran"]
     assert list((b / "positives" / "_prepare").glob("*.f32"))              # its own collect
+    said = {r.manifest["stage"]: r.info for r in res}["positives"]["candidates"]
+    assert said.endswith("vectors: its own collect"), said
     assert table(a, "positives").equals(table(b, "positives"))
     assert sum(len(x or []) for x in table(a, "positives")
                .column(M.POSITIVE_IDS.name).to_pylist()) > 0
@@ -538,6 +540,8 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
     assert [r.status for r in res][-2:] == ["skipped", "ran"]
     prep = c / "positives" / "_prepare"
     assert (prep / "sorted_rows.npy").exists() and not list(prep.glob("*.f32"))
+    assert {r.manifest["stage"]: r.info for r in res}["positives"]["candidates"].endswith(
+        "vectors: hpm's sorted copy")
     assert table(c, "positives").equals(table(b, "positives"))
 
 
