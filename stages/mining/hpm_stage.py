@@ -110,9 +110,11 @@ class HpmParams(Params):
     pair_probe: int = at_least(8, 0)
     # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
     # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal
-    # to fp32's up to their last bits. For GPU tensor cores and AMX CPUs: on this AMX Xeon,
-    # 2 threads, 1M rows, 0.68 ms per target against fp32's 1.04 (1.5x, 8,192-row chunks); a
-    # CPU without native bf16 GEMMs emulates them, slower than fp32
+    # to fp32's up to their last bits. bf16 also runs the GEMMs that only decide where to
+    # search in bf16 (the layout's k-means and assignment, each row's routing; the
+    # certificate's bound is widened by the screen's margin), so the clusters and routes
+    # differ a little from fp32's. For GPU tensor cores and CPUs with AMX or AVX512-BF16 (see
+    # deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them, slower than fp32
     precision: Literal["fp32", "bf16"] = "fp32"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
@@ -147,7 +149,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "9"        # 9: clusters of ~256 rows, probe 80 (both precisions);
+    version = "10"       # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);
+                         # 9: clusters of ~256 rows, probe 80 (both precisions);
                          # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
                          # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
                          # clusters have ~512 rows, two levels above blocks.TWO_LEVEL_WORK;

@@ -31,7 +31,6 @@ force). Disk: one more sorted copy of each laid-out space.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 
@@ -39,7 +38,6 @@ import numpy as np
 import torch
 
 from . import blocks
-from .hpm import as_tensor
 
 # member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
 SPACES = {"img": (("img", "sii", "floor_i"),),
@@ -105,7 +103,7 @@ def load(dir_: str, n: int) -> list[Space]:
 def mine(lay: blocks.Layout, vec: blocks.Vectors, spaces: list[Space], pos: np.ndarray,
          p: blocks.PassParams, device: str = "cpu") -> blocks.PassResult:
     """blocks.mine for the rows at joint positions ``pos``, plus the spaces' pairs."""
-    routed = blocks.route(lay, vec, pos, p.probe, device)
+    routed = blocks.route(lay, vec, pos, p.probe, device, p.precision)
     r = blocks.mine(lay, vec, pos, p, device, routed)
     return add_pairs(r, spaces, lay, vec, pos, routed[0], p, device) if spaces else r
 
@@ -125,7 +123,7 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
     with torch.no_grad():
         for s, qname, sim, floor in searches(spaces, vec, p):
             x = blocks._take(getattr(vec, qname), pos, device)
-            probe = _probe(s.lay, x, p.space_probe)
+            probe = _probe(s.lay, x, p.space_probe, p.precision)
             for q, j in _batches(_hits(s, x, probe, floor - MARGIN, p, device)):
                 other = j != pos[q]
                 q, j = q[other], j[other]
@@ -180,15 +178,16 @@ def _batches(hits):
         yield tuple(np.concatenate(x) for x in zip(*held))
 
 
-def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int) -> np.ndarray:
-    """[n, probe] the nearest non-empty clusters of each query, by <x, mean> (a slice of
-    queries at a time: ~4M scores held, whatever the number of clusters)."""
-    means = as_tensor(lay.means, x.device)
-    empty = torch.as_tensor(np.diff(lay.bounds) == 0, device=x.device)
-    out = [np.zeros((0, min(probe, lay.n_clusters)), np.int64)]
-    for a in range(0, len(x), blocks.route_step(lay)):
-        m = (x[a:a + blocks.route_step(lay)] @ means.T).masked_fill_(empty, -math.inf)
-        out.append(m.topk(min(probe, lay.n_clusters), dim=1).indices.cpu().numpy())
+def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp32"
+           ) -> np.ndarray:
+    """[n, probe] the nearest non-empty clusters of each query, by <x, mean> (blocks.mean_scores:
+    in ``precision``), in no order (a slice of queries at a time: ~4M scores held, whatever
+    the number of clusters)."""
+    step, probe = blocks.route_step(lay), min(probe, lay.n_clusters)
+    out = [np.zeros((0, probe), np.int64)]
+    for a in range(0, len(x), step):
+        m = blocks.mean_scores(lay, x[a:a + step], precision)
+        out.append(m.topk(probe, dim=1, sorted=False).indices.cpu().numpy())
     return np.concatenate(out)
 
 

