@@ -19,7 +19,7 @@ FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9, space_rows=20)   # 8 space
 def space_pass(img, txt, p, ximg=None, xtxt=None, device="cpu", rows=50) -> B.PassResult:
     """The pass with its one-space layouts, every row mined, ``rows`` at a time."""
     lay = B.build_layout(img, txt, p, device)
-    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
     sp = S.layouts(vec, p, device) if p.space_probe else []
     pos = lay.positions()
     order = np.argsort(lay.order[pos])
@@ -34,11 +34,14 @@ def found(r: B.PassResult) -> set:
             for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
 
 
-@pytest.mark.parametrize("cross", [False, True])
-def test_one_space_layouts_find_every_pair_a_partial_joint_pass_misses(cross, device):
+@pytest.mark.parametrize("cross, precision", [(False, "fp32"), (True, "fp32"),
+                                              (False, "bf16"), (True, "bf16")])
+def test_one_space_layouts_find_every_pair_a_partial_joint_pass_misses(cross, precision, device):
+    """bf16: the spaces' blocks are bf16 GEMMs screening with the proven margin (the hits are
+    accepted on their fp32 dot products), so they find the same pairs."""
     img, txt = data()
     ximg, xtxt = cross_vectors(img, 1) if cross else (None, None)
-    p = params(5, 8, probe=1, **FLOORS)
+    p = params(5, 8, probe=1, precision=precision, **FLOORS)
     joint = found(space_pass(img, txt, p, ximg, xtxt, device))
     r = space_pass(img, txt, dataclasses.replace(p, space_probe=8), ximg, xtxt, device)
     got = found(r)
