@@ -84,7 +84,7 @@ def sims(q: dict, m: dict, nm: Optional[int] = None) -> dict:
     """Every similarity of a block: queries q [nq, d] x members m [nm, d] (the first ``nm`` of
     m's rows when given: low_rows' spare rows are not members), per PAIRS, in the
     operands' dtype (a low precision's results stay low: the screen compares their bits, see
-    greater). A low precision's GEMM runs on operands padded to SHAPE_STEP rows: on a CPU,
+    _greater). A low precision's GEMM runs on operands padded to SHAPE_STEP rows: on a CPU,
     oneDNN builds a kernel per new shape (~5x the GEMM itself: clusters and query counts all
     differ), and padded shapes are few and cached. The padding only screens (every value the
     pass keeps is re-scored), so it changes no output; the results are views without it."""
@@ -159,7 +159,7 @@ def _bits_at_or_below(t: float) -> int:
     return b
 
 
-def greater(x: torch.Tensor, t: float):
+def _greater(x: torch.Tensor, t: float):
     """x > t elementwise: a NumPy bool array on a CPU (NumPy's comparison is ~3x torch's there),
     a tensor elsewhere. A bf16 block with t > 0 (every real threshold) is compared by its int16
     bits, at half fp32's bytes and with no cast; the result is the same."""
@@ -176,14 +176,14 @@ def _rule(s: dict, floors: dict, tau_i: float, tau_t: float, eps: float) -> torc
     similarity above its floor. One elementwise pass per threshold over the whole block (2-d
     views read in place); it lists ~the candidates alone (0.2% of the pairs on the 1M
     synthetic set, against 3.5% above either tau), so what follows costs little."""
-    keep = greater(s["sii"], tau_i - eps - GUARD)
+    keep = _greater(s["sii"], tau_i - eps - GUARD)
     cpu = isinstance(keep, np.ndarray)
     (np.logical_and if cpu else torch.logical_and)(
-        keep, greater(s["stt"], tau_t - eps - GUARD), out=keep)
+        keep, _greater(s["stt"], tau_t - eps - GUARD), out=keep)
     for name, floor in floors.items():
         if name in s:
             (np.logical_or if cpu else torch.logical_or)(
-                keep, greater(s[name], floor - eps - GUARD), out=keep)
+                keep, _greater(s[name], floor - eps - GUARD), out=keep)
     return torch.from_numpy(np.flatnonzero(keep)) if cpu else keep.reshape(-1).nonzero().squeeze(1)
 
 

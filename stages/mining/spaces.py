@@ -33,12 +33,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
 
-from . import blocks, screen
+from . import blocks
 
 # member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
 SPACES = {"img": (("img", "sii", "floor_i"),),
@@ -63,7 +62,6 @@ class Space:
     lay: blocks.Layout
     members: np.ndarray       # the space's vectors in its layout's order
     pos: np.ndarray           # each joint position's position in this layout
-    low: Optional[np.ndarray] = None   # with hpm.precision bf16: their bf16 copy (int16 bits)
 
 
 def _space_params(p: blocks.PassParams) -> blocks.PassParams:
@@ -74,12 +72,8 @@ def _space_params(p: blocks.PassParams) -> blocks.PassParams:
 def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> list[Space]:
     """Each space's layout, with its vectors sorted in memory (vec: the joint layout's sorted
     vectors, so a space's ``order`` holds their positions)."""
-    out = []
-    for name, lay in _layouts(vec, p, device):
-        members = np.asarray(getattr(vec, name))[lay.order]
-        low = None if p.precision == "fp32" else screen.to_bits(members, p.precision)
-        out.append(Space(name, lay, members, lay.positions(), low))
-    return out
+    return [Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions())
+            for name, lay in _layouts(vec, p, device)]
 
 
 def _layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str):
@@ -93,7 +87,7 @@ def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> 
     for name, lay in _layouts(vec, p, device):
         sub = os.path.join(dir_, f"space_{name}")
         blocks.save_layout(sub, lay)
-        blocks.save_vectors(sub, lay, {name: getattr(vec, name)}, p.precision)   # streamed
+        blocks.save_vectors(sub, lay, {name: getattr(vec, name)})   # streamed, not in memory
 
 
 def load(dir_: str, n: int) -> list[Space]:
@@ -102,8 +96,7 @@ def load(dir_: str, n: int) -> list[Space]:
         sub = os.path.join(dir_, f"space_{name}")
         if os.path.isdir(sub):
             lay, at = blocks.load_layout(sub)
-            v = blocks.load_vectors(sub, n)
-            out.append(Space(name, lay, getattr(v, name), at, (v.low or {}).get(name)))
+            out.append(Space(name, lay, getattr(blocks.load_vectors(sub, n), name), at))
     return out
 
 
@@ -201,14 +194,8 @@ def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp
 def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.PassParams,
           device: str):
     """Per block of a unit (a cluster of s x the queries that probe it, query_block x
-    block_size at a time): (query index, member joint position) of the pairs <x, m> > floor
-    (a superset: every hit is accepted or not by its gathered dot product). With a stored
-    low copy of the members (hpm.precision bf16) the blocks are bf16 GEMMs and the floor is
-    lowered by the screen's proven margin (screen.py), so no pair above it is missed."""
-    lay, low = s.lay, s.low is not None and p.precision != "fp32"
-    if low:
-        x, floor = screen.low({"x": x}, p.precision)["x"], floor - screen.margin(
-            p.precision, x.shape[1])
+    block_size at a time): (query index, member joint position) of the pairs <x, m> > floor."""
+    lay = s.lay
     q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
     o = np.lexsort((q, c))
     q, c = q[o], c[o]
@@ -216,14 +203,10 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
     for u in np.flatnonzero(np.diff(cuts)):
         qs, b = q[cuts[u]:cuts[u + 1]], int(lay.bounds[u + 1])
         for s0 in range(int(lay.bounds[u]), b, p.block_size):
-            s1 = min(b, s0 + p.block_size)
-            block = screen.low_rows(s.low, slice(s0, s1), device) if low else \
-                blocks._rows(s.members, s0, s1, device)
+            block = blocks._rows(s.members, s0, min(b, s0 + p.block_size), device)
             for a in range(0, len(qs), p.query_block):
                 rows = qs[a:a + p.query_block]
-                sims = screen.sims({"img": x[torch.as_tensor(rows, device=device)]},
-                                   {"img": block}, s1 - s0)["sii"]
-                hit = torch.as_tensor(screen.greater(sims, floor))
+                hit = x[torch.as_tensor(rows, device=device)] @ block.T > floor
                 if hit.any():
                     r, col = (t.cpu().numpy() for t in hit.nonzero(as_tuple=True))
                     yield rows[r], np.asarray(lay.order[s0 + col])

@@ -132,7 +132,7 @@ def test_the_pre_screened_candidates_equal_the_rule_over_the_whole_block(cross, 
 
 
 def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison(device):
-    """greater reads a bf16 block's int16 bits against the largest bf16 at or below t: the
+    """_greater reads a bf16 block's int16 bits against the largest bf16 at or below t: the
     same answer as comparing the values, for thresholds on and between bf16 values, values
     of both signs, zeros, infinities and NaN, and on a strided view (a padded GEMM's result)."""
     g = torch.Generator().manual_seed(5)
@@ -142,7 +142,7 @@ def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison(device):
     x[1, :4] = torch.tensor([-math.inf, -0.5, 0.5 + 2 ** -8, 0.5 - 2 ** -9]).to(torch.bfloat16)
     view = x.to(device)[:, :257]
     for t in on + [0.5 + 1e-7, 0.4878, 0.49999, 0.99, 1e-30, 0.0, -0.3, -1e-7]:
-        got = screen.greater(view, t)
+        got = screen._greater(view, t)
         got = got if isinstance(got, np.ndarray) else got.cpu().numpy()    # a GPU's: a tensor
         want = view.float().cpu().numpy() > t
         np.testing.assert_array_equal(got, want, err_msg=str(t))
