@@ -402,7 +402,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     got, alone = (positive_pairs(x, mined, qs, rule) for x in (r, joint))
     found = (f"recall of the pass's pairs {len(got & want) / len(want):.4f} (joint routing alone "
              f"{len(alone & want) / len(want):.4f})" if want else
-             "no recall to measure on this set (--set real has them)")
+             "none to measure recall on in this sample")
     print(f"FFF Eq. 1 (unimodal: p2 0.92, p3 0.99, dup 0.98) positives of the {len(qs)} targets: "
           f"{len(want)} exact, {found}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
