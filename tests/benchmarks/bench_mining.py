@@ -518,6 +518,8 @@ def main() -> int:
     ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 10, 50, 100, 500])
     a = ap.parse_args()
+    if a.procs > 1 and a.device != "cpu":
+        ap.error("--procs mines on CPU processes: use it with --device cpu")
     if a.chunk is None:
         from vlcurate.stages.mining.hpm_stage import CHUNK_ROWS
         a.chunk = CHUNK_ROWS
