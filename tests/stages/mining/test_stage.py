@@ -545,6 +545,25 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
     assert table(c, "positives").equals(table(b, "positives"))
 
 
+def test_positives_read_a_bf16_pass_and_find_fp32s_positives(source, tmp_path):
+    """Seam hpm -> positives under hpm.precision bf16: hpm lays out and routes with bf16 GEMMs
+    and stores bf16 copies; positives reads hpm's fp32 sorted vectors at its rows' positions in
+    that layout and finds the same positives as in an fp32 run (this data's spaces are searched
+    whole)."""
+    cols = [F.SAMPLE_ID.name, M.POSITIVE_IDS.name, M.POSITIVE_COUNT.name]
+    got = {}
+    for precision in ("fp32", "bf16"):
+        d = tmp_path / precision
+        res = run(cfg(source, d, **SORTED, **{"hpm.precision": precision}), dag()[:-1],
+                  executor="local", log=quiet)
+        said = {r.manifest["stage"]: r.info for r in res}["positives"]["candidates"]
+        assert said.endswith("vectors: hpm's sorted copy"), said
+        got[precision] = table(d, "positives").select(cols).sort_by(F.SAMPLE_ID.name)
+    assert list((tmp_path / "bf16" / "hpm").rglob("*.bf16"))        # bf16 copies stored
+    assert got["bf16"].equals(got["fp32"])
+    assert sum(len(x or []) for x in got["fp32"].column(M.POSITIVE_IDS.name).to_pylist()) > 0
+
+
 def test_positives_on_another_node_fetch_hpms_vectors_from_the_bucket(source, tmp_path, s3):
     """A run directory on S3: positives' global step and actors on a node without hpm's files
     (its node-local scratch emptied) fetch them from the bucket, and give the local run's table."""
