@@ -149,7 +149,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "10"       # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);
+    version = "11"       # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
+                         # probe 60;
+                         # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);
                          # 9: clusters of ~256 rows, probe 80 (both precisions);
                          # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
                          # 7: a partial pass also searches one-space layouts (spaces.py), fp32's

@@ -396,6 +396,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
         row(k, recall(got, want), min_row_recall(got, want), float(got.certified.mean()),
             cert_precision(got, want), float((got.noise == want.noise).mean()),
             float(want.noise.mean()))
+    routing_line(lay, img, txt, qs, ex, p.probe)
     rule = fff.Rule(p2=0.92, p3=0.99)
     exf = fff.exact_positives(img, txt, rule, 512, queries=qs, device=dev)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
@@ -405,6 +406,30 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
              "none to measure recall on in this sample")
     print(f"FFF Eq. 1 (unimodal: p2 0.92, p3 0.99, dup 0.98) positives of the {len(qs)} targets: "
           f"{len(want)} exact, {found}; load average {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def routing_line(lay, img, txt, qs: np.ndarray, ex, probe: int) -> None:
+    """The share of exact HPM's pairs (score > 0) whose cluster a target probes, and the rows
+    it scores, as routing ranks clusters (blocks.mean_scores: <q, mu_c> + ROUTE_SPREAD
+    spread_c) and by <q, mu_c> alone, at probe / 2, 3/4 and 1 (fp32 scores)."""
+    from vlcurate.stages.mining import blocks as B
+    q = torch.from_numpy(np.hstack([img[qs], txt[qs]]) / np.float32(np.sqrt(2)))
+    ranked = B.mean_scores(lay, q).numpy()
+    alone = ranked - B.ROUTE_SPREAD * B.spread(lay)
+    own, size = lay.cluster_of(lay.positions()[qs]), np.diff(lay.bounds)
+    t, j = np.nonzero((ex.idx >= 0) & (ex.score > 0))
+    home = lay.cluster_of(lay.positions()[ex.idx[t, j]])
+    cells = []
+    for name, m in (("routing", ranked), ("<q, mu_c> alone", alone)):
+        m[np.arange(len(qs)), own] = np.inf
+        for pr in sorted({max(1, probe // 2), max(1, 3 * probe // 4), probe}):
+            pr = min(pr, lay.n_clusters)
+            top = np.argpartition(-m, pr - 1, axis=1)[:, :pr]
+            hit = np.zeros(m.shape, bool)
+            np.put_along_axis(hit, top, True, 1)
+            cells.append(f"{name} probe {pr}: {hit[t, home].mean():.4f} "
+                         f"({(hit * size).sum(1).mean():.0f} rows)")
+    print(f"exact pairs in probed clusters ({len(t)} pairs): " + "; ".join(cells), flush=True)
 
 
 def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> float:

@@ -103,7 +103,7 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
     assert {(3, 7), (7, 3), (4, 9), (9, 4)} <= dups
 
 
-@pytest.mark.parametrize("k, probe, tau, precision", [(5, 3, TAU, "fp32"), (500, 9, 0.5, "fp32"),
+@pytest.mark.parametrize("k, probe, tau, precision", [(5, 3, TAU, "fp32"), (500, 8, 0.5, "fp32"),
                                                       (5, 3, TAU, "bf16")])
 def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device):
     """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
@@ -130,8 +130,9 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest(precision,
                                                                                  device):
-    """route: each query's probe clusters are its own plus the nearest non-empty ones by
-    <q, mu_c> (as a naive sort finds them, up to bf16 near-ties), never an empty one while
+    """route: each query's probe clusters are its own plus the best non-empty ones by
+    <q, mu_c> + ROUTE_SPREAD sqrt(1 - |mu_c|^2) (as a naive sort finds them, up to bf16
+    near-ties), never an empty one while
     non-empty ones are left; m_out is at least every left-out cluster's <q, mu_c> + r_c (in
     bf16 too: widened by the screen's margin)."""
     img, txt = pairs(400, 16, seed=5, spread=0.7, n_clusters=9)
@@ -144,6 +145,8 @@ def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest
     routes, m_out = B.route(lay, vec, pos, p.probe, device, precision)
     q = np.hstack([vec.img[pos], vec.txt[pos]]) / np.sqrt(2)
     sims = (q @ lay.means.T).astype(np.float64)
+    rank = sims + B.ROUTE_SPREAD * np.sqrt(np.clip(1 - (lay.means.astype(np.float64) ** 2).sum(1),
+                                                   0, None))
     full = np.flatnonzero(np.diff(lay.bounds) > 0)
     assert lay.n_clusters - 1 not in full
     own = lay.cluster_of(pos)
@@ -152,7 +155,7 @@ def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest
         assert own[i] in row and set(row) <= set(full) and len(set(row)) == p.probe
         rest = np.setdiff1d(full, row)
         others = np.setdiff1d(row, [own[i]])
-        assert sims[i, others].min() >= sims[i, rest].max() - tol
+        assert rank[i, others].min() >= rank[i, rest].max() - tol
         assert m_out[i] >= (sims[i, rest] + lay.radius[rest]).max()
 
 

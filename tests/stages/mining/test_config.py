@@ -35,10 +35,10 @@ def test_null_turns_duplicates_off():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_pass_sizes_its_clusters_unless_told(precision):
-    """hpm.clusters / hpm.probe null: pass_io.AUTO (~256 rows per cluster, probe 80) in either
+    """hpm.clusters / hpm.probe null: pass_io.AUTO (~256 rows per cluster, probe 60) in either
     precision; set, they win; exhaustive up to exact_max_n; one-space layouts only on a partial
     pass."""
-    rows, probe = 256, 80
+    rows, probe = 256, 60
     from vlcurate.stages.mining.pass_io import pass_params
     cfg = C.load(None, {"hpm.precision": precision}).hpm
     p = pass_params(cfg, 1_000_000)
