@@ -7,8 +7,9 @@ centroid (above TWO_LEVEL_WORK rows x clusters: two levels, ``Centroids``), rows
 its member mean mu_c and radius r_c = max ||j - mu_c||.
 
 Mining rows (``mine``, wherever they are: the hpm stage mines each chunk of each part on its
-actor pool): each row (query) is routed to the ``probe`` clusters whose means are nearest to its
-joint vector, its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this
+actor pool): each row (query) is routed to the ``probe`` clusters ranked best for its joint
+vector (``mean_scores``: the similarity to a cluster's mean plus a share of its members' spread
+about it), its own among them (IVF's nprobe, with exact scores). Grouped by cluster, this
 gives the units of work (``run_unit``): cluster c and the queries routed to it; small units
 (clusters of a few hundred rows, or few queries each) run stacked, many per candidate pass
 (``stacks``, ``run_stack``). Scores are exact fp32
@@ -376,10 +377,13 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
 # their best <q, j> is ~<q, mu_c> + sqrt(2 ln n_c / D_eff) spread_c for isotropic residuals in
 # D_eff dimensions: a coefficient of ~0.3-0.6 for 256 members and D_eff of 60-120. Measured on
 # the 1M synthetic set (clusters of ~256 rows, 2,000 exact targets, the true pairs among each
-# top 50; tests/benchmarks/bench_mining.py --ranks): the share of pairs whose cluster is probed
-# at probe 40 / 60 / 80 is 0.9861 / 0.9908 / 0.9934 by <q, mu_c>, 0.9894 / 0.9933 / 0.9954
-# with 0.5 (flat from 0.4 to 0.6; 1.0 is worse); with 0.5, probe 60 (18.9k rows scored per
-# target) finds what probe 80 found by <q, mu_c> (23.6k rows).
+# top 50; session 24): the share of pairs whose cluster is probed at probe 40 / 60 / 80 is
+# 0.9861 / 0.9908 / 0.9934 by <q, mu_c>, 0.9894 / 0.9933 / 0.9954 with 0.5 (flat from 0.4 to
+# 0.6; 1.0 is worse); with 0.5, probe 60 (18.9k rows scored per target) finds what probe 80
+# found by <q, mu_c> (23.6k rows). bench_mining.py prints the same comparison for its exact
+# targets ("exact pairs in probed clusters"). One-space layouts (spaces.py), a row's virtual
+# near-duplicate at S ~0.905 (its floor 0.9): its cluster is among the 4 / 8 ranked best for
+# 0.987 / 0.998 of them, against 0.962 / 0.989 by <q, mu_c>.
 ROUTE_SPREAD = 0.5
 
 

@@ -16,13 +16,14 @@ holds positions in the joint layout's sorted vectors, so a found pair's other si
 read from there.
 
 Mining a row (``add_pairs``) then also routes it, in each space, to the ``space_probe``
-clusters it ranks best there (as the joint pass ranks them: blocks.mean_scores), and keeps the
-members above that space's floor: one GEMM in one space, no HPM scoring (no hard pair comes from here). The
-cross-modal text space is searched twice: with text queries (X_tt) and with image queries
-(S_it = <x_i, t_j>, the main clause). A pair whose member lies in a joint cluster the row
-already searched is left to the joint pass (which kept it with every similarity, or cut it
-and counted it once). The others get their similarities from gathered dot products and join
-the row's pairs, which are capped again by max_pairs (exactly, as in blocks.gather).
+clusters it ranks best there (as the joint pass ranks them: blocks.mean_scores), and keeps
+the members above that space's floor: one GEMM in one space, no HPM scoring (no hard pair
+comes from here). The cross-modal text space is searched twice: with text queries (X_tt)
+and with image queries (S_it = <x_i, t_j>, the main clause). A pair whose member lies in a
+joint cluster the row already searched is left to the joint pass (which kept it with every
+similarity, or cut it and counted it once). The others get their similarities from gathered
+dot products and join the row's pairs, which are capped again by max_pairs (exactly, as in
+blocks.gather).
 
 Like the joint pass, a row's result depends only on the layouts and its own routing. With
 space_probe = every cluster the union is every pair above a floor (tested against brute
@@ -181,8 +182,8 @@ def _batches(hits):
 def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp32"
            ) -> np.ndarray:
     """[n, probe] the best non-empty clusters of each query by blocks.mean_scores (<x, mean> +
-    ROUTE_SPREAD spread, in ``precision``), in no order (a slice of queries at a time: ~4M scores held, whatever
-    the number of clusters)."""
+    ROUTE_SPREAD spread, in ``precision``), in no order (a slice of queries at a time: ~4M
+    scores held, whatever the number of clusters)."""
     step, probe = blocks.route_step(lay), min(probe, lay.n_clusters)
     out = [np.zeros((0, probe), np.int64)]
     for a in range(0, len(x), step):
