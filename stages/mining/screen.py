@@ -75,8 +75,8 @@ def low_rows(x, rows: slice, device: str) -> torch.Tensor:
 SHAPE_STEP = 128     # a low-precision GEMM's rows, padded to a multiple (see sims)
 
 
-def _padded(x: torch.Tensor) -> torch.Tensor:
-    missing = -x.shape[-2] % SHAPE_STEP
+def _padded(x: torch.Tensor, step: int = SHAPE_STEP) -> torch.Tensor:
+    missing = -x.shape[-2] % step
     return torch.nn.functional.pad(x, (0, 0, 0, missing)) if missing else x
 
 
@@ -96,6 +96,28 @@ def sims(q: dict, m: dict, nm: Optional[int] = None) -> dict:
                 x, y = _padded(x), _padded(y)
             out[s] = (x @ y.transpose(-1, -2))[..., :q[a].shape[-2], :nm or m[b].shape[-2]]
     return out
+
+
+HIT_STEP = 32      # the one-space searches' low GEMMs: rows padded to a multiple of this
+
+
+def hits(x: torch.Tensor, rows: np.ndarray, m: torch.Tensor, floor: float
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """(query index into rows, member index) of the pairs <x[rows], m> > floor: one GEMM in the
+    operands' dtype (a low one: both padded to HIT_STEP rows, so that a CPU's oneDNN meets few
+    shapes and keeps their kernels; its results only screen, the caller lowers the floor by
+    ``margin`` and accepts each hit on its fp32 dot product). A one-space unit has ~130 queries
+    x a ~512-row cluster (1M rows, hpm.pair_probe 8): padding to SHAPE_STEP would nearly
+    double its queries."""
+    q = x.index_select(0, torch.as_tensor(rows, device=x.device))
+    if x.dtype != torch.float32:
+        s = (_padded(q, HIT_STEP) @ _padded(m, HIT_STEP).T)[:len(rows), :len(m)]
+    else:
+        s = q @ m.T
+    keep = _greater(s, floor)
+    if isinstance(keep, np.ndarray):
+        return np.nonzero(keep)
+    return tuple(t.cpu().numpy() for t in keep.nonzero(as_tuple=True))
 
 
 class QueryRows:

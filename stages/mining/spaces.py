@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import blocks
+from . import blocks, screen
 
 # member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
 SPACES = {"img": (("img", "sii", "floor_i"),),
@@ -195,8 +195,15 @@ def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp
 def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.PassParams,
           device: str):
     """Per block of a unit (a cluster of s x the queries that probe it, query_block x
-    block_size at a time): (query index, member joint position) of the pairs <x, m> > floor."""
+    block_size at a time): (query index, member joint position) of the pairs <x, m> > floor, a
+    superset: each hit is accepted or not on its gathered fp32 dot product. With hpm.precision
+    bf16 the blocks are bf16 GEMMs (the queries cast once, each member block as it is read) at
+    the floor lowered by the screen's proven margin (screen.py), so no pair above it is
+    missed."""
     lay = s.lay
+    if p.precision != "fp32":
+        x, floor = screen.low({"x": x}, p.precision)["x"], floor - screen.margin(
+            p.precision, x.shape[1])
     q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
     o = np.lexsort((q, c))
     q, c = q[o], c[o]
@@ -204,12 +211,11 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
     for u in np.flatnonzero(np.diff(cuts)):
         qs, b = q[cuts[u]:cuts[u + 1]], int(lay.bounds[u + 1])
         for s0 in range(int(lay.bounds[u]), b, p.block_size):
-            block = blocks._rows(s.members, s0, min(b, s0 + p.block_size), device)
+            block = blocks._rows(s.members, s0, min(b, s0 + p.block_size), device).to(x.dtype)
             for a in range(0, len(qs), p.query_block):
                 rows = qs[a:a + p.query_block]
-                hit = x[torch.as_tensor(rows, device=device)] @ block.T > floor
-                if hit.any():
-                    r, col = (t.cpu().numpy() for t in hit.nonzero(as_tuple=True))
+                r, col = screen.hits(x, rows, block, floor)
+                if len(r):
                     yield rows[r], np.asarray(lay.order[s0 + col])
 
 

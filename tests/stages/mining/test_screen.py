@@ -147,3 +147,28 @@ def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison(device):
         want = view.float().cpu().numpy() > t
         np.testing.assert_array_equal(got, want, err_msg=str(t))
         assert want.any() and not want.all()
+
+
+def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
+    """screen.hits (spaces.py's blocks): in bf16, at the floor lowered by the margin, a superset
+    of the pairs whose fp32 dot product is above the floor, here all within bf16's rounding of
+    it (without the margin, most are missed); in fp32, exactly the GEMM's pairs. Shapes off
+    HIT_STEP's multiples (37 of 240 queries, 53 members): the padding is cut off."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.nn.functional.normalize(torch.randn(240, 384, generator=g), dim=1)
+    rows, floor = np.arange(3, 240, 6)[:37], 0.801    # just above bf16's 0.80078
+    q = x[torch.as_tensor(rows)]
+    s_ = floor + 0.002 * torch.rand(53, generator=g)   # above the floor, below the next midpoint
+    u = torch.randn(53, 384, generator=g)
+    u -= (u * q[np.arange(53) % 37]).sum(1, keepdim=True) * q[np.arange(53) % 37]
+    m = s_[:, None] * q[np.arange(53) % 37] + (1 - s_[:, None] ** 2).sqrt() * \
+        torch.nn.functional.normalize(u, dim=1)
+    x, m = x.to(device), m.to(device)
+    want = set(zip(*np.nonzero((x[torch.as_tensor(rows, device=device)] @ m.T).cpu().numpy()
+                               > floor)))
+    low = screen.low({"x": x}, "bf16")["x"]
+    eps = screen.margin("bf16", 384)
+    r, c = screen.hits(low, rows, m.to(low.dtype), floor - eps)
+    assert len(want) > 15 and want <= set(zip(r, c)) and r.max() < 37 and c.max() < 53
+    assert not want <= set(zip(*screen.hits(low, rows, m.to(low.dtype), floor)))
+    assert set(zip(*screen.hits(x, rows, m, floor))) == want
