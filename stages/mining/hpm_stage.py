@@ -114,8 +114,9 @@ class HpmParams(Params):
     # search in bf16 (the layout's k-means and assignment, each row's routing; the
     # certificate's bound is widened by the screen's margin), so the clusters and routes
     # differ a little from fp32's; the one-space searches screen in bf16 too, each hit
-    # accepted on its fp32 dot product (spaces.py). For GPU tensor cores and CPUs with AMX or AVX512-BF16 (see
-    # deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them, slower than fp32
+    # accepted on its fp32 dot product (spaces.py). For GPU tensor cores and CPUs with AMX
+    # or AVX512-BF16 (see deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them,
+    # slower than fp32
     precision: Literal["fp32", "bf16"] = "fp32"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
