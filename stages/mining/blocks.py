@@ -382,8 +382,9 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
 # 0.6; 1.0 is worse); with 0.5, probe 60 (18.9k rows scored per target) finds what probe 80
 # found by <q, mu_c> (23.6k rows). bench_mining.py prints the same comparison for its exact
 # targets ("exact pairs in probed clusters"). One-space layouts (spaces.py), a row's virtual
-# near-duplicate at S ~0.905 (its floor 0.9): its cluster is among the 4 / 8 ranked best for
-# 0.987 / 0.998 of them, against 0.962 / 0.989 by <q, mu_c>.
+# near-duplicate at S ~0.905 (its floor 0.9; 4,000 rows): its cluster is among the 4 / 8
+# ranked best for 0.987 / 0.998 of them, against 0.962 / 0.989 by <q, mu_c> (bench_mining.py:
+# "one-space routing", for its exact targets).
 ROUTE_SPREAD = 0.5
 
 

@@ -397,6 +397,8 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
             cert_precision(got, want), float((got.noise == want.noise).mean()),
             float(want.noise.mean()))
     routing_line(lay, img, txt, qs, ex, p.probe)
+    if sp:
+        space_routing_line(sp, lay.positions()[qs], p.space_probe)
     rule = fff.Rule(p2=0.92, p3=0.99)
     exf = fff.exact_positives(img, txt, rule, 512, queries=qs, device=dev)
     want = {(int(q), int(j)) for q, row_ in zip(qs, exf.idx) for j in row_ if j >= 0}
@@ -430,6 +432,28 @@ def routing_line(lay, img, txt, qs: np.ndarray, ex, probe: int) -> None:
             cells.append(f"{name} probe {pr}: {hit[t, home].mean():.4f} "
                          f"({(hit * size).sum(1).mean():.0f} rows)")
     print(f"exact pairs in probed clusters ({len(t)} pairs): " + "; ".join(cells), flush=True)
+
+
+def space_routing_line(spaces, pos: np.ndarray, probe: int, sim: float = 0.905) -> None:
+    """One-space layouts: for each target's virtual near-duplicate (its vector plus isotropic
+    noise, at similarity ~``sim`` to it: just above the default floors of 0.9), the share whose
+    target's cluster the near-duplicate probes, as routing ranks (blocks.mean_scores) and by
+    <q, mu_c> alone, at probe / 2 and probe."""
+    from vlcurate.stages.mining import blocks as B
+    rng, cells = np.random.default_rng(3), []
+    for s in spaces:
+        at = s.pos[pos]
+        x = np.asarray(s.members[at], np.float32)
+        q = x + np.sqrt((1 / sim ** 2 - 1) / x.shape[1]) * rng.standard_normal(x.shape)
+        q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+        ranked = B.mean_scores(s.lay, torch.from_numpy(q)).numpy()
+        home = s.lay.cluster_of(at)
+        for name, m in (("routing", ranked), ("alone", ranked - B.ROUTE_SPREAD * B.spread(s.lay))):
+            rank = (m > m[np.arange(len(at)), home][:, None]).sum(1)
+            cells += [f"{s.name} {name} probe {pr}: {np.mean(rank < pr):.4f}"
+                      for pr in sorted({max(1, probe // 2), probe})]
+    print(f"one-space routing, a near-duplicate of each target (S ~{np.median((q * x).sum(1)):.3f}"
+          f"): " + "; ".join(cells), flush=True)
 
 
 def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> float:
