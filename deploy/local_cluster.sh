@@ -73,17 +73,22 @@ up() {
 GCS_ADDRESS=127.0.0.1:${p[0]}
 DASHBOARD=http://127.0.0.1:${p[1]}
 EOF
-  # wait (bounded) until both nodes are alive and the job API answers
+  # wait (bounded) until both nodes are alive and the job API accepts a job: the nodes can be
+  # alive before the head's job agent has registered, when a submission fails with "No available
+  # agent to submit job" (seen in CI), so a no-op job (entrypoint `true`) is submitted until one
+  # is accepted
   python - "http://127.0.0.1:${p[1]}" "$UP_TIMEOUT" <<'EOF'
 import sys, time
+from ray.job_submission import JobSubmissionClient
 from ray.util.state import list_nodes
 address, deadline = sys.argv[1], time.time() + float(sys.argv[2])
 while True:
     try:
         alive = [n for n in list_nodes(address=address) if n.state == "ALIVE"]
         if len(alive) >= 2:
+            JobSubmissionClient(address).submit_job(entrypoint="true")
             break
-    except Exception as e:  # the dashboard is still starting
+    except Exception as e:  # the dashboard or its job agent is still starting
         alive = e
     if time.time() > deadline:
         sys.exit(f"cluster not up after {sys.argv[2]}s: {alive}")
