@@ -80,11 +80,11 @@ def _padded(x: torch.Tensor, step: int = SHAPE_STEP) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, missing)) if missing else x
 
 
-def sims(q: dict, m: dict, nm: Optional[int] = None) -> dict:
+def sims(q: dict, m: dict, nm: Optional[int] = None, step: int = SHAPE_STEP) -> dict:
     """Every similarity of a block: queries q [nq, d] x members m [nm, d] (the first ``nm`` of
     m's rows when given: low_rows' spare rows are not members), per PAIRS, in the
     operands' dtype (a low precision's results stay low: the screen compares their bits, see
-    _greater). A low precision's GEMM runs on operands padded to SHAPE_STEP rows: on a CPU,
+    _greater). A low precision's GEMM runs on operands padded to ``step`` rows: on a CPU,
     oneDNN builds a kernel per new shape (~5x the GEMM itself: clusters and query counts all
     differ), and padded shapes are few and cached. The padding only screens (every value the
     pass keeps is re-scored), so it changes no output; the results are views without it."""
@@ -93,7 +93,7 @@ def sims(q: dict, m: dict, nm: Optional[int] = None) -> dict:
         if q.get(a) is not None:
             x, y = q[a], m[b]
             if x.dtype != torch.float32:
-                x, y = _padded(x), _padded(y)
+                x, y = _padded(x, step), _padded(y, step)
             out[s] = (x @ y.transpose(-1, -2))[..., :q[a].shape[-2], :nm or m[b].shape[-2]]
     return out
 
@@ -110,11 +110,7 @@ def hits(x: torch.Tensor, rows: np.ndarray, m: torch.Tensor, floor: float
     x a ~512-row cluster (1M rows, hpm.pair_probe 8): padding to SHAPE_STEP would nearly
     double its queries."""
     q = x.index_select(0, torch.as_tensor(rows, device=x.device))
-    if x.dtype != torch.float32:
-        s = (_padded(q, HIT_STEP) @ _padded(m, HIT_STEP).T)[:len(rows), :len(m)]
-    else:
-        s = q @ m.T
-    keep = _greater(s, floor)
+    keep = _greater(sims({"img": q}, {"img": m}, step=HIT_STEP)["sii"], floor)
     if isinstance(keep, np.ndarray):
         return np.nonzero(keep)
     return tuple(t.cpu().numpy() for t in keep.nonzero(as_tuple=True))
