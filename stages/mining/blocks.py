@@ -65,7 +65,7 @@ import torch
 
 from vlcurate.pipeline import heap
 
-from . import screen
+from . import q8, screen
 from .hpm import as_tensor, positive_scores, score_bound
 
 
@@ -110,7 +110,7 @@ class PassParams:
     query_block: int = 1024
     block_size: int = 8192
     max_pairs: Optional[int] = None    # candidate pairs kept per row (highest similarity first)
-    precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 screen (screen.py)
+    precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 / int8 screen (screen.py)
     space_probe: int = 0           # one-space layouts' clusters searched per row (spaces.py;
                                    # 0: none)
     cluster_rows: int = 2048       # the auto cluster size
@@ -190,8 +190,8 @@ def _chunks(img, txt, device: str, chunk: int = 32768):
 
 def gemm_dtype(precision: str) -> torch.dtype:
     """The dtype of the GEMMs that only decide where to search (the layout's assignments,
-    routing) under hpm.precision: fp32, or the screen's low dtype."""
-    return torch.float32 if precision == "fp32" else screen.LOW[precision][0]
+    routing) under hpm.precision: fp32, or the screen's low dtype (int8's: bf16)."""
+    return torch.float32 if precision == "fp32" else screen.LOW[screen.decision(precision)][0]
 
 
 MAX_SAMPLE = 1 << 17   # k-means training rows at most (p.sample per cluster below that)
@@ -366,7 +366,7 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
         reach = lay.cached("reach", device, "fp32", lambda: lay.radius - ROUTE_SPREAD * spread(lay))
         m.add_(reach.unsqueeze(0)).scatter_(1, top, -math.inf)      # <q, mu_c> + r_c
         m_out = m.max(1).values.cpu().numpy()
-    slack = SLACK + screen.margin(precision, x.shape[1])
+    slack = SLACK + screen.margin(screen.decision(precision), x.shape[1])
     m_out = np.where(np.isfinite(m_out), m_out + slack, -np.inf).astype(np.float32)
     return top.cpu().numpy().astype(np.int64), m_out
 
@@ -512,7 +512,7 @@ class UnitResult:
 class Vectors:
     """The sorted vectors a unit reads: arrays or memmaps [N, d] in layout order; ``low``, with
     hpm.precision bf16, their bf16 copies (screen.py: int16 bits on disk, or device tensors)
-    by name, which the screen otherwise casts block by block."""
+    by name, which the screen otherwise casts block by block; int8: q8.Copy's."""
 
     def __init__(self, img, txt, ximg=None, xtxt=None, low: Optional[dict] = None) -> None:
         self.img, self.txt, self.ximg, self.xtxt = img, txt, ximg, xtxt
@@ -584,8 +584,8 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     blocks = [(int(qoff[u]), int(qoff[u + 1]),
                {x: None if not q.has(x) else _rows(getattr(vec, x), a[u], a[u] + size[u], device)
                 for x in NAMES},
-               vec.low and {x: screen.low_rows(vec.low[x], slice(a[u], a[u] + size[u]), device)
-                            for x in vec.low}) for u in range(len(cs))]
+               vec.low and {x: screen.low_rows(vec.low[x], slice(a[u], a[u] + size[u]), device,
+                                               cs[u]) for x in vec.low}) for u in range(len(cs))]
     at = screen.offsets(blocks)
     unit = np.repeat(np.arange(len(cs)), np.diff(qoff))        # each query's unit
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
@@ -645,7 +645,7 @@ def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p:
     for s0 in range(a, b, p.block_size):
         s1 = min(b, s0 + p.block_size)
         m = {x: None if not q.has(x) else _rows(getattr(vec, x), s0, s1, device) for x in NAMES}
-        m_low = vec.low and {x: screen.low_rows(vec.low[x], slice(s0, s1), device)
+        m_low = vec.low and {x: screen.low_rows(vec.low[x], slice(s0, s1), device, c)
                              for x in vec.low}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
         r, cc, val = screen.block_pairs(q, m, m_low, floors, p.tau_i, p.tau_t,
@@ -937,9 +937,19 @@ def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None, precision: str =
     them (tests, the benchmark; the stage memory-maps them: save_vectors)."""
     out = [None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order], np.float32)
            for x in (img, txt, ximg, xtxt)]
-    low = {n: screen.to_bits(x, precision) for n, x in zip(NAMES, out)
+    low = {n: _low_copy(x, lay, precision) for n, x in zip(NAMES, out)
            if x is not None and precision != "fp32"}
     return Vectors(*out, low=low or None)
+
+
+def _low_copy(x: np.ndarray, lay: Layout, precision: str):
+    """Sorted rows' copy in a low ``precision``: bf16 bits, or a q8.Copy (per-cluster scales)."""
+    if precision != "int8":
+        return screen.to_bits(x, precision)
+    parts = [q8.cluster_copy(x[a:b], lay.cluster_of(np.arange(a, b)), lay.n_clusters)
+             for a, b in _cluster_chunks(lay, 65536)]
+    return q8.Copy(np.concatenate([v for v, _ in parts] or [np.zeros((0, x.shape[1]), np.int8)]),
+                   sum(st for _, st in parts) if parts else np.zeros((lay.n_clusters, 3)))
 
 
 def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = "cpu",
@@ -961,24 +971,40 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
 def save_vectors(dir_: str, lay: Layout, arrays: dict, precision: str = "fp32",
                  chunk: int = 65536) -> None:
     """Write each [N, d] array of ``arrays`` (keys in NAMES) in layout order, float32, and
-    with a low ``precision`` its copy in that precision too (screen.to_bits)."""
+    with a low ``precision`` its copy in that precision too (screen.to_bits; int8: q8.py, with
+    each cluster's scale and bounds in ``<name>.int8.npy``), whole clusters at a time."""
     os.makedirs(dir_, exist_ok=True)
     for name, x in arrays.items():
         if x is None:
             continue
+        stats = np.zeros((lay.n_clusters, 3))
         with ExitStack() as stack:
             f32 = stack.enter_context(open(os.path.join(dir_, f"{name}.f32"), "wb"))
             low = None if precision == "fp32" else stack.enter_context(
                 open(os.path.join(dir_, f"{name}.{precision}"), "wb"))
-            for a in range(0, len(lay.order), chunk):
-                rows = lay.order[a:a + chunk]
+            for a, b in _cluster_chunks(lay, chunk):
+                rows = lay.order[a:b]
                 block = np.ascontiguousarray(x[np.sort(rows)][np.argsort(np.argsort(rows))],
                                              np.float32)
                 f32.write(block.tobytes())
-                if low is not None:
+                if precision == "int8":
+                    v, s = q8.cluster_copy(block, lay.cluster_of(np.arange(a, b)), lay.n_clusters)
+                    low.write(v.tobytes())
+                    stats += s                         # each cluster in one chunk: zeros elsewhere
+                elif low is not None:
                     low.write(screen.to_bits(block, precision).tobytes())
+        if precision == "int8":
+            np.save(os.path.join(dir_, f"{name}.int8.npy"), stats)
         with open(os.path.join(dir_, f"{name}.dim"), "w") as fh:
             fh.write(str(x.shape[1]))
+
+
+def _cluster_chunks(lay: Layout, chunk: int):
+    """(a, b): sorted positions of about ``chunk`` rows, each cut at a cluster's start."""
+    n = len(lay.order)
+    cuts = np.unique(np.r_[lay.bounds[np.searchsorted(lay.bounds, np.arange(0, n, chunk),
+                                                      side="right") - 1], n])
+    return zip(cuts[:-1].tolist(), cuts[1:].tolist())
 
 
 def load_vectors(dir_: str, n: int) -> Vectors:
@@ -996,6 +1022,10 @@ def load_vectors(dir_: str, n: int) -> Vectors:
             path = os.path.join(dir_, f"{name}.{precision}")
             if os.path.exists(path) and n:
                 low[name] = np.memmap(path, np.int16, "r", shape=(n, d))
+        path = os.path.join(dir_, f"{name}.int8")
+        if os.path.exists(path) and n:
+            low[name] = q8.Copy(np.memmap(path, np.int8, "r", shape=(n, d)),
+                                np.load(f"{path}.npy"))
     return Vectors(*out, low=low or None)
 
 

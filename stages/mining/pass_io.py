@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from vlcurate.schemas import embed as E
 
-from . import blocks, hpm, screen, spaces
+from . import blocks, hpm, q8, screen, spaces
 from .store import Store
 
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
@@ -141,7 +141,8 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
     if size > GPU_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory:
         return vec
     return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays),
-                          low={x: screen.low_rows(a, slice(0, len(a)), device)
+                          low={x: a.to(device) if isinstance(a, q8.Copy) else
+                               screen.low_rows(a, slice(0, len(a)), device)
                                for x, a in low.items()} or None)
 
 

@@ -31,6 +31,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import q8
+
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
 RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
@@ -47,10 +49,19 @@ def margin(precision: str, dim: int) -> float:
     return 3.1 * u + 2 * dim * 2.0 ** -24
 
 
+def decision(precision: str) -> str:
+    """The precision of the GEMMs that only decide where to look (the layout, routing, the
+    one-space searches): int8's are bf16 (q8.py)."""
+    return "bf16" if precision == "int8" else precision
+
+
 def low(x: dict, precision: str) -> dict:
-    """The vectors of ``x`` in the screen's dtype (fp32: themselves)."""
+    """The vectors of ``x`` in the screen's dtype (fp32: themselves; int8: q8.Q8 rows, each
+    with its own scale)."""
     if precision == "fp32":
         return x
+    if precision == "int8":
+        return {f: None if v is None else q8.rows(v) for f, v in x.items()}
     if any(v is not None and v.is_cuda for v in x.values()):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     return {f: None if v is None else v.to(LOW[precision][0]) for f, v in x.items()}
@@ -61,10 +72,14 @@ def to_bits(x, precision: str):
     return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
 
 
-def low_rows(x, rows: slice, device: str) -> torch.Tensor:
+def low_rows(x, rows: slice, device: str, cluster: int = 0):
     """Rows of a low copy (a device tensor already, or int16 bits: a memmap), followed by the
     next rows of the copy up to a multiple of SHAPE_STEP where there are that many: ``sims``
-    then pads nothing (a copy of the block), and reads only the first rows' results."""
+    then pads nothing (a copy of the block), and reads only the first rows' results. An int8
+    copy (q8.Copy): the rows alone (an int8 GEMM takes any shape), with their cluster's
+    scale."""
+    if isinstance(x, q8.Copy):
+        return x.block(rows, cluster, device)
     stop = min(len(x), rows.stop + (rows.start - rows.stop) % SHAPE_STEP)
     if isinstance(x, torch.Tensor):
         return x[rows.start:stop]
@@ -223,10 +238,25 @@ def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: floa
     for name, floor in floors.items():
         if name in v:
             keep.logical_or_(v[name] > floor - eps)
-    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))   # flat is sorted
-    if len(flat):
-        keep[at[flat[at] == own]] = False
+    return _without(flat[keep], own)
+
+
+def _without(flat: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Sorted flat indices without those in ``own``."""
+    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
+    if not len(flat):
+        return flat
+    keep = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
+    keep[at[flat[at] == own]] = False
     return flat[keep]
+
+
+def int8_candidates(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
+                    own: torch.Tensor) -> torch.Tensor:
+    """``flat_candidates`` of blocks (q0, q1, m, m_low) screened in int8 (q8.py): each block's
+    integer sums against its rows' thresholds (exact integers: no second pass)."""
+    flat = q8.candidates(q.low, blocks, PAIRS, floors, tau_i, tau_t, offsets(blocks))
+    return _without(flat.to(own.device), own)
 
 
 def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
@@ -248,7 +278,11 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float,
     q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
     block and similarity, written into one buffer; then one candidate pass over the buffer.
     Returns (flat indices, exact similarities); ``own``: the targets' own pairs, flat."""
-    if precision != "fp32":
+    if precision == "int8":
+        flat = int8_candidates(q, blocks, floors, tau_i, tau_t, own)
+        if len(flat) <= DENSE_SHARE * offsets(blocks)[-1]:
+            return flat, rescore_flat(q, blocks, flat)
+    elif precision != "fp32":
         s = flat_sims(q.low, [(a, b, mlow or low(m, precision), len(m["img"]))
                               for a, b, m, mlow in blocks])
         eps = margin(precision, q.dim)

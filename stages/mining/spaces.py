@@ -200,10 +200,10 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
     bf16 the blocks are bf16 GEMMs (the queries cast once, each member block as it is read) at
     the floor lowered by the screen's proven margin (screen.py), so no pair above it is
     missed."""
-    lay = s.lay
-    if p.precision != "fp32":
-        x, floor = screen.low({"x": x}, p.precision)["x"], floor - screen.margin(
-            p.precision, x.shape[1])
+    lay, precision = s.lay, screen.decision(p.precision)       # int8: these stay bf16
+    if precision != "fp32":
+        x, floor = screen.low({"x": x}, precision)["x"], floor - screen.margin(
+            precision, x.shape[1])
     q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
     o = np.lexsort((q, c))
     q, c = q[o], c[o]

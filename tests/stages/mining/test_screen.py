@@ -1,5 +1,6 @@
-"""hpm.precision bf16 (stages/mining/screen.py): a bf16 screen with a proven margin, then an fp32
-re-score, finds exactly the pairs fp32 finds, with fp32's similarities."""
+"""hpm.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen with a
+proven margin, then an fp32 re-score, finds exactly the pairs fp32 finds, with fp32's
+similarities."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from vlcurate.stages.mining import blocks as B
-from vlcurate.stages.mining import hpm, screen
+from vlcurate.stages.mining import hpm, q8, screen
 
 from .naive import naive_hpm, pairs
 from .test_blocks import cross_vectors
@@ -49,30 +50,33 @@ def run(precision, img, txt, ximg, xtxt, device="cpu"):
     return B.neighbour_pass(img, txt, params(precision), ximg, xtxt, device=device)[1]
 
 
-def test_blocks_cast_on_the_fly_equal_the_stored_bf16_copies(monkeypatch, device):
-    """Without stored bf16 copies (Vectors.low) each block is cast as it is read: the same
-    result, bit for bit."""
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_blocks_cast_on_the_fly_equal_the_stored_low_copies(precision, monkeypatch, device):
+    """Without stored low copies (Vectors.low) each block is cast as it is read (int8: with
+    the block's own scale, not its cluster's): the same result, bit for bit."""
     img, txt, ximg, xtxt = near_thresholds()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    lay, stored = B.neighbour_pass(img, txt, params("bf16"), ximg, xtxt, device, rows=240)
+    lay, stored = B.neighbour_pass(img, txt, params(precision), ximg, xtxt, device, rows=240)
     vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
     assert vec.low is None
-    cast = B.mine(lay, vec, lay.positions(), params("bf16"), device)
+    cast = B.mine(lay, vec, lay.positions(), params(precision), device)
     for f in dataclasses.fields(B.PassResult):
         np.testing.assert_array_equal(getattr(cast, f.name), getattr(stored, f.name), f.name)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("cross", [False, True])
-def test_bf16_finds_what_fp32_finds(cross, monkeypatch, device):
-    """Every block screened in bf16 (DENSE_SHARE 1: this data is dense), as sparse data is.
-    On a GPU the reference is still the CPU's fp32 pass."""
+def test_low_precision_finds_what_fp32_finds(cross, precision, monkeypatch, device):
+    """Every block screened in bf16 or int8 (DENSE_SHARE 1: this data is dense), as sparse
+    data is. On a GPU the reference is still the CPU's fp32 pass."""
     img, txt, ximg, xtxt = near_thresholds()
     x = (ximg, xtxt) if cross else (None, None)
     want = run("fp32", img, txt, *x)
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    got = run("bf16", img, txt, *x, device)
+    got = run(precision, img, txt, *x, device)
     monkeypatch.setattr(screen, "margin", lambda *a: 0.0)
-    assert (run("bf16", img, txt, *x, device).support != want.support).any()   # the margin matters
+    monkeypatch.setattr(q8, "bound", lambda *a: 0.0)
+    assert (run(precision, img, txt, *x, device).support != want.support).any()   # it matters
     for f in ("idx", "support", "certified", "cut", "offsets", "pair_j"):
         np.testing.assert_array_equal(getattr(got, f), getattr(want, f), f)
     for f in ("score", "pair_sii", "pair_stt", "pair_sit", "pair_xii", "pair_xtt"):
@@ -82,7 +86,8 @@ def test_bf16_finds_what_fp32_finds(cross, monkeypatch, device):
                          naive_hpm(img, txt, 7, 0.3, 0.05, 0.98), 7)
 
 
-def test_a_dense_block_is_computed_in_fp32(monkeypatch, device):
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_dense_block_is_computed_in_fp32(precision, monkeypatch, device):
     """Over DENSE_SHARE of a block's pairs passing the screen: that block in fp32, the same
     result bit for bit (as fp32 on the same device)."""
     img, txt, ximg, xtxt = near_thresholds()
@@ -91,7 +96,7 @@ def test_a_dense_block_is_computed_in_fp32(monkeypatch, device):
     rescore = screen.rescore
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 0.0)
-    got = run("bf16", img, txt, ximg, xtxt, device)
+    got = run(precision, img, txt, ximg, xtxt, device)
     assert not calls
     for f in dataclasses.fields(B.PassResult):
         np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), f.name)
@@ -172,3 +177,55 @@ def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
     assert len(want) > 15 and want <= set(zip(r, c)) and r.max() < 37 and c.max() < 53
     assert not want <= set(zip(*screen.hits(low, rows, m.to(low.dtype), floor)))
     assert set(zip(*screen.hits(x, rows, m, floor))) == want
+
+
+def test_the_int8_bound_holds_for_every_pair_and_its_thresholds_keep_every_pair_above(device):
+    """q8.py: queries with their own scales, members with their cluster's (here a cluster
+    whose rows' largest coordinates differ 4x, and a zero row): |<q~, m~> - fp32 <q, m>| stays
+    within q8.bound for every pair, near-duplicates (~1) included, and the int32 thresholds
+    keep every pair whose fp32 similarity is above t, for t placed just below, on and just
+    above pairs' similarities."""
+    g = torch.Generator().manual_seed(0)
+    for d in (8, 384, 768):
+        a = torch.nn.functional.normalize(torch.randn(60, d, generator=g), dim=1)
+        b = torch.randn(90, d, generator=g)
+        b[:30] = a[:30] + 0.01 * b[:30]                        # near-duplicates
+        b[30:40, 0] += 40.0                                    # rows dominated by one coordinate
+        b = torch.nn.functional.normalize(b, dim=1)
+        b[40] = 0.0
+        cluster = np.repeat([0, 1, 2], 30)
+        values, stats = q8.cluster_copy(b.numpy(), cluster, 3)
+        copy, q = q8.Copy(values, stats), q8.rows(a.to(device))
+        exact = (a[:, None, :] * b[None, :, :]).sum(2)         # the re-score's products and sum
+        for c in range(3):
+            m = copy.block(slice(30 * c, 30 * c + 30), c, device)
+            dots = torch.as_tensor(np.asarray(q8.products(q, m)), device="cpu").double()
+            screened = dots * torch.from_numpy(q.scale)[:, None] * float(m.scale[0])
+            err = (screened - exact[:, 30 * c:30 * c + 30].double()).abs().max(1).values
+            limit = q8.bound(q.err, q.norm, m.err[0], m.norm[0], d)
+            assert (err.numpy() <= limit).all() and limit.max() < (0.2 if c == 1 else 0.03)
+            ts = np.sort(exact[:, 30 * c:30 * c + 30].numpy().ravel())[::97]
+            for t in np.r_[ts, np.nextafter(ts, -1), np.nextafter(ts, 2)]:
+                (lim,) = q8.thresholds(q, [(0, 60)], np.array([np.concatenate(m.stats())]), [t])
+                above = exact[:, 30 * c:30 * c + 30].numpy() > t
+                assert (np.asarray(dots)[above] > np.broadcast_to(lim, above.shape)[above]).all()
+    assert stats[1, 0] > 3 * stats[0, 0]          # the dominated cluster's scale is its own
+
+
+def test_int8_copies_written_in_chunks_equal_the_copy_in_memory(tmp_path):
+    """save_vectors writes whole clusters at a time (chunks smaller than a cluster, or cut
+    inside one, move to a cluster's start): the int8 values and each cluster's scale and
+    bounds equal the in-memory copy's, and load_vectors reads them back as a q8.Copy."""
+    img, txt, ximg, xtxt = near_thresholds()
+    p = params("int8")
+    lay = B.build_layout(img, txt, p)
+    want = B.sorted_vectors(lay, img, txt, precision="int8").low
+    for chunk in (7, 100, 1000):
+        out = tmp_path / str(chunk)
+        B.save_vectors(str(out), lay, {"img": img, "txt": txt}, "int8", chunk=chunk)
+        got = B.load_vectors(str(out), len(img)).low
+        for name in ("img", "txt"):
+            assert isinstance(got[name], q8.Copy)
+            np.testing.assert_array_equal(np.asarray(got[name].values), want[name].values)
+            np.testing.assert_array_equal(got[name].stats, want[name].stats)
+    assert (want["img"].stats[:, 0] > 0).all() and len(np.unique(want["img"].stats[:, 0])) == 3

@@ -35,10 +35,11 @@ def found(r: B.PassResult) -> set:
 
 
 @pytest.mark.parametrize("cross, precision", [(False, "fp32"), (True, "fp32"),
-                                              (False, "bf16"), (True, "bf16")])
+                                              (False, "bf16"), (True, "bf16"), (True, "int8")])
 def test_one_space_layouts_find_every_pair_a_partial_joint_pass_misses(cross, precision, device):
     """bf16: the layouts (the joint one and each space's) and the routing by bf16 GEMMs, the
-    joint blocks screened in bf16: the same pairs."""
+    joint blocks screened in bf16: the same pairs. int8: the joint blocks screened in int8,
+    the rest as bf16's."""
     img, txt = data()
     ximg, xtxt = cross_vectors(img, 1) if cross else (None, None)
     p = params(5, 8, probe=1, precision=precision, **FLOORS)

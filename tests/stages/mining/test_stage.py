@@ -390,10 +390,13 @@ def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, t
     assert pairs > joint_pairs
 
 
-def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tmp_path,
-                                                                     monkeypatch):
-    """Config to stage: hpm.precision bf16 screens every block (DENSE_SHARE 1: this data is
-    dense) and re-scores; the hard pairs, noise flags and candidate pairs equal fp32's."""
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, source, tmp_path,
+                                                                monkeypatch):
+    """Config to stage: hpm.precision bf16 (or int8) screens every block (DENSE_SHARE 1: this
+    data is dense) and re-scores; the hard pairs, noise flags and candidate pairs equal fp32's.
+    The workers read the low copies the global step wrote (int8: with each cluster's scale and
+    bounds, q8.Copy)."""
     from vlcurate.stages.mining import screen
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
     run(cfg(source, tmp_path / "fp32"), dag()[:-2], executor="local", log=quiet)
@@ -403,10 +406,11 @@ def test_hpm_precision_bf16_reaches_the_pass_and_finds_the_same_pairs(source, tm
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
     monkeypatch.setattr(screen, "low_rows", lambda *a: stored.append(1) or low_rows(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    run(cfg(source, tmp_path / "bf16", **{"hpm.precision": "bf16"}), dag()[:-2],
+    run(cfg(source, tmp_path / precision, **{"hpm.precision": precision}), dag()[:-2],
         executor="local", log=quiet)
-    got = table(tmp_path / "bf16", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
-    assert calls and stored and got.equals(want)     # stored: the bf16 copies written once
+    got = table(tmp_path / precision, "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
+    assert calls and stored and got.equals(want)     # stored: the low copies written once
+    assert list((tmp_path / precision).rglob(f"img.{precision}"))
     assert sum(len(x or []) for x in want.column(M.PAIR_IDS.name).to_pylist()) > 20
 
 

@@ -1,0 +1,227 @@
+"""hpm.precision int8: the neighbour pass's blocks screened by int8 GEMMs (issue 15), with a bound
+proven per row instead of bf16's fixed margin, then re-scored in fp32 like bf16's (screen.py).
+
+An int8 GEMM sums exact integer products in int32: on a CPU with AVX512-VNNI (or AMX) it runs at
+~2x bf16's rate (1.6-2x for a unit's block on this machine, tests/benchmarks/bench_mining.py),
+on a GPU's tensor cores at 2x too. Rows are quantized symmetrically, x ~ s * v with v integer
+in [-127, 127]:
+
+* a query with its own scale s_i = max|x_i| / 127;
+* a cluster's members with one scale for the cluster (the largest of its rows'), so that a
+  block's screen compares every pair of a query row against one integer threshold.
+
+With q~ = s_q v_q and m~ = s_m v_m (exact: the scales are float64 and the sums integers),
+e = ||x - x~|| and n = ||x~|| (float64, rounded up by SLACK), Cauchy-Schwarz gives
+
+    |<q~, m~> - <q, m>| <= n_q e_m + e_q n_m + e_q e_m,
+
+with the cluster's largest e_m and n_m; the fp32 re-score is within K 2^-23 of <q, m>. So a
+pair is a candidate for threshold t when its integer sum D exceeds
+
+    T_i = floor((t - bound_i) / (s_q s_m)) - 1,
+
+a superset of the pairs whose fp32 similarity exceeds t (tested against fp32 at pairs placed
+on the thresholds). The bound follows each row's actual rounding (~0.018 at 384 dimensions
+against bf16's fixed 0.012), so a few more pairs are re-scored (~+15%: bench_mining.py).
+Clusters' scales and bounds are stored beside the int8 copy (``Copy``); blocks quantized on
+the fly (no stored copy) take their own. The layout, routing and the one-space searches stay
+in bf16 (``screen.decision``): they only decide where to look.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+MAX = 127
+SLACK = 1e-9         # relative: float64 norms (exact to ~d 2^-53) rounded up by this
+GUARD = 1e-6         # absolute, on every bound
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+@dataclass
+class Q8:
+    """Rows x ~ scale * values: values [n, d] int8 (a tensor, on the pass's device); scale, err
+    (||x - x~||) and norm (||x~||): float64 NumPy [n] (host: thresholds are computed there),
+    or [1] for a member block sharing them (its cluster's largest err and norm)."""
+    values: torch.Tensor
+    scale: np.ndarray
+    err: np.ndarray
+    norm: np.ndarray
+
+    def index_select(self, dim: int, i: torch.Tensor) -> "Q8":
+        """Rows i (as a tensor's index_select: QueryRows gathers either)."""
+        at = i.cpu().numpy()
+        return Q8(self.values.index_select(dim, i), *(x[at] for x in self.stats()))
+
+    def __getitem__(self, rows: slice) -> "Q8":
+        return Q8(self.values[rows], *(x[rows] for x in self.stats()))
+
+    def stats(self) -> tuple:
+        return self.scale, self.err, self.norm
+
+    @property
+    def shape(self):
+        return self.values.shape
+
+
+def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int = 0) -> tuple:
+    """float32 rows [n, d] -> (values int8, then scale, err, norm: float64 NumPy [n]); with
+    ``group`` (each row's group in 0..groups-1) every row of a group takes the group's scale
+    (its largest max|x| / 127). A zero row gets scale 1 (values 0, err 0)."""
+    x64 = x.double()
+    top = x64.abs().amax(1) if x.shape[1] else torch.zeros(len(x), dtype=torch.float64,
+                                                            device=x.device)
+    if group is not None:
+        top = torch.zeros(groups, dtype=torch.float64, device=x.device).scatter_reduce(
+            0, group, top, "amax")[group]
+    scale = torch.where(top > 0, top / MAX, torch.ones_like(top))
+    values = torch.round(x64 / scale[:, None]).clamp_(-MAX, MAX)
+    deq = values * scale[:, None]
+    up = 1 + SLACK
+    return (values.to(torch.int8), *(v.cpu().numpy() for v in (
+        scale, (x64 - deq).norm(dim=1) * up, deq.norm(dim=1) * up)))
+
+
+def rows(x: torch.Tensor) -> Q8:
+    """Queries: each row with its own scale."""
+    return Q8(*quantize(x))
+
+
+def block(x: torch.Tensor) -> Q8:
+    """A member block quantized as it is read (no stored copy): one scale for the block."""
+    v, s, e, n = quantize(x, torch.zeros(len(x), dtype=torch.long, device=x.device), 1)
+    return Q8(v, s[:1], e.max(initial=0)[None], n.max(initial=0)[None])
+
+
+@dataclass
+class Copy:
+    """The stored int8 copy of sorted vectors: values [N, d] int8 (a memmap, an array or a
+    device tensor) and stats [C, 3] float64 (each cluster's scale, largest err, largest
+    norm)."""
+    values: object
+    stats: np.ndarray
+
+    def block(self, rows: slice, cluster: int, device) -> Q8:
+        """Rows of cluster ``cluster`` (a slice within it)."""
+        v = self.values[rows]
+        v = v.to(device) if isinstance(v, torch.Tensor) else \
+            torch.from_numpy(np.ascontiguousarray(v)).to(device)
+        return Q8(v, *self.stats[cluster:cluster + 1].T)
+
+    def to(self, device) -> "Copy":
+        return Copy(torch.as_tensor(np.asarray(self.values), device=device), self.stats)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.values.shape))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def cluster_copy(x: np.ndarray, cluster: np.ndarray, n_clusters: int) -> tuple:
+    """Sorted rows x (float32 [n, d]) of clusters ``cluster`` (each row's, ascending; a chunk
+    holds whole clusters) -> (values int8 [n, d], stats [n_clusters, 3] of the clusters
+    present, zeros elsewhere)."""
+    first = int(cluster[0]) if len(cluster) else 0
+    g = cluster - first
+    k = int(g.max()) + 1 if len(g) else 0
+    v, s, e, n = quantize(torch.from_numpy(np.ascontiguousarray(x)), torch.as_tensor(g), k)
+    stats = np.zeros((n_clusters, 3))
+    stats[cluster, 0] = s
+    np.maximum.at(stats[:, 1], cluster, e)
+    np.maximum.at(stats[:, 2], cluster, n)
+    return v.numpy(), stats
+
+
+def bound(qe, qn, me, mn, dim: int):
+    """The largest |<q~, m~> - fp32 <q, m>| of rows with errs qe, me and norms qn, mn."""
+    return qn * me + qe * (mn + me) + (dim * 2.0 ** -23 + GUARD)
+
+
+def thresholds(q: Q8, spans: list, m: np.ndarray, ts: list) -> list:
+    """Per threshold t of ``ts``: the int32 T_i [rows, 1] with D > T_i for every pair whose
+    fp32 similarity is above t, for the query rows of every span (a, b) of q one span after
+    the other, span u against members with stats m[u] (scale, err, norm). Computed for a
+    stack's blocks at once (per block, its few small operations cost ~1/4 of its GEMMs)."""
+    idx = np.concatenate([np.arange(a, b) for a, b in spans] + [np.zeros(0, np.int64)])
+    u = np.repeat(np.arange(len(spans)), [b - a for a, b in spans])
+    qs, qe, qn = (x[idx] for x in q.stats())
+    ms, me, mn = m[u].T
+    b, inv = bound(qe, qn, me, mn, q.shape[1]), 1.0 / (qs * ms)
+    return [np.clip(np.floor((t - b) * inv) - 1, *INT32).astype(np.int32)[:, None] for t in ts]
+
+
+def products(q: Q8, m: Q8):
+    """The block's integer sums [nq, nm] (int32, exact). On CUDA, _int_mm wants > 16 rows
+    and multiples of 8: both sides are padded with zero rows, which are cut off."""
+    a, b = q.values, m.values
+    if a.is_cuda:
+        a = _pad(a, max(32, -(-len(a) // 8) * 8))
+        b = _pad(b, -(-len(b) // 8) * 8)
+    d = torch._int_mm(a, b.T)[:len(q.values), :len(m.values)]
+    return d.numpy() if d.device.type == "cpu" else d
+
+
+def _pad(x: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, 0, 0, n - len(x))) if n > len(x) else x
+
+
+def _greater(d, t):
+    return np.greater(d, t) if isinstance(d, np.ndarray) else d > t
+
+
+def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, tau_t: float,
+               offsets: np.ndarray) -> torch.Tensor:
+    """Flat indices (ascending) of the pairs of blocks (q0, q1, m, m_low) that pass the
+    candidate rule (screen._rule's: S_ii and S_tt both above tau, or any similarity above its
+    floor) on their integer sums; ``offsets``: each block's first flat index. Members without
+    a stored copy (m_low None) are quantized as they are read."""
+    m8 = [m_low or {f: block(v) for f, v in m.items() if v is not None}
+          for _, _, m, m_low in blocks]
+    spans = [(a, b) for a, b, _, _ in blocks]
+    limits = {s: thresholds(q[a], spans, np.array([np.concatenate(m[b].stats()) for m in m8]),
+                            [floors[s]] + ([tau_i] if s == "sii" else [tau_t] if s == "stt"
+                                           else []))
+              for s, a, b in pairs if q.get(a) is not None}
+    cut = np.cumsum([0] + [b - a for a, b in spans])
+    out = [torch.zeros(0, dtype=torch.long, device=q["img"].values.device)]
+    for u, (a, b, _, _) in enumerate(blocks):
+        at = {s: [t[cut[u]:cut[u + 1]] for t in v] for s, v in limits.items()}
+        keep = rule({f: None if v is None else v[a:b] for f, v in q.items()}, m8[u], pairs, at)
+        out.append(flat(keep) + int(offsets[u]))
+    return torch.cat(out)
+
+
+def rule(q: dict, m: dict, pairs: tuple, limits: dict):
+    """The rule on one block's integer sums against its rows' thresholds (limits: per
+    similarity [floor] or [floor, tau]): a bool [nq, nm] (NumPy on a CPU)."""
+    keep = both = None
+    for s, a, b in pairs:
+        if q.get(a) is None:
+            continue
+        d = products(q[a], m[b])
+        floor, *tau = (t if isinstance(d, np.ndarray) else torch.as_tensor(t, device=d.device)
+                       for t in limits[s])
+        keep = _greater(d, floor) if keep is None else _or(keep, _greater(d, floor))
+        if tau:
+            both = _greater(d, tau[0]) if both is None else _and(both, _greater(d, tau[0]))
+    return _or(keep, both)
+
+
+def _or(a, b):
+    return np.logical_or(a, b, out=a) if isinstance(a, np.ndarray) else a.logical_or_(b)
+
+
+def _and(a, b):
+    return np.logical_and(a, b, out=a) if isinstance(a, np.ndarray) else a.logical_and_(b)
+
+
+def flat(keep) -> torch.Tensor:
+    """A block's candidates as flat (row-major) indices."""
+    if isinstance(keep, np.ndarray):
+        return torch.from_numpy(np.flatnonzero(keep))
+    return keep.reshape(-1).nonzero().squeeze(1)
