@@ -4,7 +4,9 @@ worker loads to mine the rows of its parts.
 Files in ``<workdir>/pass/``: the layout (``means``, ``radius``, ``order``, ``bounds``,
 ``positions``: blocks.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
 and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``; with hpm.precision bf16 also
-their bf16 copies ``img.bf16``, ...: blocks.save_vectors), all memory-mapped by every worker;
+their bf16 copies ``img.bf16``, ...; with int8 their int8 copies ``img.int8``, ... and each
+cluster's scale and bounds ``img.int8.npy``, ...: blocks.save_vectors), all memory-mapped by
+every worker;
 when the pass is partial, also each one-space layout and its sorted vectors in
 ``space_<name>/`` (spaces.py).
 The store's own vector files are deleted once these are written (store.drop_vectors).

@@ -155,14 +155,25 @@ def thresholds(q: Q8, spans: list, m: np.ndarray, ts: list) -> list:
     return [np.clip(np.floor((t - b) * inv) - 1, *INT32).astype(np.int32)[:, None] for t in ts]
 
 
-def products(q: Q8, m: Q8):
-    """The block's integer sums [nq, nm] (int32, exact). On CUDA, _int_mm wants > 16 rows
-    and multiples of 8: both sides are padded with zero rows, which are cut off."""
-    a, b = q.values, m.values
+def scaled(x: torch.Tensor, top) -> torch.Tensor:
+    """x / top * 127 rounded to int8 (top: x's largest |value|, per row or one; a zero top
+    leaves zeros): the layout's assignments, which need no bound."""
+    return torch.round(x * (MAX / torch.as_tensor(top).clamp(min=1e-30))).to(torch.int8)
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [n, d] x b [m, d] int8 -> int32 [n, m]. On CUDA, _int_mm wants > 16 rows and
+    multiples of 8: both sides are padded with zero rows, which are cut off."""
+    n, m = len(a), len(b)
     if a.is_cuda:
-        a = _pad(a, max(32, -(-len(a) // 8) * 8))
-        b = _pad(b, -(-len(b) // 8) * 8)
-    d = torch._int_mm(a, b.T)[:len(q.values), :len(m.values)]
+        a = _pad(a, max(32, -(-n // 8) * 8))
+        b = _pad(b, -(-m // 8) * 8)
+    return torch._int_mm(a, b.T)[:n, :m]
+
+
+def products(q: Q8, m: Q8):
+    """The block's integer sums [nq, nm] (int32, exact; NumPy on a CPU)."""
+    d = int_mm(q.values, m.values)
     return d.numpy() if d.device.type == "cpu" else d
 
 

@@ -17,6 +17,10 @@ random encoders are the dense exception). ``hpm.precision``:
   on pairs placed at the thresholds). A block (or a stack of small units, blocks.run_stack,
   decided as one) whose candidates are over DENSE_SHARE of its pairs is computed in fp32
   instead (re-scoring costs ~60x a GEMM's share per pair).
+* ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
+  AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
+  (q8.py); the layout's k-means and assignment in int8 too, routing and the one-space
+  searches as bf16's (``decision``).
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
 round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like

@@ -104,12 +104,13 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
 
 
 @pytest.mark.parametrize("k, probe, tau, precision", [(5, 3, TAU, "fp32"), (500, 8, 0.5, "fp32"),
-                                                      (5, 3, TAU, "bf16")])
+                                                      (5, 3, TAU, "bf16"), (5, 3, TAU, "int8")])
 def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device):
     """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
     k = 5 and k = 500 (there: every row is a noise pair, certified only when no pair left out
     can score > 0), and at the prefixes k' <= k (certified_at) of the same pass. bf16: routed
-    by bf16 GEMMs too, whose error the bound on a left-out pair is widened by."""
+    by bf16 GEMMs too, whose error the bound on a left-out pair is widened by; int8: laid out
+    by int8 GEMMs, routed as bf16, screened in int8."""
     img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)
     p = B.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
                      query_block=37, block_size=29, precision=precision)
@@ -195,6 +196,30 @@ def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypat
     cert = r.certified
     assert 0 < cert.sum() < len(img)
     assert (r.idx[cert] == B.canonical(ex.idx, ex.score)[0][cert]).all()
+
+
+def test_int8_assignment_is_the_argmax_of_the_quantized_products(monkeypatch, device):
+    """hpm.precision int8 lays out by int8 GEMMs: each row's centroid is the argmax of its
+    integer sums (rows scaled each by its own largest |value|, the centroids by one scale), as
+    a naive int64 product finds it (first index on ties), the same as fp32's for most rows;
+    a two-level layout (coarse centroids scored in bf16) with every cluster probed is still
+    exact HPM."""
+    img, txt = pairs(900, 16, seed=8, spread=2.0, n_clusters=12)
+    x = B.joint_t(torch.from_numpy(img), torch.from_numpy(txt))
+    cent = torch.nn.functional.normalize(x[::45] + 0.1, dim=1)
+    xq = torch.round(x * 127 / x.abs().amax(1, keepdim=True)).long()
+    cq = torch.round(cent * 127 / cent.abs().max()).long()
+    want = (xq @ cq.T).argmax(1)
+    got = B.nearest(x.to(device), cent.to(device), torch.int8).cpu()
+    assert torch.equal(got, want)
+    assert (got == B.nearest(x, cent)).float().mean() > 0.9
+    monkeypatch.setattr(B, "TWO_LEVEL_WORK", 4 * 900)
+    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
+                     query_block=37, block_size=29, precision="int8")
+    lay, r = B.neighbour_pass(img, txt, p, device=device)
+    assert lay.n_clusters == 16 and r.certified.all()
+    assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
+                         naive_hpm(img, txt, 5, TAU, TAU, 0.98), 5)
 
 
 def test_gather_caps_pairs_per_row_by_similarity():
@@ -362,7 +387,7 @@ def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypat
         assert (idx[row, len(want):] == -1).all()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device):
     """Small units run stacked (each unit's GEMMs into one flat buffer, one candidate pass for
     all: run_stack) and find the same top-k, support, pairs and similarities as each alone;
