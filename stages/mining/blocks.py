@@ -959,12 +959,12 @@ def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None, precision: str =
     them (tests, the benchmark; the stage memory-maps them: save_vectors)."""
     out = [None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order], np.float32)
            for x in (img, txt, ximg, xtxt)]
-    low = {n: _low_copy(x, lay, precision) for n, x in zip(NAMES, out)
+    low = {n: low_copy(x, lay, precision) for n, x in zip(NAMES, out)
            if x is not None and precision != "fp32"}
     return Vectors(*out, low=low or None)
 
 
-def _low_copy(x: np.ndarray, lay: Layout, precision: str):
+def low_copy(x: np.ndarray, lay: Layout, precision: str):
     """Sorted rows' copy in a low ``precision``: bf16 bits, or a q8.Copy (per-cluster scales)."""
     if precision != "int8":
         return screen.to_bits(x, precision)

@@ -66,6 +66,9 @@ class Q8:
     def shape(self):
         return self.values.shape
 
+    def __len__(self) -> int:
+        return len(self.values)
+
 
 def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int = 0) -> tuple:
     """float32 rows [n, d] -> (values int8, then scale, err, norm: float64 NumPy [n]); with
@@ -147,10 +150,14 @@ def thresholds(q: Q8, spans: list, m: np.ndarray, ts: list) -> list:
     fp32 similarity is above t, for the query rows of every span (a, b) of q one span after
     the other, span u against members with stats m[u] (scale, err, norm). Computed for a
     stack's blocks at once (per block, its few small operations cost ~1/4 of its GEMMs)."""
-    idx = np.concatenate([np.arange(a, b) for a, b in spans] + [np.zeros(0, np.int64)])
-    u = np.repeat(np.arange(len(spans)), [b - a for a, b in spans])
-    qs, qe, qn = (x[idx] for x in q.stats())
-    ms, me, mn = m[u].T
+    if len(spans) == 1:                     # one block (spaces.py's): views, one member row
+        qs, qe, qn = (x[slice(*spans[0])] for x in q.stats())
+        ms, me, mn = m[0]
+    else:
+        idx = np.concatenate([np.arange(a, b) for a, b in spans] + [np.zeros(0, np.int64)])
+        u = np.repeat(np.arange(len(spans)), [b - a for a, b in spans])
+        qs, qe, qn = (x[idx] for x in q.stats())
+        ms, me, mn = m[u].T
     b, inv = bound(qe, qn, me, mn, q.shape[1]), 1.0 / (qs * ms)
     return [np.clip(np.floor((t - b) * inv) - 1, *INT32).astype(np.int32)[:, None] for t in ts]
 
@@ -183,6 +190,19 @@ def _pad(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def _greater(d, t):
     return np.greater(d, t) if isinstance(d, np.ndarray) else d > t
+
+
+def hits(x: Q8, rows: np.ndarray, m: Q8, floor: float) -> tuple:
+    """screen.hits in int8 (spaces.py's one-space blocks): (query index into rows, member
+    index) of a superset of the pairs whose fp32 <x[rows], m> is above floor, by each row's
+    threshold."""
+    q = x.index_select(0, torch.as_tensor(rows, device=x.values.device))
+    (t,) = thresholds(q, [(0, len(rows))], np.concatenate(m.stats())[None], [floor])
+    d = products(q, m)
+    keep = _greater(d, t if isinstance(d, np.ndarray) else torch.as_tensor(t, device=d.device))
+    if isinstance(keep, np.ndarray):
+        return np.nonzero(keep)
+    return tuple(v.cpu().numpy() for v in keep.nonzero(as_tuple=True))
 
 
 def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, tau_t: float,

@@ -34,11 +34,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
-from . import blocks, screen
+from . import blocks, q8, screen
 
 # member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
 SPACES = {"img": (("img", "sii", "floor_i"),),
@@ -63,6 +64,7 @@ class Space:
     lay: blocks.Layout
     members: np.ndarray       # the space's vectors in its layout's order
     pos: np.ndarray           # each joint position's position in this layout
+    low: Optional[q8.Copy] = None   # hpm.precision int8: the members' int8 copy (q8.py)
 
 
 def _space_params(p: blocks.PassParams) -> blocks.PassParams:
@@ -73,8 +75,12 @@ def _space_params(p: blocks.PassParams) -> blocks.PassParams:
 def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> list[Space]:
     """Each space's layout, with its vectors sorted in memory (vec: the joint layout's sorted
     vectors, so a space's ``order`` holds their positions)."""
-    return [Space(name, lay, np.asarray(getattr(vec, name))[lay.order], lay.positions())
-            for name, lay in _layouts(vec, p, device)]
+    out = []
+    for name, lay in _layouts(vec, p, device):
+        members = np.asarray(getattr(vec, name))[lay.order]
+        low = blocks.low_copy(members, lay, "int8") if p.precision == "int8" else None
+        out.append(Space(name, lay, members, lay.positions(), low))
+    return out
 
 
 def _layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str):
@@ -88,7 +94,8 @@ def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> 
     for name, lay in _layouts(vec, p, device):
         sub = os.path.join(dir_, f"space_{name}")
         blocks.save_layout(sub, lay)
-        blocks.save_vectors(sub, lay, {name: getattr(vec, name)})   # streamed, not in memory
+        blocks.save_vectors(sub, lay, {name: getattr(vec, name)},   # streamed, not in memory
+                            "int8" if p.precision == "int8" else "fp32")
 
 
 def load(dir_: str, n: int) -> list[Space]:
@@ -97,7 +104,8 @@ def load(dir_: str, n: int) -> list[Space]:
         sub = os.path.join(dir_, f"space_{name}")
         if os.path.isdir(sub):
             lay, at = blocks.load_layout(sub)
-            out.append(Space(name, lay, getattr(blocks.load_vectors(sub, n), name), at))
+            vec = blocks.load_vectors(sub, n)
+            out.append(Space(name, lay, getattr(vec, name), at, (vec.low or {}).get(name)))
     return out
 
 
@@ -199,11 +207,15 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
     superset: each hit is accepted or not on its gathered fp32 dot product. With hpm.precision
     bf16 the blocks are bf16 GEMMs (the queries cast once, each member block as it is read) at
     the floor lowered by the screen's proven margin (screen.py), so no pair above it is
-    missed."""
-    lay, precision = s.lay, screen.decision(p.precision)       # int8: these stay bf16
-    if precision != "fp32":
+    missed; with int8, int8 GEMMs (the queries quantized once, the members' int8 copy read)
+    against each query's proven threshold (q8.hits)."""
+    lay, precision = s.lay, p.precision
+    if precision == "bf16":
         x, floor = screen.low({"x": x}, precision)["x"], floor - screen.margin(
             precision, x.shape[1])
+    hits = screen.hits
+    if precision == "int8":
+        x, hits = q8.rows(x), q8.hits
     q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
     o = np.lexsort((q, c))
     q, c = q[o], c[o]
@@ -211,12 +223,21 @@ def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.
     for u in np.flatnonzero(np.diff(cuts)):
         qs, b = q[cuts[u]:cuts[u + 1]], int(lay.bounds[u + 1])
         for s0 in range(int(lay.bounds[u]), b, p.block_size):
-            block = blocks._rows(s.members, s0, min(b, s0 + p.block_size), device).to(x.dtype)
+            block = _block(s, slice(s0, min(b, s0 + p.block_size)), u, x, device)
             for a in range(0, len(qs), p.query_block):
                 rows = qs[a:a + p.query_block]
-                r, col = screen.hits(x, rows, block, floor)
+                r, col = hits(x, rows, block, floor)
                 if len(r):
                     yield rows[r], np.asarray(lay.order[s0 + col])
+
+
+def _block(s: Space, rows: slice, cluster: int, x, device):
+    """Members ``rows`` of ``cluster`` as the queries x take them: a q8.Q8 (int8: the stored
+    copy's, else quantized as read), or fp32 rows cast to x's dtype."""
+    if isinstance(x, q8.Q8):
+        return s.low.block(rows, cluster, device) if s.low is not None else \
+            q8.block(blocks._rows(s.members, rows.start, rows.stop, device))
+    return blocks._rows(s.members, rows.start, rows.stop, device).to(x.dtype)
 
 
 def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device: str) -> dict:

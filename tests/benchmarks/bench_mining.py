@@ -390,6 +390,10 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
           f"{gflop / t_units:.0f} GFLOP/s achieved ({gflop / t_units / peak:.0%} of the plain "
           f"{p.precision} GEMM); "
           f"{2 * per * dims * n / 1e12:.1f} TFLOP for all N", flush=True)
+    if sp:        # what the stage runs on a partial pass: the one-space layouts too
+        staged = t_build + t_spaces + us_pass * t_sp / t_here * n / 1e6
+        print(f"with the one-space layouts, as the stage runs a partial pass (their share of a "
+              f"target scaled from this process's ratio): {staged:.1f}s for all N", flush=True)
     print(f"on {len(qs)} targets with exact HPM (recall: pairs with a positive score; cert prec: "
           f"certified targets whose top-k equals exact HPM's, nan when none is certified)")
     print(f"certificate: cluster radius (joint space) median {np.median(lay.radius):.3f}, "

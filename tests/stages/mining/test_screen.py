@@ -154,11 +154,9 @@ def test_a_bf16_block_compared_on_its_bits_equals_the_float_comparison(device):
         assert want.any() and not want.all()
 
 
-def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
-    """screen.hits (spaces.py's blocks): in bf16, at the floor lowered by the margin, a superset
-    of the pairs whose fp32 dot product is above the floor, here all within bf16's rounding of
-    it (without the margin, most are missed); in fp32, exactly the GEMM's pairs. Shapes off
-    HIT_STEP's multiples (37 of 240 queries, 53 members): the padding is cut off."""
+def pairs_at_a_floor(device):
+    """240 queries, 37 of them (rows) each with members just above the floor 0.801 (bf16's
+    0.80078 is just below it): (x, rows, members, floor, the pairs above it in fp32)."""
     g = torch.Generator().manual_seed(3)
     x = torch.nn.functional.normalize(torch.randn(240, 384, generator=g), dim=1)
     rows, floor = np.arange(3, 240, 6)[:37], 0.801    # just above bf16's 0.80078
@@ -171,6 +169,15 @@ def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
     x, m = x.to(device), m.to(device)
     want = set(zip(*np.nonzero((x[torch.as_tensor(rows, device=device)] @ m.T).cpu().numpy()
                                > floor)))
+    return x, rows, m, floor, want
+
+
+def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
+    """screen.hits (spaces.py's blocks): in bf16, at the floor lowered by the margin, a superset
+    of the pairs whose fp32 dot product is above the floor, here all within bf16's rounding of
+    it (without the margin, most are missed); in fp32, exactly the GEMM's pairs. Shapes off
+    HIT_STEP's multiples (37 of 240 queries, 53 members): the padding is cut off."""
+    x, rows, m, floor, want = pairs_at_a_floor(device)
     low = screen.low({"x": x}, "bf16")["x"]
     eps = screen.margin("bf16", 384)
     r, c = screen.hits(low, rows, m.to(low.dtype), floor - eps)
@@ -229,3 +236,16 @@ def test_int8_copies_written_in_chunks_equal_the_copy_in_memory(tmp_path):
             np.testing.assert_array_equal(np.asarray(got[name].values), want[name].values)
             np.testing.assert_array_equal(got[name].stats, want[name].stats)
     assert (want["img"].stats[:, 0] > 0).all() and len(np.unique(want["img"].stats[:, 0])) == 3
+
+
+def test_one_space_hits_in_int8_hold_every_pair_above_the_floor(monkeypatch, device):
+    """q8.hits (spaces.py's blocks under hpm.precision int8): each query against its proven
+    threshold, the members' cluster copy: a superset of the pairs above the floor in fp32;
+    without the bound, some are missed."""
+    x, rows, m, floor, want = pairs_at_a_floor(device)
+    copy = q8.Copy(*q8.cluster_copy(m.cpu().numpy(), np.zeros(len(m), np.int64), 1))
+    q, members = q8.rows(x), copy.block(slice(0, len(m)), 0, device)
+    r, c = q8.hits(q, rows, members, floor)
+    assert len(want) > 15 and want <= set(zip(r, c)) and r.max() < 37 and c.max() < 53
+    monkeypatch.setattr(q8, "bound", lambda *a: 0.0)
+    assert not want <= set(zip(*q8.hits(q, rows, members, floor)))
