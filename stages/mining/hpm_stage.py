@@ -118,7 +118,8 @@ class HpmParams(Params):
     # or AVX512-BF16 (see deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them,
     # slower than fp32. int8 screens the joint blocks by int8 GEMMs instead, with a bound
     # proven per row (stages/mining/q8.py): ~1.6-2x bf16's rate with AVX512-VNNI, AMX or GPU
-    # tensor cores, the same pairs; its layout, routing and one-space searches are bf16's
+    # tensor cores, the same pairs; its layout and one-space searches in int8 too, routing
+    # in bf16
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
@@ -153,7 +154,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "11"       # 11 (int8 added: fp32 and bf16 write the same bytes as before): routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
+    version = "11"       # (int8 added in 11: fp32 and bf16 write the same bytes as before)
+                         # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
                          # probe 60;
                          # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);
                          # 9: clusters of ~256 rows, probe 80 (both precisions);

@@ -24,8 +24,10 @@ a superset of the pairs whose fp32 similarity exceeds t (tested against fp32 at 
 on the thresholds). The bound follows each row's actual rounding (~0.018 at 384 dimensions
 against bf16's fixed 0.012), so a few more pairs are re-scored (~+15%: bench_mining.py).
 Clusters' scales and bounds are stored beside the int8 copy (``Copy``); blocks quantized on
-the fly (no stored copy) take their own. The layout, routing and the one-space searches stay
-in bf16 (``screen.decision``): they only decide where to look.
+the fly (no stored copy) take their own. The one-space searches screen the same way
+(``hits``: each space's own int8 copy), the layout's k-means and assignment use int8 GEMMs
+without a bound (blocks.nearest: they only decide where rows sit), and routing stays bf16
+(``screen.decision``: its certificate's slack is bf16's margin).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import numpy as np
 import torch
 
 MAX = 127
+CHUNK = 16384        # rows quantized at a time where copies are written (float64: ~5x their bytes)
 SLACK = 1e-9         # relative: float64 norms (exact to ~d 2^-53) rounded up by this
 GUARD = 1e-6         # absolute, on every bound
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -74,7 +77,7 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
     """float32 rows [n, d] -> (values int8, then scale, err, norm: float64 NumPy [n]); with
     ``group`` (each row's group in 0..groups-1) every row of a group takes the group's scale
     (its largest max|x| / 127). A zero row gets scale 1 (values 0, err 0)."""
-    x64 = x.double()
+    x64 = x.to(torch.float64, copy=True)
     top = x64.abs().amax(1) if x.shape[1] else torch.zeros(len(x), dtype=torch.float64,
                                                             device=x.device)
     if group is not None:
@@ -84,8 +87,9 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
     values = torch.round(x64 / scale[:, None]).clamp_(-MAX, MAX)
     deq = values * scale[:, None]
     up = 1 + SLACK
-    return (values.to(torch.int8), *(v.cpu().numpy() for v in (
-        scale, (x64 - deq).norm(dim=1) * up, deq.norm(dim=1) * up)))
+    norm = deq.norm(dim=1) * up
+    err = x64.sub_(deq).norm(dim=1) * up                 # in place: float64 rows are 8x x's
+    return (values.to(torch.int8), *(v.cpu().numpy() for v in (scale, err, norm)))
 
 
 def rows(x: torch.Tensor) -> Q8:

@@ -19,8 +19,8 @@ random encoders are the dense exception). ``hpm.precision``:
   instead (re-scoring costs ~60x a GEMM's share per pair).
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
-  (q8.py); the layout's k-means and assignment in int8 too, routing and the one-space
-  searches as bf16's (``decision``).
+  (q8.py); the layout's k-means and assignment and the one-space searches (q8.hits) in int8
+  too, routing as bf16's (``decision``).
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
 round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
@@ -54,8 +54,8 @@ def margin(precision: str, dim: int) -> float:
 
 
 def decision(precision: str) -> str:
-    """The precision of the GEMMs that only decide where to look (the layout, routing, the
-    one-space searches): int8's are bf16 (q8.py)."""
+    """The precision of the GEMMs that only decide where to look, routing (and its
+    certificate's slack): int8's are bf16 (q8.py)."""
     return "bf16" if precision == "int8" else precision
 
 
