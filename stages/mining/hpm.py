@@ -63,11 +63,12 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def as_tensor(x, device: str) -> torch.Tensor:
-    """float32 tensor on ``device``; a read-only memmap is shared, not copied (never written)."""
+def as_tensor(x, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A ``dtype`` tensor on ``device``; a read-only memmap is shared, not copied (never
+    written)."""
     if isinstance(x, torch.Tensor):
-        return x.to(device=device, dtype=torch.float32)
-    x = np.ascontiguousarray(x, dtype=np.float32)
+        return x.to(device=device, dtype=dtype)
+    x = np.ascontiguousarray(x, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)     # "non-writable tensor"
         return torch.from_numpy(x).to(device)

@@ -22,7 +22,8 @@ pair is a candidate for threshold t when its integer sum D exceeds
 
 a superset of the pairs whose fp32 similarity exceeds t (tested against fp32 at pairs placed
 on the thresholds). The bound follows each row's actual rounding (~0.018 at 384 dimensions
-against bf16's fixed 0.012), so a few more pairs are re-scored (~13% more at 1M rows: 87 per target against 77).
+against bf16's fixed 0.012), so a few more pairs are re-scored (~13% more at 1M rows: 87 per
+target against 77).
 Clusters' scales and bounds are stored beside the int8 copy (``Copy``); blocks quantized on
 the fly (no stored copy) take their own. The one-space searches screen the same way
 (``hits``: each space's own int8 copy), the layout's k-means and assignment use int8 GEMMs
@@ -36,6 +37,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from .hpm import as_tensor
 
 MAX = 127
 CHUNK = 16384        # rows quantized at a time where copies are written (float64: ~5x their bytes)
@@ -113,13 +116,14 @@ class Copy:
 
     def block(self, rows: slice, cluster: int, device) -> Q8:
         """Rows of cluster ``cluster`` (a slice within it)."""
-        v = self.values[rows]
-        v = v.to(device) if isinstance(v, torch.Tensor) else \
-            torch.from_numpy(np.ascontiguousarray(v)).to(device)
+        if cluster is None:
+            raise ValueError("an int8 block needs its cluster: its scale and bounds are the "
+                             "cluster's")
+        v = as_tensor(self.values[rows], device, torch.int8)
         return Q8(v, *self.stats[cluster:cluster + 1].T)
 
     def to(self, device) -> "Copy":
-        return Copy(torch.as_tensor(np.asarray(self.values), device=device), self.stats)
+        return Copy(as_tensor(self.values, device, torch.int8), self.stats)
 
     @property
     def nbytes(self) -> int:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from . import q8
+from .hpm import as_tensor
 
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
@@ -76,19 +77,19 @@ def to_bits(x, precision: str):
     return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
 
 
-def low_rows(x, rows: slice, device: str, cluster: int = 0):
+def low_rows(x, rows: slice, device: str, cluster: Optional[int] = None):
     """Rows of a low copy (a device tensor already, or int16 bits: a memmap), followed by the
     next rows of the copy up to a multiple of SHAPE_STEP where there are that many: ``sims``
     then pads nothing (a copy of the block), and reads only the first rows' results. An int8
-    copy (q8.Copy): the rows alone (an int8 GEMM takes any shape), with their cluster's
-    scale."""
+    copy (q8.Copy): the rows alone (an int8 GEMM takes any shape), with the scale and bounds
+    of ``cluster``, the one the rows lie in (required: another cluster's would void the
+    bound)."""
     if isinstance(x, q8.Copy):
         return x.block(rows, cluster, device)
     stop = min(len(x), rows.stop + (rows.start - rows.stop) % SHAPE_STEP)
     if isinstance(x, torch.Tensor):
         return x[rows.start:stop]
-    part = np.ascontiguousarray(x[rows.start:stop])
-    return torch.from_numpy(part).view(torch.bfloat16).to(device)
+    return as_tensor(x[rows.start:stop], device, torch.int16).view(torch.bfloat16)
 
 
 SHAPE_STEP = 128     # a low-precision GEMM's rows, padded to a multiple (see sims)

@@ -110,3 +110,30 @@ def test_a_pair_at_a_floor_is_listed_once():
         r = space_pass(img, txt, p)
         q = np.repeat(np.arange(len(img)), np.diff(r.offsets))
         assert len(set(zip(q.tolist(), r.pair_j.tolist()))) == len(q) > 0
+
+
+def test_int8_one_space_copies_written_by_build_are_the_ones_load_gives_the_search(
+        tmp_path, monkeypatch):
+    """hpm.precision int8, the seam from the global step to the workers: spaces.build writes
+    each space's int8 copy with its clusters' scales and bounds, spaces.load hands it to the
+    search (no block is quantized on the fly: q8.block is never called), and the pairs equal
+    those of the in-memory layouts."""
+    from vlcurate.stages.mining import q8
+    img, txt = data()
+    ximg, xtxt = cross_vectors(img, 1)
+    p = params(5, 8, probe=1, precision="int8", space_probe=8, **FLOORS)
+    lay = B.build_layout(img, txt, p)
+    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
+    S.build(str(tmp_path), vec, p, "cpu")
+    loaded, memory = S.load(str(tmp_path), len(img)), S.layouts(vec, p)
+    assert [s.name for s in loaded] == [s.name for s in memory] == ["ximg", "xtxt"]
+    for a, b in zip(loaded, memory):
+        assert isinstance(a.low, q8.Copy)
+        np.testing.assert_array_equal(np.asarray(a.low.values), b.low.values)
+        np.testing.assert_array_equal(a.low.stats, b.low.stats)
+    monkeypatch.setattr(q8, "block", lambda *a: pytest.fail("a block quantized on the fly"))
+    pos = lay.positions()
+    got, want = (S.mine(lay, vec, sp, pos, p) for sp in (loaded, memory))
+    assert len(got.pair_j) > 20
+    for f in ("offsets", "pair_j", "pair_sit", "pair_xii", "pair_xtt"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
