@@ -142,6 +142,13 @@ class Layout:
         top-k to global rows where it merges them)."""
         return self.cached("order", device, "", lambda: self.order)
 
+    def low_means(self, device) -> q8.Q8:
+        """The member means in int8, one scale for all (q8.shared), made once per device."""
+        key = ("means", str(device), "int8")
+        if key not in self._on:
+            self._on[key] = q8.shared(as_tensor(self.means, device))
+        return self._on[key]
+
     def cached(self, name: str, device, tag: str, make, dtype=None) -> torch.Tensor:
         """The array ``make()`` as a tensor on ``device`` (in ``dtype``), made once per name,
         device and tag and kept: routing reads the means and radii once per chunk."""
@@ -180,6 +187,11 @@ def _rows(x, a: int, b: int, device: str) -> torch.Tensor:
     return as_tensor(x[a:b], device)
 
 
+def _whole(x) -> torch.Tensor:
+    """x as a tensor where it lies (a device's copy, or a memmap's pages on the host, shared)."""
+    return x if isinstance(x, torch.Tensor) else as_tensor(x, "cpu")
+
+
 def _chunks(img, txt, device: str, chunk: int = 32768):
     """Per chunk of rows (in table order): (first row, their joint vectors, or img's alone when
     txt is None)."""
@@ -189,8 +201,9 @@ def _chunks(img, txt, device: str, chunk: int = 32768):
 
 
 def gemm_dtype(precision: str) -> torch.dtype:
-    """The dtype of the GEMMs that only decide where to search (the layout's assignments,
-    routing) under hpm.precision: fp32, or the screen's low dtype (int8's: bf16)."""
+    """The float dtype of the GEMMs that only decide where to search under hpm.precision (the
+    layout's assignments, routing; int8 has its own, and bf16 for a two-level layout's
+    coarse centroids): fp32, or the screen's low dtype."""
     return torch.float32 if precision == "fp32" else screen.LOW[screen.decision(precision)][0]
 
 
@@ -378,7 +391,7 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
     c = lay.n_clusters
     probe = min(probe, c)
     x = joint_t(_take(vec.img, pos, device), _take(vec.txt, pos, device))
-    m = mean_scores(lay, x, precision)
+    m, err = routing_scores(lay, x, precision)
     own = torch.as_tensor(lay.cluster_of(pos), device=device).unsqueeze(1)
     # topk's order-free selection, not NumPy's argpartition: the same set, ~2x faster on 2
     # threads (equal on 1)
@@ -388,8 +401,7 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
         reach = lay.cached("reach", device, "fp32", lambda: lay.radius - ROUTE_SPREAD * spread(lay))
         m.add_(reach.unsqueeze(0)).scatter_(1, top, -math.inf)      # <q, mu_c> + r_c
         m_out = m.max(1).values.cpu().numpy()
-    slack = SLACK + screen.margin(screen.decision(precision), x.shape[1])
-    m_out = np.where(np.isfinite(m_out), m_out + slack, -np.inf).astype(np.float32)
+    m_out = np.where(np.isfinite(m_out), m_out + (SLACK + err), -np.inf).astype(np.float32)
     return top.cpu().numpy().astype(np.int64), m_out
 
 
@@ -420,18 +432,31 @@ def spread(lay: Layout) -> np.ndarray:
 def mean_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
     """[n, C] fp32 routing scores <x_i, mu_c> + ROUTE_SPREAD spread_c of query vectors x
     against every cluster's member mean (joint vectors, or one space's: spaces.py), -inf for
-    an empty cluster: one GEMM with the spreads (and the empty clusters) as its bias. With a
-    low ``precision`` its operands are in that dtype (within screen.margin of fp32, ~3x fp32's
-    rate on 1 thread of a CPU with AVX512-BF16): routing decides only where to search, never
-    a score, and ``_route`` widens m_out by that margin."""
-    dtype = gemm_dtype(precision)
-    means = lay.cached("means", x.device, precision, lambda: lay.means, dtype)
+    an empty cluster: one GEMM with the spreads (and the empty clusters) as its bias."""
+    return routing_scores(lay, x, precision)[0]
+
+
+def routing_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> tuple:
+    """(``mean_scores``, the largest |score - fp32 score| of each row: a float, or per row).
+    With a low ``precision`` the GEMM's operands are in its dtype: bf16 (within screen.margin
+    of fp32, ~3x fp32's rate on 1 thread of a CPU with AVX512-BF16), or int8 (the rows each
+    with its scale, the means with one: exact int32 sums, ~1.6x bf16's rate with the rows'
+    quantization, each row's error bounded as q8.py's screen bounds it). Routing decides only
+    where to search, never a score, and ``_route`` widens m_out by the error."""
     bias = lay.cached("bias", x.device, "fp32", lambda: np.where(
         np.diff(lay.bounds) == 0, -np.inf, ROUTE_SPREAD * spread(lay)).astype(np.float32))
+    if precision == "int8":
+        q, c = q8.rows(x), lay.low_means(x.device)
+        scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
+        m = q8.int_mm(q.values, c.values).float()     # exact: |sums| < 127^2 d < 2^24
+        return (m.mul_(scale[:, None]).add_(bias),
+                q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
+    dtype = gemm_dtype(precision)
+    means = lay.cached("means", x.device, precision, lambda: lay.means, dtype)
     if dtype == torch.float32:
-        return torch.addmm(bias, x, means.T)
-    return (x.to(dtype) @ means.T).float().add_(bias)     # the bias in fp32: only the GEMM's
-                                                          # rounding is the margin's
+        return torch.addmm(bias, x, means.T), 0.0
+    # the bias in fp32: only the GEMM's rounding is the margin's
+    return (x.to(dtype) @ means.T).float().add_(bias), screen.margin(precision, x.shape[1])
 
 
 class Best:
@@ -613,13 +638,10 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
-    flat, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i,
-                                    p.tau_t, p.precision, torch.as_tensor(own, device=device))
-    u = torch.searchsorted(torch.as_tensor(at, device=device), flat, right=True) - 1
-    local = flat - torch.as_tensor(at, device=device)[u]
-    width = torch.as_tensor(size, device=device)[u]
-    r = torch.as_tensor(qoff, device=device)[u] + local // width
-    member = torch.as_tensor(a, device=device)[u] + local % width
+    base = {x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}
+    flat, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
+                                    torch.as_tensor(own, device=device), (base, a))
+    r, member = screen.pair_rows(blocks, flat, a)
     acc = Findings(len(qall), p, device)
     acc.add(r, lay.order_on(device)[member], val)
     return acc.result(lay.order, qall)

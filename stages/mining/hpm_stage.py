@@ -154,7 +154,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "11"       # (int8 added in 11: fp32 and bf16 write the same bytes as before)
+    version = "12"       # 12: int8 routes in int8 and falls back to fp32 blocks later
+                         # (screen.INT8_DENSE_GAIN); fp32 and bf16 write the same bytes as in 11
+                         # (int8 added in 11: fp32 and bf16 write the same bytes as before)
                          # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
                          # probe 60;
                          # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);

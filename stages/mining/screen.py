@@ -19,8 +19,8 @@ random encoders are the dense exception). ``hpm.precision``:
   instead (re-scoring costs ~60x a GEMM's share per pair).
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
-  (q8.py); the layout's k-means and assignment and the one-space searches (q8.hits) in int8
-  too, routing as bf16's (``decision``).
+  (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
+  certificate) and the one-space searches (q8.hits) in int8 too.
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
 round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
@@ -40,6 +40,10 @@ from .hpm import as_tensor
 
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
+# int8's fallback pays later: its fp32 GEMMs cost ~4x bf16's relative to the screen's, and its
+# re-score per pair is a third cheaper at the stack level (rescore_flat's ``members``): per
+# pair on 1 thread, ~0.42 us re-scored against ~27 ns by the fallback (GEMMs and its pass)
+INT8_DENSE_GAIN = 4
 RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
@@ -55,8 +59,8 @@ def margin(precision: str, dim: int) -> float:
 
 
 def decision(precision: str) -> str:
-    """The precision of the GEMMs that only decide where to look, routing (and its
-    certificate's slack): int8's are bf16 (q8.py)."""
+    """The float precision of the GEMMs that only decide where to look where int8 has none
+    of its own (a two-level layout's coarse centroids): int8's is bf16."""
     return "bf16" if precision == "int8" else precision
 
 
@@ -130,10 +134,7 @@ def hits(x: torch.Tensor, rows: np.ndarray, m: torch.Tensor, floor: float
     x a ~512-row cluster (1M rows, hpm.pair_probe 8): padding to SHAPE_STEP would nearly
     double its queries."""
     q = x.index_select(0, torch.as_tensor(rows, device=x.device))
-    keep = _greater(sims({"img": q}, {"img": m}, step=HIT_STEP)["sii"], floor)
-    if isinstance(keep, np.ndarray):
-        return np.nonzero(keep)
-    return tuple(t.cpu().numpy() for t in keep.nonzero(as_tuple=True))
+    return q8.where(_greater(sims({"img": q}, {"img": m}, step=HIT_STEP)["sii"], floor))
 
 
 class QueryRows:
@@ -176,8 +177,14 @@ def rescore(q: QueryRows, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
     for i in range(0, len(r), RESCORE_ROWS):
         rr, cc = r[i:i + RESCORE_ROWS], c[i:i + RESCORE_ROWS]
         for s, a, b in pairs:
-            out[s].append(q.at(a, rr).mul_(m[b].index_select(0, cc)).sum(1))
+            out[s].append(q.at(a, rr).mul_(_gather(m[b], cc, rr.device)).sum(1))
     return {s: torch.cat(v) for s, v in out.items()}
+
+
+def _gather(x: torch.Tensor, rows: torch.Tensor, device) -> torch.Tensor:
+    """Rows of x, on ``device`` (x may be a host copy of memory-mapped vectors: a GPU pass whose
+    vectors do not fit on the device gathers the re-scored rows on the host)."""
+    return x.index_select(0, rows.to(x.device)).to(device)
 
 
 GUARD = 1e-6       # the pre-screen's thresholds sit this far below the exact ones (a superset)
@@ -277,23 +284,25 @@ def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
     return flat // width, flat % width, val
 
 
-def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float,
-                 tau_t: float, precision: str, own: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
+                 precision: str, own: torch.Tensor, members: Optional[tuple] = None
+                 ) -> tuple[torch.Tensor, dict]:
     """Candidate pairs of several blocks at once: block b = (q0, q1, m, m_low) is queries
     q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
     block and similarity, written into one buffer; then one candidate pass over the buffer.
-    Returns (flat indices, exact similarities); ``own``: the targets' own pairs, flat."""
+    Returns (flat indices, exact similarities); ``own``: the targets' own pairs, flat;
+    ``members``: see rescore_flat."""
     if precision == "int8":
         flat = int8_candidates(q, blocks, floors, tau_i, tau_t, own)
-        if len(flat) <= DENSE_SHARE * offsets(blocks)[-1]:
-            return flat, rescore_flat(q, blocks, flat)
+        if len(flat) <= DENSE_SHARE * INT8_DENSE_GAIN * offsets(blocks)[-1]:
+            return flat, rescore_flat(q, blocks, flat, members)
     elif precision != "fp32":
         s = flat_sims(q.low, [(a, b, mlow or low(m, precision), len(m["img"]))
                               for a, b, m, mlow in blocks])
         eps = margin(precision, q.dim)
         flat = flat_candidates(s, floors, tau_i, tau_t, eps, own)
         if len(flat) <= DENSE_SHARE * s["sii"].numel():
-            return flat, rescore_flat(q, blocks, flat)
+            return flat, rescore_flat(q, blocks, flat, members)
     s = flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])
     flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
     return flat, {f: at_flat(v, flat) for f, v in s.items()}
@@ -321,8 +330,14 @@ def flat_sims(q: dict, blocks: list) -> dict:
     return out
 
 
-def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor) -> dict:
-    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member."""
+def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor,
+                 members: Optional[tuple] = None) -> dict:
+    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member.
+    ``members`` (the vectors every block's members are rows of, by name, and each block's
+    first row in them): all the blocks' pairs re-scored at once, ~a third of the time of
+    block by block for a stack of small units (the same products and sums: the same bits)."""
+    if members is not None:
+        return rescore(q, members[0], *pair_rows(blocks, flat, members[1]))
     at = offsets(blocks)
     cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).tolist()
     out = [{s: torch.zeros(0, device=flat.device) for s, a, _ in PAIRS if q.has(a)}]
@@ -332,3 +347,15 @@ def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor) -> dict:
             w = len(m["img"])
             out.append(rescore(q, m, f // w + a, f % w))
     return {s: torch.cat([o[s] for o in out]) for s in out[0]}
+
+
+def pair_rows(blocks: list, flat: torch.Tensor, first) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query row, member row) of flat pairs of blocks (q0, q1, m, ...), the member row counted
+    from ``first`` (each block's first member's row in the vectors the caller reads)."""
+    dev = flat.device
+    at = torch.as_tensor(offsets(blocks), device=dev)
+    u = torch.searchsorted(at, flat, right=True) - 1
+    local = flat - at[u]
+    width = torch.as_tensor([len(m["img"]) for _, _, m, *_ in blocks], device=dev)[u]
+    q0 = torch.as_tensor([a for a, *_ in blocks], device=dev)[u]
+    return q0 + local // width, torch.as_tensor(np.asarray(first), device=dev)[u] + local % width

@@ -129,7 +129,7 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
     acc.add({"q": np.repeat(np.arange(len(pos)), np.diff(r.offsets)), "j": r.pair_j,
              **{f: getattr(r, f"pair_{f}") for f in blocks.SIMS}})
     seen = [lambda q, j, sims: (routes[q] == joint.cluster_of(j)[:, None]).any(1)]
-    with torch.no_grad():
+    with torch.no_grad(), blocks.freed_memory_kept():     # as the joint pass: no fresh pages
         for s, qname, sim, floor in searches(spaces, vec, p):
             x = blocks._take(getattr(vec, qname), pos, device)
             probe = _probe(s.lay, x, p.space_probe, p.precision)

@@ -128,14 +128,14 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device
     np.testing.assert_array_equal(r.certified, r.certified_at(k))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest(precision,
                                                                                  device):
     """route: each query's probe clusters are its own plus the best non-empty ones by
-    <q, mu_c> + ROUTE_SPREAD sqrt(1 - |mu_c|^2) (as a naive sort finds them, up to bf16
-    near-ties), never an empty one while
-    non-empty ones are left; m_out is at least every left-out cluster's <q, mu_c> + r_c (in
-    bf16 too: widened by the screen's margin)."""
+    <q, mu_c> + ROUTE_SPREAD sqrt(1 - |mu_c|^2) (as a naive sort finds them, up to bf16's or
+    int8's near-ties), never an empty one while non-empty ones are left; m_out is at least
+    every left-out cluster's <q, mu_c> + r_c (in bf16 and int8 too: widened by the screen's
+    margin, or by each row's int8 bound)."""
     img, txt = pairs(400, 16, seed=5, spread=0.7, n_clusters=9)
     p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=10, probe=4, precision=precision)
     lay = B.build_layout(img, txt, p)
@@ -151,13 +151,31 @@ def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest
     full = np.flatnonzero(np.diff(lay.bounds) > 0)
     assert lay.n_clusters - 1 not in full
     own = lay.cluster_of(pos)
-    tol = 0.0 if precision == "fp32" else 2 * B.screen.margin(precision, q.shape[1])
+    tol = 2 * np.broadcast_to(B.routing_scores(lay, torch.from_numpy(q).float(), precision)[1],
+                             len(q))
     for i, row in enumerate(routes):
         assert own[i] in row and set(row) <= set(full) and len(set(row)) == p.probe
         rest = np.setdiff1d(full, row)
         others = np.setdiff1d(row, [own[i]])
-        assert rank[i, others].min() >= rank[i, rest].max() - tol
+        assert rank[i, others].min() >= rank[i, rest].max() - tol[i]
         assert m_out[i] >= (sims[i, rest] + lay.radius[rest]).max()
+
+
+def test_int8_routing_scores_are_within_each_rows_bound():
+    """routing_scores in int8 (each query row with its scale, the means with one): every score
+    within its row's bound of the exact <x, mu_c> + bias (float64), the bound below the
+    ~2x bf16's fixed margin it replaces in the certificate; bf16's within its margin."""
+    img, txt = pairs(3000, 384, seed=3, spread=0.8, n_clusters=40)
+    lay = B.build_layout(img, txt, B.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=40))
+    x = torch.from_numpy(np.hstack([img[:500], txt[:500]]) / np.sqrt(2)).float()
+    bias = np.where(np.diff(lay.bounds) == 0, -np.inf, B.ROUTE_SPREAD * B.spread(lay))
+    exact = x.double().numpy() @ lay.means.astype(np.float64).T + bias
+    for precision in ("int8", "bf16"):
+        m, err = B.routing_scores(lay, x, precision)
+        full = np.diff(lay.bounds) > 0                     # empty clusters: -inf in both
+        gap = np.abs(m.double().numpy()[:, full] - exact[:, full]).max(1)
+        assert (gap <= err).all() and (gap > 0).all(), precision
+    assert B.routing_scores(lay, x, "int8")[1].max() < 2 * err           # err: bf16's margin
 
 
 def test_shares_split_the_clusters_in_proportion():

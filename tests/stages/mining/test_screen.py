@@ -238,6 +238,22 @@ def test_int8_copies_written_in_chunks_equal_the_copy_in_memory(tmp_path):
     assert (want["img"].stats[:, 0] > 0).all() and len(np.unique(want["img"].stats[:, 0])) == 3
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_int8_quantization_a_few_rows_at_a_time_equals_all_at_once(grouped, monkeypatch):
+    """q8.quantize's float64 work QUANT_ELEMS values at a time (rows cut across groups, a zero
+    row among them): the same values, scales, errs and norms as all rows at once."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(301, 24, generator=g)
+    x[5] = 0
+    group = torch.randint(0, 9, (301,), generator=g) if grouped else None
+    args = (x, group, 9) if grouped else (x,)
+    whole = q8.quantize(*args)
+    monkeypatch.setattr(q8, "QUANT_ELEMS", 24 * 7)
+    for got, want in zip(q8.quantize(*args), whole):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert whole[2][5] == 0 and (grouped or whole[1][5] == 1.0)     # the zero row: exact
+
+
 def test_one_space_hits_in_int8_hold_every_pair_above_the_floor(monkeypatch, device):
     """q8.hits (spaces.py's blocks under hpm.precision int8): each query against its proven
     threshold, the members' cluster copy: a superset of the pairs above the floor in fp32;
@@ -249,3 +265,33 @@ def test_one_space_hits_in_int8_hold_every_pair_above_the_floor(monkeypatch, dev
     assert len(want) > 15 and want <= set(zip(r, c)) and r.max() < 37 and c.max() < 53
     monkeypatch.setattr(q8, "bound", lambda *a: 0.0)
     assert not want <= set(zip(*q8.hits(q, rows, members, floor)))
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_a_stacks_pairs_rescored_at_once_equal_those_rescored_block_by_block(cross, device):
+    """rescore_flat with ``members`` (run_stack: every block's members are rows of the sorted
+    vectors, gathered for all the stack's pairs at once) gives the same bits as block by
+    block, and each value is the pair's dot product (float64 within 1e-6)."""
+    g = torch.Generator().manual_seed(5)
+    names = ("img", "txt", "ximg", "xtxt") if cross else ("img", "txt")
+    base = {x: torch.nn.functional.normalize(torch.randn(300, 24, generator=g), dim=1)
+            for x in names}
+    chunk = {x: torch.nn.functional.normalize(torch.randn(50, 24, generator=g), dim=1)
+             for x in names}
+    q = screen.QueryRows({x: v.to(device) for x, v in chunk.items()},
+                         torch.randperm(50, generator=g)[:40].to(device))
+    first, size, qcut = [0, 40, 120, 260], [40, 80, 17, 40], [0, 10, 25, 26, 40]
+    blocks = [(qcut[u], qcut[u + 1], {x: base[x][first[u]:first[u] + size[u]].to(device)
+                                      for x in names}, None) for u in range(4)]
+    total = int(screen.offsets(blocks)[-1])
+    flat = torch.sort(torch.randperm(total, generator=g)[:200]).values.to(device)
+    at_once = screen.rescore_flat(q, blocks, flat, ({x: v.to(device) for x, v in base.items()},
+                                                    np.array(first)))
+    by_block = screen.rescore_flat(q, blocks, flat)
+    assert set(at_once) == set(by_block) == {s for s, a, _ in screen.PAIRS if a in names}
+    r, c = screen.pair_rows(blocks, flat, first)
+    for s, a, b in screen.PAIRS:
+        if a in names:
+            assert torch.equal(at_once[s], by_block[s]), s
+            want = (chunk[a][q.index.cpu()[r.cpu()]].double() * base[b][c.cpu()].double()).sum(1)
+            np.testing.assert_allclose(at_once[s].cpu().double(), want, atol=1e-6)
