@@ -355,7 +355,8 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
         sums = torch.zeros(cent.fine.shape, dtype=torch.float64, device=device)
         for a, x in _chunks(img, txt, device):            # assignment and member sums: one read
             lab[a:a + len(x)] = cent.nearest(x)
-            sums.index_add_(0, lab[a:a + len(x)], x.double())
+            for b, xb in _pieces(x):                      # rows in order: the same sums
+                sums.index_add_(0, lab[a + b:a + b + len(xb)], xb.double())
         labt, lab = lab, lab.cpu().numpy()
         order = np.lexsort((np.arange(n), lab)).astype(np.int64)   # by cluster, then row
         bounds = np.searchsorted(lab[order], np.arange(c + 1)).astype(np.int64)
@@ -363,9 +364,18 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
         means = (sums / size).float()
         radius = torch.zeros(c, device=device)
         for a, x in _chunks(img, txt, device):
-            la = labt[a:a + len(x)]
-            radius = radius.scatter_reduce(0, la, (x - means[la]).norm(dim=1), "amax")
+            for b, xb in _pieces(x):
+                la = labt[a + b:a + b + len(xb)]
+                radius = radius.scatter_reduce(0, la, (xb - means[la]).norm(dim=1), "amax")
     return Layout(means.cpu().numpy(), radius.cpu().numpy(), order, bounds)
+
+
+def _pieces(x: torch.Tensor):
+    """(first row, rows) of x a cache-sized piece at a time (q8.cache_rows: its float64 and
+    gathered temporaries stay in cache, ~3-4x faster than a 32,768-row chunk's)."""
+    step = q8.cache_rows(x)
+    for b in range(0, len(x), step):
+        yield b, x[b:b + step]
 
 
 def route_step(lay: Layout) -> int:
@@ -979,11 +989,19 @@ def sorted_vectors(lay: Layout, img, txt, ximg=None, xtxt=None, precision: str =
                    ) -> Vectors:
     """In-memory copies in layout order, with their ``precision`` copies as the stage stores
     them (tests, the benchmark; the stage memory-maps them: save_vectors)."""
-    out = [None if x is None else np.ascontiguousarray(np.asarray(x)[lay.order], np.float32)
-           for x in (img, txt, ximg, xtxt)]
+    out = [None if x is None else take_rows(x, lay.order) for x in (img, txt, ximg, xtxt)]
     low = {n: low_copy(x, lay, precision) for n, x in zip(NAMES, out)
            if x is not None and precision != "fp32"}
     return Vectors(*out, low=low or None)
+
+
+def take_rows(x, rows: np.ndarray) -> np.ndarray:
+    """x[rows] as a float32 array: by torch's index_select where x is float32 and contiguous
+    (an array or a memmap, shared: ~4x NumPy's fancy indexing of 1.5 KB rows, 1.0 against
+    3.9 s for 1M rows), else NumPy's."""
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous:
+        return as_tensor(x, "cpu").index_select(0, torch.as_tensor(rows)).numpy()
+    return np.ascontiguousarray(np.asarray(x)[rows], np.float32)
 
 
 def low_copy(x: np.ndarray, lay: Layout, precision: str):
@@ -1029,8 +1047,7 @@ def save_vectors(dir_: str, lay: Layout, arrays: dict, precision: str = "fp32",
             step = chunk if precision != "int8" else min(chunk, q8.CHUNK)
             for a, b in _cluster_chunks(lay, step):
                 rows = lay.order[a:b]
-                block = np.ascontiguousarray(x[np.sort(rows)][np.argsort(np.argsort(rows))],
-                                             np.float32)
+                block = take_rows(take_rows(x, np.sort(rows)), np.argsort(np.argsort(rows)))
                 f32.write(block.tobytes())
                 if precision == "int8":
                     v, s = q8.cluster_copy(block, lay.cluster_of(np.arange(a, b)), lay.n_clusters)

@@ -43,8 +43,8 @@ from .hpm import as_tensor
 
 MAX = 127
 CHUNK = 16384        # rows quantized at a time where copies are written (float64: ~5x their bytes)
-QUANT_ELEMS = 1 << 18   # values quantized at once on a CPU (float64 temporaries of ~2 MB: a
-                        # 6 MB one is ~4x slower here, fresh pages each time)
+QUANT_ELEMS = 1 << 18   # values in float64 at once on a CPU (temporaries of ~2 MB, in cache:
+                        # quantize, blocks.build_layout's sums and radii; ~3-6x whole chunks)
 SLACK = 1e-9         # relative: float64 norms (exact to ~d 2^-53) rounded up by this
 GUARD = 1e-6         # absolute, on every bound
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -94,11 +94,17 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
     scale = torch.where(top > 0, top / MAX, torch.ones_like(top))
     values = torch.empty((n, d), dtype=torch.int8, device=x.device)
     err, norm = (torch.empty(n, dtype=torch.float64, device=x.device) for _ in range(2))
-    step = n if x.is_cuda else max(1, QUANT_ELEMS // max(d, 1))
+    step = cache_rows(x)
     for a in range(0, n, step):
         _quantize_rows(x[a:a + step], scale[a:a + step], values[a:a + step], err[a:a + step],
                        norm[a:a + step])
     return (values, *(v.cpu().numpy() for v in (scale, err, norm)))
+
+
+def cache_rows(x: torch.Tensor) -> int:
+    """Rows of x whose float64 work runs at once: all on a GPU, QUANT_ELEMS values on a CPU
+    (row-wise results: the same bits whatever the step)."""
+    return len(x) if x.is_cuda else max(1, QUANT_ELEMS // max(x.shape[1], 1))
 
 
 def _quantize_rows(x: torch.Tensor, scale: torch.Tensor, values: torch.Tensor,
