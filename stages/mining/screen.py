@@ -20,7 +20,8 @@ random encoders are the dense exception). ``hpm.precision``:
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
   (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
-  certificate) and the one-space searches (q8.hits) in int8 too.
+  certificate) and the one-space searches (q8.hits) in int8 too. Its fp32 fallback starts at
+  DENSE_SHARE x INT8_DENSE_GAIN (1/16) of a block's pairs.
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
 round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
@@ -40,9 +41,10 @@ from .hpm import as_tensor
 
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
-# int8's fallback pays later: its fp32 GEMMs cost ~4x bf16's relative to the screen's, and its
-# re-score per pair is a third cheaper at the stack level (rescore_flat's ``members``): per
-# pair on 1 thread, ~0.42 us re-scored against ~27 ns by the fallback (GEMMs and its pass)
+# int8 falls back at DENSE_SHARE x this: on 1 thread a re-scored pair costs ~0.42 us (at the
+# stack level: rescore_flat's ``members``) and the fallback ~27 ns per pair of the block (its
+# fp32 GEMMs and pass, ~4x int8's screen), so the break-even is ~1/16 of the block's pairs
+# (interleaved, 32,768 targets: ~4% faster than at 1/64)
 INT8_DENSE_GAIN = 4
 RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
