@@ -465,6 +465,7 @@ def routing_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> tup
     means = lay.cached("means", x.device, precision, lambda: lay.means, dtype)
     if dtype == torch.float32:
         return torch.addmm(bias, x, means.T), 0.0
+    screen.fp32_sums(x)       # routing may run before the screen's first cast (screen.low)
     # the bias in fp32: only the GEMM's rounding is the margin's
     return (x.to(dtype) @ means.T).float().add_(bias), screen.margin(precision, x.shape[1])
 

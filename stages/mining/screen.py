@@ -73,9 +73,16 @@ def low(x: dict, precision: str) -> dict:
         return x
     if precision == "int8":
         return {f: None if v is None else q8.rows(v) for f, v in x.items()}
-    if any(v is not None and v.is_cuda for v in x.values()):
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    for v in x.values():
+        fp32_sums(v)
     return {f: None if v is None else v.to(LOW[precision][0]) for f, v in x.items()}
+
+
+def fp32_sums(x: Optional[torch.Tensor]) -> None:
+    """Before a bf16 GEMM of x on CUDA: its sums in fp32 (no reduced-precision reduction),
+    which every bf16 margin assumes."""
+    if x is not None and x.is_cuda:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
 def to_bits(x, precision: str):

@@ -161,7 +161,7 @@ def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest
         assert m_out[i] >= (sims[i, rest] + lay.radius[rest]).max()
 
 
-def test_int8_routing_scores_are_within_each_rows_bound():
+def test_int8_routing_scores_are_within_each_rows_bound(device):
     """routing_scores in int8 (each query row with its scale, the means with one): every score
     within its row's bound of the exact <x, mu_c> + bias (float64), the bound below the
     ~2x bf16's fixed margin it replaces in the certificate; bf16's within its margin."""
@@ -171,11 +171,11 @@ def test_int8_routing_scores_are_within_each_rows_bound():
     bias = np.where(np.diff(lay.bounds) == 0, -np.inf, B.ROUTE_SPREAD * B.spread(lay))
     exact = x.double().numpy() @ lay.means.astype(np.float64).T + bias
     for precision in ("int8", "bf16"):
-        m, err = B.routing_scores(lay, x, precision)
+        m, err = B.routing_scores(lay, x.to(device), precision)
         full = np.diff(lay.bounds) > 0                     # empty clusters: -inf in both
-        gap = np.abs(m.double().numpy()[:, full] - exact[:, full]).max(1)
+        gap = np.abs(m.double().cpu().numpy()[:, full] - exact[:, full]).max(1)
         assert (gap <= err).all() and (gap > 0).all(), precision
-    assert B.routing_scores(lay, x, "int8")[1].max() < 2 * err           # err: bf16's margin
+    assert B.routing_scores(lay, x.to(device), "int8")[1].max() < 2 * err   # err: bf16's
 
 
 def test_shares_split_the_clusters_in_proportion():
