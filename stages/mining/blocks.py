@@ -144,7 +144,7 @@ class Layout:
 
     def low_means(self, device) -> q8.Q8:
         """The member means in int8, one scale for all (q8.shared), made once per device."""
-        key = ("means", str(device), "int8")
+        key = ("low_means", str(device), "int8")
         if key not in self._on:
             self._on[key] = q8.shared(as_tensor(self.means, device))
         return self._on[key]
@@ -188,8 +188,9 @@ def _rows(x, a: int, b: int, device: str) -> torch.Tensor:
 
 
 def _whole(x) -> torch.Tensor:
-    """x as a tensor where it lies (a device's copy, or a memmap's pages on the host, shared)."""
-    return x if isinstance(x, torch.Tensor) else as_tensor(x, "cpu")
+    """x as an fp32 tensor where it lies (a device's copy, or a memmap's pages on the host,
+    shared)."""
+    return as_tensor(x, x.device if isinstance(x, torch.Tensor) else "cpu")
 
 
 def _chunks(img, txt, device: str, chunk: int = 32768):
@@ -458,7 +459,8 @@ def routing_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> tup
     if precision == "int8":
         q, c = q8.rows(x), lay.low_means(x.device)
         scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
-        m = q8.int_mm(q.values, c.values).float()     # exact: |sums| < 127^2 d < 2^24
+        # exact while |sums| < 127^2 d < 2^24 (d <= 1040); beyond, within the bound's d 2^-23
+        m = q8.int_mm(q.values, c.values).float()
         return (m.mul_(scale[:, None]).add_(bias),
                 q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
     dtype = gemm_dtype(precision)
@@ -649,9 +651,10 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
-    base = {x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}
+    base = None if p.precision == "fp32" else \
+        ({x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}, a)     # the re-score's
     flat, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
-                                    torch.as_tensor(own, device=device), (base, a))
+                                    torch.as_tensor(own, device=device), base)
     r, member = screen.pair_rows(blocks, flat, a)
     acc = Findings(len(qall), p, device)
     acc.add(r, lay.order_on(device)[member], val)

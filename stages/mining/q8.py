@@ -104,7 +104,7 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
 def cache_rows(x: torch.Tensor) -> int:
     """Rows of x whose float64 work runs at once: all on a GPU, QUANT_ELEMS values on a CPU
     (row-wise results: the same bits whatever the step)."""
-    return len(x) if x.is_cuda else max(1, QUANT_ELEMS // max(x.shape[1], 1))
+    return max(1, len(x)) if x.is_cuda else max(1, QUANT_ELEMS // max(x.shape[1], 1))
 
 
 def _quantize_rows(x: torch.Tensor, scale: torch.Tensor, values: torch.Tensor,

@@ -344,7 +344,8 @@ def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor,
     """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member.
     ``members`` (the vectors every block's members are rows of, by name, and each block's
     first row in them): all the blocks' pairs re-scored at once, ~a third of the time of
-    block by block for a stack of small units (the same products and sums: the same bits)."""
+    block by block for a stack of small units (the same products and row sums: on a CPU the
+    same bits; CUDA's reduction may group a row's sum by how many rows are summed at once)."""
     if members is not None:
         return rescore(q, members[0], *pair_rows(blocks, flat, members[1]))
     at = offsets(blocks)
@@ -365,6 +366,6 @@ def pair_rows(blocks: list, flat: torch.Tensor, first) -> tuple[torch.Tensor, to
     at = torch.as_tensor(offsets(blocks), device=dev)
     u = torch.searchsorted(at, flat, right=True) - 1
     local = flat - at[u]
-    width = torch.as_tensor([len(m["img"]) for _, _, m, *_ in blocks], device=dev)[u]
-    q0 = torch.as_tensor([a for a, *_ in blocks], device=dev)[u]
-    return q0 + local // width, torch.as_tensor(np.asarray(first), device=dev)[u] + local % width
+    width, q0, first = (torch.as_tensor(np.asarray(v, np.int64), device=dev) for v in (
+        [len(m["img"]) for _, _, m, *_ in blocks], [a for a, *_ in blocks], first))
+    return q0[u] + local // width[u], first[u] + local % width[u]
