@@ -295,3 +295,15 @@ def test_a_stacks_pairs_rescored_at_once_equal_those_rescored_block_by_block(cro
             assert torch.equal(at_once[s], by_block[s]), s
             want = (chunk[a][q.index.cpu()[r.cpu()]].double() * base[b][c.cpu()].double()).sum(1)
             np.testing.assert_allclose(at_once[s].cpu().double(), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_mining_no_rows_gives_an_empty_result(precision, device):
+    """A call with no rows (a batch whose rows all lack embeddings): empty results, no error
+    (int8's routing and queries quantize zero rows; on CUDA its pieces are never of 0 rows)."""
+    img, txt, ximg, xtxt = near_thresholds()
+    p = params(precision)
+    lay = B.build_layout(img, txt, p, device)
+    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, precision)
+    r = B.mine(lay, vec, np.zeros(0, np.int64), p, device)
+    assert r.idx.shape == (0, p.k) and len(r.pair_j) == 0 and r.offsets.tolist() == [0]
