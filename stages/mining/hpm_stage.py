@@ -118,8 +118,8 @@ class HpmParams(Params):
     # or AVX512-BF16 (see deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them,
     # slower than fp32. int8 screens the joint blocks by int8 GEMMs instead, with a bound
     # proven per row (stages/mining/q8.py): ~1.6-2x bf16's rate with AVX512-VNNI, AMX or GPU
-    # tensor cores, the same pairs; its layout and one-space searches in int8 too, routing
-    # in bf16
+    # tensor cores, the same pairs; its layout, routing (each row's bound widens the
+    # certificate) and one-space searches in int8 too
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
