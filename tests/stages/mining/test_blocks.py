@@ -409,16 +409,22 @@ def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypat
 def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device):
     """Small units run stacked (each unit's GEMMs into one flat buffer, one candidate pass for
     all: run_stack) and find the same top-k, support, pairs and similarities as each alone;
-    bf16 re-scores each pair through its unit's queries and members."""
+    bf16 and int8 screen every block (DENSE_SHARE 1: this data is dense) and re-score a
+    stack's pairs at once from the sorted vectors (rescore_flat's members), each unit alone
+    through its own members: the same bits."""
     img, txt = data(n=240)
     p = B.PassParams(k=6, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=8, probe=3,
                      query_block=200, block_size=64, floor_i=0.5, floor_t=0.5, max_pairs=5,
                      precision=precision)
-    calls = []
-    real = B.run_stack
+    monkeypatch.setattr(B.screen, "DENSE_SHARE", 1.0)
+    calls, rescored = [], []
+    real, rescore = B.run_stack, B.screen.rescore_flat
     monkeypatch.setattr(B, "run_stack", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(B.screen, "rescore_flat", lambda q, b, f, m=None: rescored.append(
+        m is not None and len(f)) or rescore(q, b, f, m))
     _, stacked = B.neighbour_pass(img, txt, p, device=device)
     assert calls                                                # stacks did run
+    assert precision == "fp32" or any(rescored)       # and re-scored pairs with their members
     monkeypatch.setattr(B, "STACK_PAIRS", 0)                    # every unit alone
     calls.clear()
     _, alone = B.neighbour_pass(img, txt, p, device=device)
