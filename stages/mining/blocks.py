@@ -1013,7 +1013,7 @@ def low_copy(x: np.ndarray, lay: Layout, precision: str):
     if precision != "int8":
         return screen.to_bits(x, precision)
     parts = [q8.cluster_copy(x[a:b], lay.cluster_of(np.arange(a, b)), lay.n_clusters)
-             for a, b in _cluster_chunks(lay, q8.CHUNK)]
+             for a, b in _cluster_chunks(lay, 65536)]
     return q8.Copy(np.concatenate([v for v, _ in parts] or [np.zeros((0, x.shape[1]), np.int8)]),
                    sum(st for _, st in parts) if parts else np.zeros((lay.n_clusters, 3)))
 
@@ -1048,8 +1048,7 @@ def save_vectors(dir_: str, lay: Layout, arrays: dict, precision: str = "fp32",
             f32 = stack.enter_context(open(os.path.join(dir_, f"{name}.f32"), "wb"))
             low = None if precision == "fp32" else stack.enter_context(
                 open(os.path.join(dir_, f"{name}.{precision}"), "wb"))
-            step = chunk if precision != "int8" else min(chunk, q8.CHUNK)
-            for a, b in _cluster_chunks(lay, step):
+            for a, b in _cluster_chunks(lay, chunk):
                 rows = lay.order[a:b]
                 block = take_rows(take_rows(x, np.sort(rows)), np.argsort(np.argsort(rows)))
                 f32.write(block.tobytes())

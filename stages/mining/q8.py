@@ -42,7 +42,6 @@ import torch
 from .hpm import as_tensor
 
 MAX = 127
-CHUNK = 16384        # rows quantized at a time where copies are written (float64: ~5x their bytes)
 QUANT_ELEMS = 1 << 18   # values in float64 at once on a CPU (temporaries of ~2 MB, in cache:
                         # quantize, blocks.build_layout's sums and radii; ~3-6x whole chunks)
 SLACK = 1e-9         # relative: float64 norms (exact to ~d 2^-53) rounded up by this
