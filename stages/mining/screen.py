@@ -341,22 +341,16 @@ def flat_sims(q: dict, blocks: list) -> dict:
 
 def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor,
                  members: Optional[tuple] = None) -> dict:
-    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member.
-    ``members`` (the vectors every block's members are rows of, by name, and each block's
-    first row in them): all the blocks' pairs re-scored at once, ~a third of the time of
-    block by block for a stack of small units (the same products and row sums: on a CPU the
-    same bits; CUDA's reduction may group a row's sum by how many rows are summed at once)."""
-    if members is not None:
-        return rescore(q, members[0], *pair_rows(blocks, flat, members[1]))
-    at = offsets(blocks)
-    cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).tolist()
-    out = [{s: torch.zeros(0, device=flat.device) for s, a, _ in PAIRS if q.has(a)}]
-    for u, (a, _, m, _) in enumerate(blocks):
-        f = flat[cut[u]:cut[u + 1]] - int(at[u])          # flat is sorted: block u's pairs
-        if len(f):
-            w = len(m["img"])
-            out.append(rescore(q, m, f // w + a, f % w))
-    return {s: torch.cat([o[s] for o in out]) for s in out[0]}
+    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member, from
+    ``members`` (the vectors every block's members are rows of, by name, and each block's first
+    row in them: run_stack's sorted vectors, one gather for a whole stack, ~a third of the time
+    of one per unit), or a lone block's own members."""
+    if members is None:
+        if len(blocks) != 1:
+            raise ValueError("several blocks are re-scored from the vectors their members are "
+                             "rows of (members)")
+        members = (blocks[0][2], [0])
+    return rescore(q, members[0], *pair_rows(blocks, flat, members[1]))
 
 
 def pair_rows(blocks: list, flat: torch.Tensor, first) -> tuple[torch.Tensor, torch.Tensor]:
