@@ -154,10 +154,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "12"       # 12: int8 routes in int8 and falls back to fp32 blocks later
-                         # (screen.INT8_DENSE_GAIN); fp32 and bf16 write the same bytes as in 11
-                         # on a CPU (on CUDA bf16's routing now sums in fp32 from the first
-                         # chunk, and a re-score's row sums may group differently)
+    version = "13"       # 13: every re-scored similarity (bf16, int8, the one-space pairs)
+                         # is native.pair_dots' fixed-order sum: its last bits change; the
+                         # same bits on a CPU with or without the C library, and on CUDA
                          # (int8 added in 11: fp32 and bf16 write the same bytes as before)
                          # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
                          # probe 60;

@@ -39,6 +39,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import native
 from .hpm import as_tensor
 
 MAX = 127
@@ -266,25 +267,36 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
     out = [torch.zeros(0, dtype=torch.long, device=q["img"].values.device)]
     for u, (a, b, _, _) in enumerate(blocks):
         at = {s: [t[cut[u]:cut[u + 1]] for t in v] for s, v in limits.items()}
-        keep = rule({f: None if v is None else v[a:b] for f, v in q.items()}, m8[u], pairs, at)
-        out.append(flat(keep) + int(offsets[u]))
+        qu = {f: None if v is None else v[a:b] for f, v in q.items()}
+        out.append(block_flat({s: products(qu[x], m8[u][y]) for s, x, y in pairs
+                               if qu.get(x) is not None}, at, int(offsets[u])))
     return torch.cat(out)
 
 
-def rule(q: dict, m: dict, pairs: tuple, limits: dict):
-    """The rule on one block's integer sums against its rows' thresholds (limits: per
-    similarity [floor] or [floor, tau]): a bool [nq, nm] (NumPy on a CPU)."""
+def block_flat(sums: dict, limits: dict, first: int) -> torch.Tensor:
+    """first + the flat indices (ascending) of one block's pairs that pass ``rule``: in one
+    pass in C on a CPU (native.screen_pairs), else by ``rule``'s masks."""
+    if isinstance(sums["sii"], np.ndarray) and "stt" in sums:
+        others = {s: d for s, d in sums.items() if s not in ("sii", "stt")}
+        extra = rule(others, limits) if others else None
+        hit = native.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
+                                  extra, first)
+        if hit is not None:
+            return torch.from_numpy(hit)
+    return flat(rule(sums, limits)) + first
+
+
+def rule(sums: dict, limits: dict):
+    """The rule on one block's integer sums (by similarity) against its rows' thresholds
+    (limits: per similarity [floor] or [floor, tau]): a bool [nq, nm] (NumPy on a CPU)."""
     keep = both = None
-    for s, a, b in pairs:
-        if q.get(a) is None:
-            continue
-        d = products(q[a], m[b])
+    for s, d in sums.items():
         floor, *tau = (t if isinstance(d, np.ndarray) else torch.as_tensor(t, device=d.device)
                        for t in limits[s])
         keep = _greater(d, floor) if keep is None else _or(keep, _greater(d, floor))
         if tau:
             both = _greater(d, tau[0]) if both is None else _and(both, _greater(d, tau[0]))
-    return _or(keep, both)
+    return keep if both is None else _or(keep, both)
 
 
 def _or(a, b):

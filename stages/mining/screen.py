@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import q8
+from . import native, q8
 from .hpm import as_tensor
 
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
@@ -46,7 +46,6 @@ DENSE_SHARE = 1 / 64
 # fp32 GEMMs and pass, ~4x int8's screen), so the break-even is ~1/16 of the block's pairs
 # (interleaved, 32,768 targets: ~4% faster than at 1/64)
 INT8_DENSE_GAIN = 4
-RESCORE_ROWS = 4096         # pairs re-scored at once (bounded memory)
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
          ("xii", "ximg", "ximg"), ("xtt", "xtxt", "xtxt"))
@@ -149,8 +148,8 @@ def hits(x: torch.Tensor, rows: np.ndarray, m: torch.Tensor, floor: float
 class QueryRows:
     """A block's query vectors: ``low``, gathered in the screen's precision (its GEMM operands),
     and the fp32 ones, rows ``index`` of ``base`` (a chunk's copy, blocks.Queries), gathered
-    only where needed: the whole block for an fp32 GEMM (``full``), the re-scored pairs' rows
-    alone after a low screen (``at``: a few per query, not a copy of every query)."""
+    only where needed: the whole block for an fp32 GEMM (``full``); after a low screen, the
+    re-score reads the pairs' rows of ``base`` (``rescore``), not a copy of every query."""
 
     def __init__(self, base: dict, index: torch.Tensor, low_: Optional[dict] = None) -> None:
         self.base, self.index = base, index
@@ -160,10 +159,6 @@ class QueryRows:
     def full(self) -> dict:
         return {x: None if v is None else v.index_select(0, self.index)
                 for x, v in self.base.items()}
-
-    def at(self, name: str, r: torch.Tensor) -> torch.Tensor:
-        """fp32 rows r (block rows) of vectors ``name``."""
-        return self.base[name].index_select(0, self.index.index_select(0, r))
 
     def has(self, name: str) -> bool:
         return self.base.get(name) is not None
@@ -177,23 +172,11 @@ class QueryRows:
 
 
 def rescore(q: QueryRows, m: dict, r: torch.Tensor, c: torch.Tensor) -> dict:
-    """The exact fp32 similarities of the listed pairs (query r, member c). index_select, not
-    x[r]: ~2.5x faster on a CPU, the same products and sums; the product in place in the
-    gathered query rows: a fresh [pairs, d] product cost ~8x the rest (1.1 ms against 0.14
-    for 640 pairs of 384 dims), bit for bit the same."""
-    pairs = [(s, a, b) for s, a, b in PAIRS if q.has(a)]
-    out: dict = {s: [torch.zeros(0, device=r.device)] for s, _, _ in pairs}
-    for i in range(0, len(r), RESCORE_ROWS):
-        rr, cc = r[i:i + RESCORE_ROWS], c[i:i + RESCORE_ROWS]
-        for s, a, b in pairs:
-            out[s].append(q.at(a, rr).mul_(_gather(m[b], cc, rr.device)).sum(1))
-    return {s: torch.cat(v) for s, v in out.items()}
-
-
-def _gather(x: torch.Tensor, rows: torch.Tensor, device) -> torch.Tensor:
-    """Rows of x, on ``device`` (x may be a host copy of memory-mapped vectors: a GPU pass whose
-    vectors do not fit on the device gathers the re-scored rows on the host)."""
-    return x.index_select(0, rows.to(x.device)).to(device)
+    """The exact fp32 similarities of the listed pairs (query r, member c): native.pair_dots
+    (in C on a CPU, reading the rows in place; the same bits in torch elsewhere)."""
+    rows = q.index.index_select(0, r)
+    return {s: native.pair_dots(q.base[a], rows, m[b], c, r.device)
+            for s, a, b in PAIRS if q.has(a)}
 
 
 GUARD = 1e-6       # the pre-screen's thresholds sit this far below the exact ones (a superset)

@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import blocks, q8, screen
+from . import blocks, native, q8, screen
 
 # member vectors -> (query vectors, the similarity that gives, its floor in PassParams)
 SPACES = {"img": (("img", "sii", "floor_i"),),
@@ -241,23 +241,13 @@ def _block(s: Space, rows: slice, cluster: int, x, device):
 
 
 def similarities(vec: blocks.Vectors, qpos: np.ndarray, jpos: np.ndarray, device: str) -> dict:
-    """Every similarity of the pairs (joint positions qpos, jpos) by gathered dot products (NaN
-    for the cross-modal ones without cross-modal vectors). Each array's rows are read from its
-    memory map once per side, a query's once however many pairs it has (in the demo's dense
-    case a query has thousands: the memory-mapped gathers were ~2/3 of 1M hpm's time)."""
-    uq, inv = np.unique(qpos, return_inverse=True)
-    inv = torch.as_tensor(inv.ravel(), device=device)
-    held: dict = {}
-
-    def rows(name: str, query: bool) -> torch.Tensor:
-        """Array ``name``'s rows for the pairs' queries (query) or members, read once."""
-        if (name, query) not in held:
-            x = getattr(vec, name)
-            held[name, query] = blocks._take(x, uq, device)[inv] if query else \
-                blocks._take(x, jpos, device)
-        return held[name, query]
+    """Every similarity of the pairs (joint positions qpos, jpos): native.pair_dots, the
+    joint pass's re-score (the same bits), reading the rows where they lie (NaN for the
+    cross-modal ones without cross-modal vectors)."""
+    qi, ji = (torch.as_tensor(np.asarray(x, np.int64).ravel()) for x in (qpos, jpos))
     out = {}
     for f, (a, b) in DOTS.items():
-        out[f] = np.full(len(qpos), np.nan, np.float32) if getattr(vec, a) is None else \
-            (rows(a, True) * rows(b, False)).sum(1).cpu().numpy().astype(np.float32)
+        x, y = getattr(vec, a), getattr(vec, b)
+        out[f] = np.full(len(qi), np.nan, np.float32) if x is None else native.pair_dots(
+            blocks._whole(x), qi, blocks._whole(y), ji, device).cpu().numpy()
     return out

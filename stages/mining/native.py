@@ -1,0 +1,154 @@
+"""The neighbour pass's per-pair loops in C (native.c), built on first use with the system's C
+compiler and loaded with ctypes; torch and NumPy where there is none (or on a GPU).
+
+Both ways give the same bytes, by construction (tests/stages/mining/test_native.py):
+
+* ``pair_dots``: the exact fp32 similarities of listed pairs (the re-score of a low-precision
+  screen, the one-space pairs' similarities). The sum's order is fixed (native.c: 16 lanes,
+  then a tree) and ``_lane_dots`` repeats it in torch elementwise ops, which round the same on
+  any device. On a CPU the C loop reads the rows in place: ~2-3x the gathers of torch (1
+  thread, 384 dimensions: ~0.14 against ~0.3-0.45 us a pair).
+* ``screen_pairs``: the int8 screen's candidate rule (exact integer compares) in one pass over
+  a block's sums instead of a bool array per compare.
+
+The build is cached under ``$VLCURATE_NATIVE_DIR`` (default ``~/.cache/vlcurate/native``, a
+temporary directory where that cannot be written), keyed by the source and flags; a cluster's
+nodes each build their own (deploy/Dockerfile has a compiler). ``VLCURATE_NATIVE=0`` turns it
+off; a failed build warns once and the pass runs on without it."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
+LANES = 16                # native.c's
+CHUNK = 4096              # pairs summed at once in torch (bounded memory)
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> Optional[ctypes.CDLL]:
+    """native.c, built and loaded; None when turned off or when it cannot be built."""
+    if os.environ.get("VLCURATE_NATIVE", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(_built()))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("vlcurate: native mining kernels unavailable (%s); using torch (same "
+                    "results, slower)", e)
+        return None
+    lib.pair_dots.argtypes = [_P, _I, _P, _P, _I, _P, _I, _I, _P]
+    lib.screen_pairs.argtypes = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P]
+    lib.screen_pairs.restype = _I
+    return lib
+
+
+def _built() -> Path:
+    """The shared library's path, compiled there first if it is not cached yet (written to a
+    temporary name and renamed: processes building at once each get a whole file)."""
+    cc = os.environ.get("CC", "cc")
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc,) + FLAGS).encode()).hexdigest()
+    out = _cache_dir() / f"mining-{key[:16]}.so"
+    if not out.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], check=True, timeout=300,
+                           capture_output=True)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
+
+
+def _cache_dir() -> Path:
+    for d in (os.environ.get("VLCURATE_NATIVE_DIR"),
+              Path.home() / ".cache" / "vlcurate" / "native",
+              Path(tempfile.gettempdir()) / f"vlcurate-native-{os.getuid()}"):
+        if d is not None:
+            try:
+                Path(d).mkdir(parents=True, exist_ok=True)
+                if os.access(d, os.W_OK):
+                    return Path(d)
+            except OSError:
+                continue
+    raise OSError("no writable directory for the native build (set VLCURATE_NATIVE_DIR)")
+
+
+def pair_dots(a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor,
+              device) -> torch.Tensor:
+    """fp32 <a[ia[p]], b[ib[p]]> for every p, on ``device`` (a and b: [n, d] fp32, where they
+    lie: a host memmap's rows are read in place, or gathered to the device)."""
+    lib = library()
+    if lib is not None and _host_rows(a) and _host_rows(b) and torch.device(device).type == "cpu":
+        ia, ib = (x.to("cpu", torch.int64).contiguous() for x in (ia, ib))
+        out = torch.empty(len(ia), dtype=torch.float32)
+        lib.pair_dots(a.data_ptr(), a.stride(0), ia.data_ptr(), b.data_ptr(), b.stride(0),
+                      ib.data_ptr(), len(ia), a.shape[1], out.data_ptr())
+        return out
+    parts = [torch.zeros(0, device=device)]
+    for i in range(0, len(ia), CHUNK):
+        parts.append(_lane_dots(_gather(a, ia[i:i + CHUNK], device),
+                                _gather(b, ib[i:i + CHUNK], device)))
+    return torch.cat(parts)
+
+
+def _host_rows(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(-1) == 1
+
+
+def _gather(x: torch.Tensor, rows: torch.Tensor, device) -> torch.Tensor:
+    """Rows of x, on ``device`` (x may be a host copy of memory-mapped vectors: a GPU pass
+    whose vectors do not fit on the device gathers the rows on the host)."""
+    return x.index_select(0, rows.to(x.device)).to(device)
+
+
+def _lane_dots(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Row-wise <x, y> in native.c's order: the products (in place in x), lane j's sum over
+    dimensions j, j + 16, ... (a zero-padded tail adds +0, which changes no sum), then the
+    lanes as a tree."""
+    p = x.mul_(y)
+    pad = -p.shape[1] % LANES
+    p = torch.nn.functional.pad(p, (0, pad)) if pad else p
+    p = p.view(len(p), -1, LANES)
+    acc = torch.zeros(len(p), LANES, device=p.device)
+    for k in range(p.shape[1]):
+        acc += p[:, k]
+    w = LANES // 2
+    while w:
+        acc = acc[:, :w] + acc[:, w:2 * w]
+        w //= 2
+    return acc[:, 0]
+
+
+def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
+                 extra: Optional[np.ndarray], first: int) -> Optional[np.ndarray]:
+    """first + the flat indices of a block's pairs that pass the rule (q8.rule's, on int32 sums
+    di and dt [nq, nm] against each row's [floor, tau] of img and txt: int32 [nq, 1]; ``extra``
+    a bool mask OR-ed in, or None), ascending; None without the native library."""
+    lib = library()
+    if lib is None:
+        return None
+    di, dt = np.ascontiguousarray(di, np.int32), np.ascontiguousarray(dt, np.int32)
+    lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
+    extra = None if extra is None else np.ascontiguousarray(extra, np.uint8)
+    nq, nm = di.shape
+    out, keep = np.empty(nq * nm, np.int64), np.empty(max(nm, 1), np.uint8)
+    n = lib.screen_pairs(di.ctypes.data, dt.ctypes.data, nq, nm, *(t.ctypes.data for t in lims),
+                         None if extra is None else extra.ctypes.data, first,
+                         out.ctypes.data, keep.ctypes.data)
+    return out[:n]

@@ -1,0 +1,145 @@
+"""stages/mining/native.py: the C kernels (native.c) give the same bits as their torch and
+NumPy paths, and a pass with them writes the same bytes as a pass without them."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+import torch
+from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import native, q8, screen
+
+from .naive import pairs
+from .test_blocks import cross_vectors
+from .test_spaces import FLOORS, space_pass
+
+built = pytest.mark.skipif(native.library() is None, reason="no C compiler here (the torch "
+                                                           "path is what every other test runs)")
+
+
+@pytest.fixture
+def no_native(monkeypatch):
+    """native.library() turned off (VLCURATE_NATIVE=0) until the test ends."""
+    monkeypatch.setenv("VLCURATE_NATIVE", "0")
+    native.library.cache_clear()
+    yield
+    native.library.cache_clear()
+
+
+def _bits(x: torch.Tensor) -> bytes:
+    return x.contiguous().view(torch.int32).numpy().tobytes()
+
+
+@built
+@pytest.mark.parametrize("d", [1, 7, 16, 17, 40, 384])
+def test_c_dot_products_equal_the_torch_lanes_bit_for_bit(d, tmp_path):
+    """Rows read in place (an array, a memmap) or gathered (a strided view: the torch path),
+    repeated rows, the tail of d mod 16 dimensions: the same bits; and they are dot products
+    (float64 reference)."""
+    rng = np.random.default_rng(d)
+    a = torch.from_numpy(rng.standard_normal((300, d)).astype(np.float32))
+    mm = np.lib.format.open_memmap(tmp_path / "b.npy", "w+", np.float32, (500, d))
+    mm[:] = rng.standard_normal((500, d)) * 10.0 ** rng.integers(-3, 3, (500, 1))
+    b = B._whole(np.load(tmp_path / "b.npy", mmap_mode="r"))
+    ia = torch.from_numpy(rng.integers(0, 300, 9000))
+    ib = torch.from_numpy(rng.integers(0, 500, 9000))
+    got = native.pair_dots(a, ia, b, ib, "cpu")
+    lanes = torch.cat([native._lane_dots(a[ia[i:i + 999]], b[ib[i:i + 999]])
+                       for i in range(0, 9000, 999)])
+    assert _bits(got) == _bits(lanes)
+    wide = torch.stack([a, a], 2)[:, :, 0]              # a, strided: torch's path
+    assert _bits(native.pair_dots(wide, ia, b, ib, "cpu")) == _bits(got)
+    exact = (a.double()[ia] * b.double()[ib]).sum(1)
+    scale = (a.double()[ia].abs() * b.double()[ib].abs()).sum(1)
+    assert ((got.double() - exact).abs() <= 1e-6 * scale + 1e-30).all()
+    assert len(native.pair_dots(a, ia[:0], b, ib[:0], "cpu")) == 0
+
+
+@built
+def test_the_c_screen_lists_what_the_rule_s_masks_list():
+    """Exact integer compares: every (floor, tau) of img and txt, an extra mask, thresholds at
+    int32's ends, empty and one-column blocks."""
+    rng = np.random.default_rng(0)
+    for nq, nm in ((57, 300), (3, 7), (1, 1), (0, 5), (4, 0)):
+        sums = {s: rng.integers(-999, 999, (nq, nm)).astype(np.int32) for s in ("sii", "stt")}
+        limits = {s: [rng.integers(-999, 999, (nq, 1)).astype(np.int32) + o for o in (800, 200)]
+                  for s in sums}
+        if nq > 2:
+            limits["sii"][0][1], limits["stt"][1][2] = q8.INT32
+        for extra in (None, rng.random((nq, nm)) < 0.02):
+            want = np.flatnonzero(q8.rule(sums, limits) | (False if extra is None else extra))
+            got = native.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
+                                      extra, 1234)
+            assert np.array_equal(got, want + 1234)
+            assert nq * nm == 0 or len(want) > 0
+
+
+def _pass(precision, cross):
+    """Every row mined with the one-space layouts, 40 dimensions (two 16-lane blocks and a
+    tail), similarities crowding the thresholds, every screened block re-scored."""
+    img, txt = pairs(240, 40, seed=5, spread=0.9, n_clusters=4)
+    ximg, xtxt = cross_vectors(img, 2) if cross else (None, None)
+    p = B.PassParams(k=7, tau_i=0.3, tau_t=0.1, dup=0.98, n_clusters=4, probe=2,
+                     query_block=41, block_size=53, precision=precision, space_probe=8,
+                     **dict(FLOORS, floor_i=0.5, floor_t=0.5, floor_x=0.6))
+    return space_pass(img, txt, p, ximg, xtxt)
+
+
+@built
+@pytest.mark.parametrize("precision, cross", [("int8", False), ("int8", True),
+                                               ("bf16", True), ("fp32", True)])
+def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cross,
+                                                                   monkeypatch):
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    with_c = _pass(precision, cross)
+    monkeypatch.setenv("VLCURATE_NATIVE", "0")
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+        without = _pass(precision, cross)
+    finally:
+        monkeypatch.delenv("VLCURATE_NATIVE")
+        native.library.cache_clear()
+    assert len(with_c.pair_j) > 50 and with_c.support.sum() > 100
+    for f in dataclasses.fields(B.PassResult):
+        x, y = getattr(with_c, f.name), getattr(without, f.name)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
+
+
+def test_a_failed_build_warns_once_and_the_pass_runs_without_it(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("VLCURATE_NATIVE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            assert native.library() is None and native.library() is None
+            r = _pass("int8", False)
+        assert sum("native mining kernels unavailable" in m for m in caplog.messages) == 1
+        assert len(r.pair_j) > 50
+        assert not list(tmp_path.glob("*.so"))            # nothing half-written left behind
+    finally:
+        native.library.cache_clear()
+
+
+@built
+def test_the_build_is_cached_by_its_source_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLCURATE_NATIVE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        (so,) = tmp_path.glob("mining-*.so")
+        stamp = so.stat().st_mtime_ns
+        native.library.cache_clear()
+        assert native.library() is not None and so.stat().st_mtime_ns == stamp
+    finally:
+        native.library.cache_clear()
+
+
+def test_without_the_library_the_dot_products_are_torch_s_lanes(no_native):
+    a = torch.randn(20, 33)
+    i = torch.arange(20)
+    got = native.pair_dots(a, i, a, i.flip(0), "cpu")
+    assert native.library() is None
+    assert _bits(got) == _bits(native._lane_dots(a.clone(), a.flip(0)))
