@@ -151,9 +151,17 @@ def _finish(best_s: torch.Tensor, best_j: torch.Tensor) -> tuple[np.ndarray, np.
 def stable_topk(key: torch.Tensor, k: int, floor: float = 0.0) -> torch.Tensor:
     """Column indices of each row's k largest keys, largest first, equal keys >= ``floor`` by
     ascending column (torch.topk breaks ties in any order; a full stable sort of a wide block
-    costs ~20x a top-k). Only rows where equal keys >= floor straddle the k-th place are
-    re-picked: every key above the k-th value, then the first columns equal to it. Keys below
-    ``floor`` (rank_key's -1: not a positive) are never kept, so their order is moot."""
+    costs ~20x a top-k): ``top_columns``, ordered. Keys below ``floor`` (rank_key's -1: not a
+    positive) are never kept, so their order is moot."""
+    cols = top_columns(key, k, floor)
+    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
+    return cols.gather(1, order)
+
+
+def top_columns(key: torch.Tensor, k: int, floor: float = -math.inf) -> torch.Tensor:
+    """Each row's k largest keys' columns, ascending, equal keys >= ``floor`` by ascending
+    column. Only rows where equal keys straddle the k-th place are re-picked: every key above
+    the k-th value, then the first columns equal to it."""
     if k == 0 or key.shape[1] == 0:
         return torch.zeros((key.shape[0], 0), dtype=torch.long, device=key.device)
     v, top = key.topk(k, dim=1)
@@ -168,9 +176,7 @@ def stable_topk(key: torch.Tensor, k: int, floor: float = 0.0) -> torch.Tensor:
         room = (k - (sub > th).sum(1)).unsqueeze(1)
         pick = (sub > th) | (equal & (equal.cumsum(1) <= room))
         top[rows] = pick.nonzero()[:, 1].view(len(rows), k)
-    cols = top.sort(dim=1).values                                   # ascending in each row
-    order = torch.sort(key.gather(1, cols), dim=1, descending=True, stable=True).indices
-    return cols.gather(1, order)
+    return top.sort(dim=1).values
 
 
 def positive_pairs(si: torch.Tensor, st: torch.Tensor, tau_i: float, tau_t: float,

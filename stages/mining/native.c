@@ -85,3 +85,56 @@ CLONES int64_t screen_pairs(const int32_t *di, const int32_t *dt, int64_t nq, in
     }
     return n;
 }
+
+static inline void sift_down(float *h, int64_t k, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, s = i;
+        if (l < k && h[l] < h[s])
+            s = l;
+        if (l + 1 < k && h[l + 1] < h[s])
+            s = l + 1;
+        if (s == i)
+            return;
+        float t = h[i];
+        h[i] = h[s];
+        h[s] = t;
+        i = s;
+    }
+}
+
+/* The k-th largest of x[0..c) (k <= c): a min-heap of the k largest values in heap[k]. */
+static float kth_largest(const float *x, int64_t c, int64_t k, float *heap) {
+    memcpy(heap, x, (size_t)k * sizeof(float));
+    for (int64_t i = k / 2 - 1; i >= 0; i--)
+        sift_down(heap, k, i);
+    for (int64_t j = k; j < c; j++)
+        if (x[j] > heap[0]) {
+            heap[0] = x[j];
+            sift_down(heap, k, 0);
+        }
+    return heap[0];
+}
+
+/* Each row of m [n, c] (finite or infinite floats): its k largest (1 <= k <= c; equal values
+ * by ascending column) as ascending columns into top [n, k]; with reach [c], out[r] = the
+ * largest m + reach over the row's other columns (-inf when none). heap: room for k floats. */
+void top_columns(const float *m, int64_t n, int64_t c, int64_t k, const float *reach,
+                 int64_t *top, float *out, float *heap) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = m + r * c;
+        const float kth = kth_largest(x, c, k, heap);
+        int64_t room = k, t = 0;
+        for (int64_t j = 0; j < c; j++)
+            room -= x[j] > kth;
+        float best = -__builtin_inff();
+        int64_t *row = top + r * k;
+        for (int64_t j = 0; j < c; j++) {
+            if (x[j] > kth || (x[j] == kth && room-- > 0))
+                row[t++] = j;
+            else if (reach && x[j] + reach[j] > best)
+                best = x[j] + reach[j];
+        }
+        if (reach)
+            out[r] = best;
+    }
+}

@@ -143,3 +143,27 @@ def test_without_the_library_the_dot_products_are_torch_s_lanes(no_native):
     got = native.pair_dots(a, i, a, i.flip(0), "cpu")
     assert native.library() is None
     assert _bits(got) == _bits(native._lane_dots(a.clone(), a.flip(0)))
+
+
+@built
+def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities():
+    """Routing's selection: ties straddling the k-th place (the lower clusters win), -inf
+    (empty clusters) and +inf (a query's own), k = 1 and k = c; and the bound over the rest."""
+    rng = np.random.default_rng(3)
+    m = torch.from_numpy(rng.integers(0, 6, (400, 37)).astype(np.float32) / 4)   # many ties
+    m[:, 5] = -np.inf
+    m[np.arange(400), rng.integers(0, 37, 400)] = np.inf
+    reach = torch.from_numpy(rng.random(37).astype(np.float32))
+    for k in (1, 3, 10, 36, 37):
+        got = native.top_columns(m, k, reach)
+        native.library.cache_clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("VLCURATE_NATIVE", "0")
+            want = native.top_columns(m, k, reach)
+            native.library.cache_clear()
+        assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
+        assert (np.diff(got[0], axis=1) > 0).all()
+        kth = np.sort(m.numpy(), 1)[:, -k]
+        picked = np.take_along_axis(m.numpy(), got[0], 1)
+        assert (picked >= kth[:, None]).all()
+    assert native.top_columns(m, 4)[1] is None
