@@ -850,7 +850,7 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
     routes, m_out = routed or route(lay, vec, pos, p.probe, device, p.precision)
     q = np.repeat(pos, routes.shape[1])
     c = routes.ravel()
-    o = np.lexsort((q, c))
+    o = by_cluster(q, c, lay.n_clusters)
     q, c = q[o], c[o]
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
     units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
@@ -861,6 +861,15 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r
+
+
+def by_cluster(q: np.ndarray, c: np.ndarray, n_clusters: int) -> np.ndarray:
+    """The order of (query q, cluster c) entries by cluster, then query. q ascending (mine's
+    sorted positions, repeated): a stable sort of c alone, NumPy's radix sort for clusters
+    that fit in 16 bits (~1/4 of lexsort's time for 2M entries); lexsort otherwise."""
+    if len(q) > 1 and (q[1:] < q[:-1]).any():
+        return np.lexsort((q, c))
+    return np.argsort(c.astype(np.uint16) if n_clusters <= 1 << 16 else c, kind="stable")
 
 
 def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #define LANES 16
+#define BISECT 12    /* top_columns' bisection steps */
 #define AHEAD 4     /* pairs whose rows are prefetched ahead of the one being summed */
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
@@ -86,53 +87,145 @@ CLONES int64_t screen_pairs(const int32_t *di, const int32_t *dt, int64_t nq, in
     return n;
 }
 
-static inline void sift_down(float *h, int64_t k, int64_t i) {
-    for (;;) {
-        int64_t l = 2 * i + 1, s = i;
-        if (l < k && h[l] < h[s])
-            s = l;
-        if (l + 1 < k && h[l + 1] < h[s])
-            s = l + 1;
-        if (s == i)
-            return;
-        float t = h[i];
-        h[i] = h[s];
-        h[s] = t;
-        i = s;
-    }
+/* Whether any of x[0..n) is at or above t (n <= LANES): compares the compiler vectorizes. */
+static inline int any_at_least(const float *x, int64_t n, float t) {
+    int any = 0;
+    for (int64_t i = 0; i < n; i++)
+        any |= x[i] >= t;
+    return any;
 }
 
-/* The k-th largest of x[0..c) (k <= c): a min-heap of the k largest values in heap[k]. */
-static float kth_largest(const float *x, int64_t c, int64_t k, float *heap) {
-    memcpy(heap, x, (size_t)k * sizeof(float));
-    for (int64_t i = k / 2 - 1; i >= 0; i--)
-        sift_down(heap, k, i);
-    for (int64_t j = k; j < c; j++)
-        if (x[j] > heap[0]) {
-            heap[0] = x[j];
-            sift_down(heap, k, 0);
+/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: Hoare's quickselect. */
+static float select_kth(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    const int64_t want = k - 1;
+    while (lo < hi) {
+        const float p = v[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > p)
+                i++;
+            while (v[j] < p)
+                j--;
+            if (i <= j) {
+                const float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
         }
-    return heap[0];
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return v[want];
+    }
+    return v[want];
 }
 
-/* Each row of m [n, c] (finite or infinite floats): its k largest (1 <= k <= c; equal values
- * by ascending column) as ascending columns into top [n, k]; with reach [c], out[r] = the
- * largest m + reach over the row's other columns (-inf when none). heap: room for k floats. */
-void top_columns(const float *m, int64_t n, int64_t c, int64_t k, const float *reach,
-                 int64_t *top, float *out, float *heap) {
+/* How many of v[0..n) are at or above t (vector compares). */
+static inline int64_t count_at_least(const float *v, int64_t n, float t) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m += v[i] >= t;
+    return m;
+}
+
+/* A value with at least k of v[0..n) at or above it (1 <= k <= n, v finite or infinite), near
+ * the k-th largest: a bisection of [k-th smallest bound, largest] by counts, BISECT steps. */
+static float lower_bound_kth(const float *v, int64_t n, int64_t k) {
+    float lo = v[0], hi = v[0];
+    for (int64_t i = 1; i < n; i++) {
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+    }
+    if (!(hi - lo < __builtin_inff()))         /* an infinite end: no bisection */
+        return lo;
+    for (int step = 0; step < BISECT; step++) {
+        const float mid = lo + (hi - lo) * 0.5f;
+        if (mid <= lo || mid >= hi)
+            break;
+        if (count_at_least(v, n, mid) >= k)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The k-th largest of x[0..c) (k <= c). Split x into g = c / LANES groups (group b: the values
+ * b, b + g, b + 2 g, ...): k of the groups' maxima are k distinct values, so a value with k
+ * maxima at or above it (lower_bound_kth) is at most the k-th largest, and only the values at
+ * or above it (~k + a few) are selected from. scratch: room for c / LANES + c floats. */
+static float kth_largest(const float *x, int64_t c, int64_t k, float *scratch) {
+    const int64_t g = c / LANES;
+    float *maxima = scratch, *kept = scratch + g;
+    float least = -__builtin_inff();
+    if (g >= k) {
+        memcpy(maxima, x, (size_t)g * sizeof(float));
+        for (int64_t i = g; i < c; i += g) {
+            const int64_t e = c - i < g ? c - i : g;
+            for (int64_t b = 0; b < e; b++)
+                maxima[b] = x[i + b] > maxima[b] ? x[i + b] : maxima[b];
+        }
+        least = lower_bound_kth(maxima, g, k);
+    }
+    int64_t n = 0;
+    for (int64_t j = 0; j < c; j += LANES) {
+        const int64_t e = c - j < LANES ? c : j + LANES;
+        if (any_at_least(x + j, e - j, least))
+            for (int64_t i = j; i < e; i++)
+                if (x[i] >= least)
+                    kept[n++] = x[i];
+    }
+    return select_kth(kept, n, k);
+}
+
+/* The largest x + reach over the columns below kth (-inf when none), LANES at a time. */
+static float best_below(const float *x, const float *reach, int64_t c, float kth) {
+    float lane[LANES];
+    for (int l = 0; l < LANES; l++)
+        lane[l] = -__builtin_inff();
+    int64_t j = 0;
+    for (; j + LANES <= c; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float v = x[j + l] + reach[j + l];
+            lane[l] = ((x[j + l] < kth) & (v > lane[l])) ? v : lane[l];
+        }
+    for (int l = 0; j + l < c; l++) {
+        const float v = x[j + l] + reach[j + l];
+        lane[l] = ((x[j + l] < kth) & (v > lane[l])) ? v : lane[l];
+    }
+    float best = lane[0];
+    for (int l = 1; l < LANES; l++)
+        best = lane[l] > best ? lane[l] : best;
+    return best;
+}
+
+/* Each row of m [n, c] (finite or infinite floats, no NaN): its k largest (1 <= k <= c; equal
+ * values by ascending column) as ascending columns into top [n, k]; with reach [c], out[r] =
+ * the largest m + reach over the row's other columns (-inf when none). scratch: room
+ * for c / LANES + c floats. */
+CLONES void top_columns(const float *m, int64_t n, int64_t c, int64_t k, const float *reach,
+                        int64_t *top, float *out, float *scratch) {
     for (int64_t r = 0; r < n; r++) {
         const float *x = m + r * c;
-        const float kth = kth_largest(x, c, k, heap);
+        const float kth = kth_largest(x, c, k, scratch);
         int64_t room = k, t = 0;
         for (int64_t j = 0; j < c; j++)
             room -= x[j] > kth;
-        float best = -__builtin_inff();
+        float best = reach ? best_below(x, reach, c, kth) : 0.0f;
         int64_t *row = top + r * k;
-        for (int64_t j = 0; j < c; j++) {
-            if (x[j] > kth || (x[j] == kth && room-- > 0))
-                row[t++] = j;
-            else if (reach && x[j] + reach[j] > best)
-                best = x[j] + reach[j];
+        for (int64_t j = 0; j < c; j += LANES) {
+            const int64_t e = c - j < LANES ? c : j + LANES;
+            if (!any_at_least(x + j, e - j, kth))
+                continue;
+            for (int64_t i = j; i < e; i++) {
+                if (x[i] > kth || (x[i] == kth && room-- > 0))
+                    row[t++] = i;
+                else if (reach && x[i] == kth && x[i] + reach[i] > best)
+                    best = x[i] + reach[i];
+            }
         }
         if (reach)
             out[r] = best;

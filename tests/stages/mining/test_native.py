@@ -146,15 +146,18 @@ def test_without_the_library_the_dot_products_are_torch_s_lanes(no_native):
 
 
 @built
-def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities():
+@pytest.mark.parametrize("c, levels", [(37, 6), (700, 40), (700, 10 ** 6)])
+def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities(c, levels):
     """Routing's selection: ties straddling the k-th place (the lower clusters win), -inf
-    (empty clusters) and +inf (a query's own), k = 1 and k = c; and the bound over the rest."""
-    rng = np.random.default_rng(3)
-    m = torch.from_numpy(rng.integers(0, 6, (400, 37)).astype(np.float32) / 4)   # many ties
+    (empty clusters) and +inf (a query's own), k = 1 to c; and the bound over the rest. Past
+    16 x k columns the C code bounds the k-th value from groups' maxima first."""
+    rng = np.random.default_rng(c + levels)
+    m = torch.from_numpy(rng.integers(0, levels, (300, c)).astype(np.float32) / levels)
     m[:, 5] = -np.inf
-    m[np.arange(400), rng.integers(0, 37, 400)] = np.inf
-    reach = torch.from_numpy(rng.random(37).astype(np.float32))
-    for k in (1, 3, 10, 36, 37):
+    m[np.arange(300), rng.integers(0, c, 300)] = np.inf
+    m[:3] = m[3]                                                  # whole rows alike
+    reach = torch.from_numpy(rng.random(c).astype(np.float32))
+    for k in sorted({1, 3, 10, 43, c - 1, c} & set(range(1, c + 1))):
         got = native.top_columns(m, k, reach)
         native.library.cache_clear()
         with pytest.MonkeyPatch.context() as mp:
