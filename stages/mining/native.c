@@ -131,16 +131,19 @@ static inline int64_t count_at_least(const float *v, int64_t n, float t) {
     return m;
 }
 
-/* A value with at least k of v[0..n) at or above it (1 <= k <= n, v finite or infinite), near
- * the k-th largest: a bisection of [k-th smallest bound, largest] by counts, BISECT steps. */
+/* A value with at least k of v[0..n) at or above it (1 <= k <= n; v finite or infinite: a
+ * query's own cluster is +inf, empty ones -inf), near the k-th largest: a bisection of the
+ * finite values' range by counts, BISECT steps; -inf when the least finite value has fewer
+ * than k at or above it. */
 static float lower_bound_kth(const float *v, int64_t n, int64_t k) {
-    float lo = v[0], hi = v[0];
-    for (int64_t i = 1; i < n; i++) {
-        lo = v[i] < lo ? v[i] : lo;
-        hi = v[i] > hi ? v[i] : hi;
+    float lo = __builtin_inff(), hi = -__builtin_inff();
+    for (int64_t i = 0; i < n; i++) {
+        const int finite = v[i] - v[i] == 0.0f;
+        lo = (finite & (v[i] < lo)) ? v[i] : lo;
+        hi = (finite & (v[i] > hi)) ? v[i] : hi;
     }
-    if (!(hi - lo < __builtin_inff()))         /* an infinite end: no bisection */
-        return lo;
+    if (lo > hi || count_at_least(v, n, lo) < k)
+        return -__builtin_inff();
     for (int step = 0; step < BISECT; step++) {
         const float mid = lo + (hi - lo) * 0.5f;
         if (mid <= lo || mid >= hi)
