@@ -28,6 +28,7 @@ import hashlib
 import logging
 import math
 import os
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -55,8 +56,9 @@ def library() -> Optional[ctypes.CDLL]:
     try:
         lib = ctypes.CDLL(str(_built()))
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("vlcurate: native mining kernels unavailable (%s); using torch (same "
-                    "results, slower)", e)
+        said = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()[-500:]
+        log.warning("vlcurate: native mining kernels unavailable (%s%s); using torch (same "
+                    "results, slower)", e, f": {said}" if said else "")
         return None
     lib.pair_dots.argtypes = [_P, _I, _P, _P, _I, _P, _I, _I, _P]
     lib.screen_pairs.argtypes = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P]
@@ -68,14 +70,14 @@ def library() -> Optional[ctypes.CDLL]:
 def _built() -> Path:
     """The shared library's path, compiled there first if it is not cached yet (written to a
     temporary name and renamed: processes building at once each get a whole file)."""
-    cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc,) + FLAGS).encode()).hexdigest()
+    cc = shlex.split(os.environ.get("CC") or "cc")       # e.g. "ccache gcc"
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*cc, *FLAGS]).encode()).hexdigest()
     out = _cache_dir() / f"mining-{key[:16]}.so"
     if not out.exists():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], check=True, timeout=300,
+            subprocess.run([*cc, *FLAGS, "-o", tmp, str(SOURCE)], check=True, timeout=300,
                            capture_output=True)
             os.replace(tmp, out)
         finally:

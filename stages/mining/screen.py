@@ -9,7 +9,7 @@ random encoders are the dense exception). ``hpm.precision``:
 * ``fp32``: the block's GEMMs in fp32; the pairs are read off them.
 * ``bf16``: the GEMMs in bf16 (tensor cores on a GPU, AMX on recent Xeons: 6x the fp32 rate
   on this machine) screen the pairs with a proven margin, and only the pairs that pass are
-  re-scored in fp32 (gathered dot products). For unit vectors rounded to bf16 (unit roundoff
+  re-scored in fp32 (native.pair_dots: dot products in a fixed order, in C on a CPU). For unit vectors rounded to bf16 (unit roundoff
   u = 2^-8), summed in fp32 over K dimensions and rounded to bf16 once more,
   |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds the re-score's own K 2^-24 and
   keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its screened similarities are within
@@ -41,10 +41,11 @@ from .hpm import as_tensor
 
 LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
-# int8 falls back at DENSE_SHARE x this: on 1 thread a re-scored pair costs ~0.42 us (at the
-# stack level: rescore_flat's ``members``) and the fallback ~27 ns per pair of the block (its
-# fp32 GEMMs and pass, ~4x int8's screen), so the break-even is ~1/16 of the block's pairs
-# (interleaved, 32,768 targets: ~4% faster than at 1/64)
+# int8 falls back at DENSE_SHARE x this: on 1 thread a re-scored pair cost ~0.42 us (torch's
+# gathers) and the fallback ~27 ns per pair of the block (its fp32 GEMMs and pass, ~4x int8's
+# screen), so the break-even was ~1/16 of the block's pairs (interleaved, 32,768 targets: ~4%
+# faster than at 1/64). The C re-score (~0.13 us a pair) moves it towards ~1/5, but 8 and 16
+# measured no faster (session 27): no block of the 1M synthetic set falls back at all.
 INT8_DENSE_GAIN = 4
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
