@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math")
 LANES = 16                # native.c's
-CHUNK = 4096              # pairs summed at once in torch (bounded memory)
+CHUNK = 4096              # pairs summed at once in torch on a CPU (bounded memory); on a GPU
+GPU_CHUNK = 1 << 16      # more at once: each of _lane_dots' ~30 steps is a kernel launch
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -107,15 +108,26 @@ def pair_dots(a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tens
     lib = library()
     if lib is not None and _host_rows(a) and _host_rows(b) and torch.device(device).type == "cpu":
         ia, ib = (x.to("cpu", torch.int64).contiguous() for x in (ia, ib))
+        _check_rows(a, ia, b, ib)                  # C reads where the indices say: check them
         out = torch.empty(len(ia), dtype=torch.float32)
         lib.pair_dots(a.data_ptr(), a.stride(0), ia.data_ptr(), b.data_ptr(), b.stride(0),
                       ib.data_ptr(), len(ia), a.shape[1], out.data_ptr())
         return out
     parts = [torch.zeros(0, device=device)]
-    for i in range(0, len(ia), CHUNK):
-        parts.append(_lane_dots(_gather(a, ia[i:i + CHUNK], device),
-                                _gather(b, ib[i:i + CHUNK], device)))
+    step = CHUNK if torch.device(device).type == "cpu" else GPU_CHUNK
+    for i in range(0, len(ia), step):
+        parts.append(_lane_dots(_gather(a, ia[i:i + step], device),
+                                _gather(b, ib[i:i + step], device)))
     return torch.cat(parts)
+
+
+def _check_rows(a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor) -> None:
+    if a.shape[1] != b.shape[1] or len(ia) != len(ib):
+        raise ValueError(f"pair_dots: rows of {a.shape[1]} and {b.shape[1]} dimensions, "
+                         f"{len(ia)} and {len(ib)} indices")
+    for x, i in ((a, ia), (b, ib)):
+        if len(i) and (int(i.min()) < 0 or int(i.max()) >= len(x)):
+            raise IndexError(f"pair_dots: row indices outside 0..{len(x) - 1}")
 
 
 def _host_rows(x: torch.Tensor) -> bool:
@@ -158,6 +170,9 @@ def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
     lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
     extra = None if extra is None else np.ascontiguousarray(extra, np.uint8)
     nq, nm = di.shape
+    if dt.shape != di.shape or any(t.shape != (nq, 1) for t in lims) or (
+            extra is not None and extra.shape != di.shape):
+        raise ValueError("screen_pairs: sums, thresholds and mask of different shapes")
     out, keep = np.empty(nq * nm, np.int64), np.empty(max(nm, 1), np.uint8)
     n = lib.screen_pairs(di.ctypes.data, dt.ctypes.data, nq, nm, *(t.ctypes.data for t in lims),
                          None if extra is None else extra.ctypes.data, first,
@@ -170,6 +185,8 @@ def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -
     column: int64 NumPy [n, k]; with ``reach`` [c], the largest m + reach over each row's other
     columns, -inf where none: float32 NumPy [n], else None). 1 <= k <= c; m finite or
     infinite (no NaN)."""
+    if k > m.shape[1]:
+        raise ValueError(f"top_columns: {k} of {m.shape[1]} columns")
     lib = library()
     if lib is not None and k > 0 and m.device.type == "cpu" and m.dtype == torch.float32:
         (n, c), m = m.shape, m.contiguous()

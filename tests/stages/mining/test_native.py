@@ -170,3 +170,17 @@ def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities(c, levels):
         picked = np.take_along_axis(m.numpy(), got[0], 1)
         assert (picked >= kth[:, None]).all()
     assert native.top_columns(m, 4)[1] is None
+
+
+@built
+def test_the_c_kernels_refuse_indices_and_shapes_they_would_read_past():
+    a = torch.randn(10, 8)
+    i = torch.arange(10)
+    for bad in (torch.tensor([10]), torch.tensor([-1])):
+        with pytest.raises(IndexError):
+            native.pair_dots(a, bad, a, torch.tensor([0]), "cpu")
+    with pytest.raises(ValueError):
+        native.pair_dots(a, i, torch.randn(10, 9), i, "cpu")
+    d = np.zeros((3, 4), np.int32)
+    with pytest.raises(ValueError):
+        native.screen_pairs(d, d[:2], [d[:, :1]] * 2, [d[:, :1]] * 2, None, 0)
