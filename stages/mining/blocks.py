@@ -492,9 +492,7 @@ class Best:
             z = torch.zeros(0, dtype=torch.long, device=self.device)
             return z, z, torch.zeros(0, device=self.device)
         r, j, s = (torch.cat(x) for x in zip(*self.parts))
-        o = torch.sort(j, stable=True).indices
-        o = o[torch.sort(s[o], descending=True, stable=True).indices]
-        o = o[torch.sort(r[o], stable=True).indices]
+        o = _row_order(r, j, s)
         r, j, s = r[o], j[o], s[o]
         keep = _slot(r) < self.k
         return r[keep], j[keep], s[keep]
@@ -517,6 +515,18 @@ class Best:
         slot = _slot(r)
         idx[r, slot], score[r, slot] = j, s
         return idx, score
+
+
+def _row_order(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The order by row, then score descending, then j ascending: stable sorts by j, then by
+    one key of row and score (scores > 0: their float bits ascend with them), ~2/3 of three
+    sorts' time; three sorts where a score is not positive."""
+    o = torch.sort(j, stable=True).indices
+    if s.dtype != torch.float32 or not bool((s > 0).all()):
+        o = o[torch.sort(s[o], descending=True, stable=True).indices]
+        return o[torch.sort(r[o], stable=True).indices]
+    key = (r[o].long() << 31) | ((1 << 31) - 1 - s[o].view(torch.int32).long())
+    return o[torch.sort(key, stable=True).indices]
 
 
 def _slot(r: torch.Tensor) -> torch.Tensor:

@@ -478,3 +478,15 @@ def test_glibc_tuning_changes_no_byte_and_yields_to_the_users_malloc_settings(mo
     assert len(tuned.pair_j) and (tuned.idx >= 0).any()
     for f in ("idx", "score", "support", "offsets", "pair_j", "pair_sii", "cut"):
         assert np.array_equal(getattr(tuned, f), getattr(plain, f)), f
+
+
+@pytest.mark.parametrize("low", [0.5, -0.5])
+def test_the_row_order_is_row_then_score_descending_then_j(low):
+    """Best's order (blocks._row_order): one key of row and score for positive scores (their
+    bits), three stable sorts otherwise; the same order as a lexsort, ties included."""
+    rng = np.random.default_rng(4)
+    r, j = rng.integers(0, 50, 5000), rng.permutation(10 ** 6)[:5000]
+    s = (rng.integers(0, 20, 5000) / 20 + low).astype(np.float32)     # many equal scores
+    s[:3] = [np.float32(1e-30), np.float32(3e38), np.float32(1.5)]
+    got = B._row_order(*(torch.from_numpy(x) for x in (r, j, s))).numpy()
+    assert np.array_equal(got, np.lexsort((j, -s, r)))
