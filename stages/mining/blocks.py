@@ -605,19 +605,24 @@ def run_unit(lay: Layout, vec: Vectors, qc: "Queries", c: int, qs: np.ndarray, p
     return UnitResult(rows, top, support, pairs, cut)
 
 
-STACK_PAIRS = 1 << 18   # a unit of at most this many pairs is stacked with others (run_stack)
+# a unit (or a query_block piece of one) of at most this many pairs is stacked with others
+# (run_stack). 2^20, not 2^18: on 1 thread, 32,768 targets of the 1M synthetic set, interleaved,
+# 242-247 against 268-271 us per target (2^23: 245), the same bytes (session 27)
+STACK_PAIRS = 1 << 20
 
 
 def stacks(lay: Layout, units: list, p: PassParams) -> list:
-    """The units as work: a small unit (up to STACK_PAIRS pairs: a GEMM cheaper than a unit's
-    own overhead) joins others in a stack of at most query_block x block_size pairs; the others
-    run alone. Returns (clusters, queries) per piece of
+    """The units as work: each unit's queries in pieces of at most query_block (as run_unit
+    splits them); a piece of up to STACK_PAIRS pairs (a GEMM cheaper than a unit's own
+    overhead) joins others in a stack of at most query_block x block_size pairs; the others, and
+    units of clusters over block_size rows, run alone. Returns (clusters, queries) per piece of
     work: ([c], qs) alone, or (clusters, [qs per cluster]) stacked."""
     size = lambda c: int(lay.bounds[c + 1] - lay.bounds[c])       # noqa: E731
-    tiny = lambda c, qs: (size(c) <= p.block_size and len(qs) <= p.query_block  # noqa: E731
-                          and size(c) * len(qs) <= STACK_PAIRS)
-    small = [(c, qs) for c, qs in units if tiny(c, qs)]
-    out = [([c], qs) for c, qs in units if not tiny(c, qs)]
+    out = [([c], qs) for c, qs in units if size(c) > p.block_size]
+    pieces = [(c, qs[a:a + p.query_block]) for c, qs in units if size(c) <= p.block_size
+              for a in range(0, len(qs), p.query_block)]
+    small = [(c, qs) for c, qs in pieces if size(c) * len(qs) <= STACK_PAIRS]
+    out += [([c], qs) for c, qs in pieces if size(c) * len(qs) > STACK_PAIRS]
     group: list = []
     held = 0
     for c, qs in small:

@@ -156,7 +156,10 @@ class HpmStage(GlobalStage):
     name = "hpm"
     version = "13"       # 13: every re-scored similarity (bf16, int8, the one-space pairs)
                          # is native.pair_dots' fixed-order sum: its last bits change; the
-                         # same bits on a CPU with or without the C library, and on CUDA
+                         # same bits on a CPU with or without the C library, and on CUDA;
+                         # units of up to 2^20 pairs and query_block pieces of larger ones are
+                         # stacked (blocks.stacks), so a dense stack's fp32 fallback may cover
+                         # other blocks than before
                          # (int8 added in 11: fp32 and bf16 write the same bytes as before)
                          # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
                          # probe 60;

@@ -405,17 +405,22 @@ def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypat
         assert (idx[row, len(want):] == -1).all()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
-def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device):
+@pytest.mark.parametrize("precision, query_block", [("fp32", 200), ("bf16", 200),
+                                                     ("int8", 200), ("int8", 23)])
+def test_stacked_units_find_what_units_alone_find(precision, query_block, monkeypatch, device):
     """Small units run stacked (each unit's GEMMs into one flat buffer, one candidate pass for
     all: run_stack) and find the same top-k, support, pairs and similarities as each alone;
     bf16 and int8 screen every block (DENSE_SHARE 1: this data is dense) and re-score a
     stack's pairs at once from the sorted vectors (rescore_flat's members), each unit alone
-    through its own members: the same bits."""
+    through its own members: the same bits. query_block 23: units of more queries are stacked
+    in pieces (a cluster's pieces may share a stack)."""
     img, txt = data(n=240)
     p = B.PassParams(k=6, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=8, probe=3,
-                     query_block=200, block_size=64, floor_i=0.5, floor_t=0.5, max_pairs=5,
-                     precision=precision)
+                     query_block=query_block, block_size=64, floor_i=0.5, floor_t=0.5,
+                     max_pairs=5, precision=precision)
+    lay = B.build_layout(img, txt, p)
+    routes, _ = B.route(lay, B.sorted_vectors(lay, img, txt), lay.positions(), p.probe)
+    assert (np.bincount(routes.ravel()) > query_block).any() == (query_block < 200)
     monkeypatch.setattr(B.screen, "DENSE_SHARE", 1.0)
     calls, rescored = [], []
     real, rescore = B.run_stack, B.screen.rescore_flat
@@ -429,9 +434,13 @@ def test_stacked_units_find_what_units_alone_find(precision, monkeypatch, device
     calls.clear()
     _, alone = B.neighbour_pass(img, txt, p, device=device)
     assert not calls
+    # and in int8 (exact sums, each pair re-scored alone) whatever the query_block
+    whole = B.neighbour_pass(img, txt, dataclasses.replace(p, query_block=200),
+                             device=device)[1] if precision == "int8" else alone
     for f in ("idx", "score", "support", "offsets", "pair_j", "pair_sii", "pair_stt", "cut",
               "certified"):         # byte for byte: each unit's GEMMs are the ones it runs alone
         np.testing.assert_array_equal(getattr(stacked, f), getattr(alone, f), err_msg=f)
+        np.testing.assert_array_equal(getattr(whole, f), getattr(alone, f), err_msg=f)
     assert (stacked.idx >= 0).sum() > 100 and len(stacked.pair_j) > 50
 
 
