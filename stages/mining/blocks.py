@@ -174,7 +174,7 @@ class Layout:
 
 
 def joint_t(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return torch.cat([i, t], 1) / math.sqrt(2.0)
+    return torch.cat([i, t], 1).div_(math.sqrt(2.0))     # in place: no second [n, D] array
 
 
 def space_t(i: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tensor:
@@ -242,17 +242,32 @@ def _nearest_int8(x: torch.Tensor, cent: torch.Tensor, step: int, out: torch.Ten
     c8 = q8.scaled(cent, cent.abs().max())
     for a in range(0, len(x), step):
         xa = x[a:a + step]
-        rows = q8.scaled(xa, xa.abs().amax(1, keepdim=True))
+        rows = xa if xa.dtype == torch.int8 else _rows8(xa)
         torch.argmax(q8.int_mm(rows, c8), 1, out=out[a:a + step])
     return out
+
+
+def _rows8(x: torch.Tensor) -> torch.Tensor:
+    """Rows quantized for an int8 assignment, each with its own scale."""
+    return q8.scaled(x, x.abs().amax(1, keepdim=True))
+
+
+def _assigned_as(x: torch.Tensor, dtype) -> torch.Tensor:
+    """The rows k-means assigns, as ``nearest`` reads them: int8 rows quantized once for
+    every iteration (the same values each time; a few rows at a time: bounded temporaries)."""
+    if dtype != torch.int8:
+        return x
+    return torch.cat([_rows8(x[a:a + 4096]) for a in range(0, len(x), 4096)] +
+                     [torch.zeros((0, x.shape[1]), dtype=torch.int8, device=x.device)])
 
 
 def _spherical(x: torch.Tensor, c: int, rng, iters: int, dtype=torch.float32) -> torch.Tensor:
     """Spherical k-means of the rows x from c seeded starting rows; unit centroids [c, D]
     (fp32; assignments by GEMMs in ``dtype``)."""
     cent = x[torch.as_tensor(np.sort(rng.choice(len(x), size=c, replace=False)), device=x.device)]
+    xs = _assigned_as(x, dtype)
     for _ in range(iters):
-        lab = nearest(x, cent, dtype)
+        lab = nearest(xs, cent, dtype)
         s = torch.zeros_like(cent).index_add_(0, lab, x)
         empty = s.norm(dim=1) == 0
         s[empty] = cent[empty]                       # an empty cluster keeps its centroid
