@@ -404,8 +404,8 @@ def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str 
     """For the queries at sorted positions ``pos``: their ``probe`` best non-empty clusters by
     ``mean_scores`` (their own among them; equal scores by the lower cluster; ascending), and
     m_out = max over the other non-empty clusters of <q, mu_c> + r_c (+ SLACK, and the screen's
-    margin with a low ``precision``; -inf when none), the certificate's bound. Routed route_step queries at a
-    time (a row's routing is its own)."""
+    margin with a low ``precision``; -inf when none), the certificate's bound. Routed
+    route_step queries at a time (a row's routing is its own)."""
     step = route_step(lay)
     parts = [_route(lay, vec, pos[a:a + step], probe, device, precision)
              for a in range(0, max(len(pos), 1), step)]
