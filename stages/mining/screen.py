@@ -10,8 +10,8 @@ random encoders are the dense exception). ``hpm.precision``:
 * ``bf16``: the GEMMs in bf16 (tensor cores on a GPU, AMX on recent Xeons: 6x the fp32 rate
   on this machine) screen the pairs with a proven margin, and only the pairs that pass are
   re-scored in fp32 (native.pair_dots: dot products in a fixed order, in C on a CPU). For
-  unit vectors rounded to bf16 (unit roundoff u = 2^-8), summed in fp32 over K dimensions and rounded to bf16 once more,
-  |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds the re-score's own K 2^-24 and
+  unit vectors rounded to bf16 (unit roundoff u = 2^-8), summed in fp32 over K dimensions
+  and rounded to bf16 once more, |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds the re-score's own K 2^-24 and
   keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its screened similarities are within
   that margin of a threshold, so no pair that passes in fp32 is missed (tested against fp32
   on pairs placed at the thresholds). A block (or a stack of small units, blocks.run_stack,
