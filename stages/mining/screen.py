@@ -12,11 +12,12 @@ random encoders are the dense exception). ``hpm.precision``:
   re-scored in fp32 (native.pair_dots: dot products in a fixed order, in C on a CPU). For
   unit vectors rounded to bf16 (unit roundoff u = 2^-8), summed in fp32 over K dimensions
   and rounded to bf16 once more, |S~ - S| <= 2u + u^2 + K 2^-23 + 1.01 u; ``margin`` adds
-  the re-score's own K 2^-24 and keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its screened similarities are within
-  that margin of a threshold, so no pair that passes in fp32 is missed (tested against fp32
-  on pairs placed at the thresholds). A block (or a stack of small units, blocks.run_stack,
-  decided as one) whose candidates are over DENSE_SHARE of its pairs is computed in fp32
-  instead (re-scoring costs ~60x a GEMM's share per pair).
+  the re-score's own K 2^-24 and keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its
+  screened similarities are within that margin of a threshold, so no pair that passes in
+  fp32 is missed (tested against fp32 on pairs placed at the thresholds). A block (or a
+  stack of small units, blocks.run_stack, decided as one) whose candidates are over
+  DENSE_SHARE of its pairs is computed in fp32 instead (a re-scored pair costs many times
+  a GEMM's share of it).
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
   (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
