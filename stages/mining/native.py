@@ -183,12 +183,14 @@ def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
 def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -> tuple:
     """(each row's k largest of m [n, c] as ascending columns, equal values by the lower
     column: int64 NumPy [n, k]; with ``reach`` [c], the largest m + reach over each row's other
-    columns, -inf where none: float32 NumPy [n], else None). 1 <= k <= c; m finite or
-    infinite (no NaN)."""
+    columns, -inf where none: float32 NumPy [n], else None). k <= c. A NaN score (a NaN
+    vector) goes to torch's path, where topk ranks it highest, as before; the C selection
+    assumes none."""
     if k > m.shape[1]:
         raise ValueError(f"top_columns: {k} of {m.shape[1]} columns")
     lib = library()
-    if lib is not None and k > 0 and m.device.type == "cpu" and m.dtype == torch.float32:
+    if (lib is not None and k > 0 and m.device.type == "cpu" and m.dtype == torch.float32
+            and not bool(torch.isnan(m).any())):
         (n, c), m = m.shape, m.contiguous()
         top, out = np.empty((n, k), np.int64), np.empty(n, np.float32)
         scratch = np.empty(c // LANES + c, np.float32)     # held: C writes into it
