@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from vlcurate.stages.mining import blocks as B
-from vlcurate.stages.mining import native, q8, screen
+from vlcurate.stages.mining import hpm, native, q8, screen
 
 from .naive import pairs
 from .test_blocks import cross_vectors
@@ -87,13 +87,42 @@ def _pass(precision, cross):
     return space_pass(img, txt, p, ximg, xtxt)
 
 
+class _Counted:
+    """native.library() standing in for itself: its functions counted by name as called."""
+
+    def __init__(self, lib, calls: dict) -> None:
+        self.lib, self.calls = lib, calls
+
+    def __call__(self):
+        return self
+
+    def cache_clear(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        fn = getattr(self.lib, name)
+
+        def counted(*a):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return fn(*a)
+        return counted
+
+
 @built
 @pytest.mark.parametrize("precision, cross", [("int8", False), ("int8", True),
                                                ("bf16", True), ("fp32", True)])
 def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cross,
                                                                    monkeypatch):
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    calls: dict = {}
+    monkeypatch.setattr(native, "library", _Counted(native.library(), calls))
     with_c = _pass(precision, cross)
+    # the C loops did run: re-score (not fp32's joint blocks) and one-space similarities,
+    # the int8 screen, routing
+    assert calls.get("pair_dots") and calls.get("top_columns"), calls
+    assert bool(calls.get("screen_pairs")) == (precision == "int8"), calls
+    monkeypatch.undo()
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
     native.library.cache_clear()
     try:
@@ -184,3 +213,12 @@ def test_the_c_kernels_refuse_indices_and_shapes_they_would_read_past():
     d = np.zeros((3, 4), np.int32)
     with pytest.raises(ValueError):
         native.screen_pairs(d, d[:2], [d[:, :1]] * 2, [d[:, :1]] * 2, None, 0)
+
+
+def test_a_nan_score_takes_torch_s_selection_not_the_c_one():
+    """The C selection assumes no NaN (a NaN vector's scores); with one, top_columns answers
+    as torch does (topk ranks NaN highest), never with unset columns."""
+    m = torch.randn(6, 200)
+    m[2, 7] = float("nan")
+    top, _ = native.top_columns(m, 5, torch.zeros(200))
+    assert np.array_equal(top, hpm.top_columns(m, 5).numpy()) and 7 in top[2]
