@@ -400,28 +400,38 @@ def route_step(lay: Layout) -> int:
 
 
 def route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str = "cpu",
-          precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+          precision: str = "fp32", qc: Optional["Queries"] = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """For the queries at sorted positions ``pos``: their ``probe`` best non-empty clusters by
     ``mean_scores`` (their own among them; equal scores by the lower cluster; ascending), and
     m_out = max over the other non-empty clusters of <q, mu_c> + r_c (+ SLACK, and the screen's
     margin with a low ``precision``; -inf when none), the certificate's bound. Routed
-    route_step queries at a time (a row's routing is its own)."""
+    route_step queries at a time (a row's routing is its own). ``qc``: Queries holding every
+    row of ``pos``, whose compact copy is read instead of N rows."""
     step = route_step(lay)
-    parts = [_route(lay, vec, pos[a:a + step], probe, device, precision)
+    parts = [_route(lay, vec, pos[a:a + step], probe, device, precision, qc)
              for a in range(0, max(len(pos), 1), step)]
     return np.concatenate([t for t, _ in parts]), np.concatenate([m for _, m in parts])
 
 
 def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str,
-           precision: str) -> tuple[np.ndarray, np.ndarray]:
-    c = lay.n_clusters
-    probe = min(probe, c)
-    x = joint_t(_take(vec.img, pos, device), _take(vec.txt, pos, device))
-    m, err = routing_scores(lay, x, precision)
-    own = torch.as_tensor(lay.cluster_of(pos), device=device).unsqueeze(1)
+           precision: str, qc: Optional["Queries"] = None) -> tuple[np.ndarray, np.ndarray]:
+    probe = min(probe, lay.n_clusters)
+    x = joint_t(*(qc.full_rows(pos, x) if qc else _take(getattr(vec, x), pos, device)
+                  for x in ("img", "txt")))
+    own = lay.cluster_of(pos)
     reach = lay.cached("reach", device, "fp32", lambda: lay.radius - ROUTE_SPREAD * spread(lay))
     # its own cluster first (+inf); the others' best <q, mu_c> + r_c: the certificate's bound
-    top, m_out = native.top_columns(m.scatter_(1, own, math.inf), probe, reach)
+    if precision == "int8":      # the scores formed row by row in C: no [n, C] float copy
+        sums, scale, bias, err = _int8_routing(lay, x)
+        got = native.route_columns(sums, scale, bias, own, probe, reach)
+        m = None if got is not None else _scores(sums, scale, bias)
+    else:
+        (m, err), got = routing_scores(lay, x, precision), None
+    if got is None:
+        got = native.top_columns(m.scatter_(1, torch.as_tensor(own, device=device)[:, None],
+                                            math.inf), probe, reach)
+    top, m_out = got
     m_out = np.where(np.isfinite(m_out), m_out + (SLACK + err), -np.inf).astype(np.float32)
     return top, m_out
 
@@ -464,15 +474,10 @@ def routing_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> tup
     with its scale, the means with one: exact int32 sums, ~1.6x bf16's rate with the rows'
     quantization, each row's error bounded as q8.py's screen bounds it). Routing decides only
     where to search, never a score, and ``_route`` widens m_out by the error."""
-    bias = lay.cached("bias", x.device, "fp32", lambda: np.where(
-        np.diff(lay.bounds) == 0, -np.inf, ROUTE_SPREAD * spread(lay)).astype(np.float32))
     if precision == "int8":
-        q, c = q8.rows(x), lay.low_means(x.device)
-        scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
-        # exact while |sums| < 127^2 d < 2^24 (d <= 1040); beyond, within the bound's d 2^-23
-        m = q8.int_mm(q.values, c.values).float()
-        return (m.mul_(scale[:, None]).add_(bias),
-                q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
+        sums, scale, bias, err = _int8_routing(lay, x)
+        return _scores(sums, scale, bias), err
+    bias = _bias(lay, x.device)
     dtype = gemm_dtype(precision)
     means = lay.cached("means", x.device, precision, lambda: lay.means, dtype)
     if dtype == torch.float32:
@@ -480,6 +485,25 @@ def routing_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> tup
     screen.fp32_sums(x)       # routing may run before the screen's first cast (screen.low)
     # the bias in fp32: only the GEMM's rounding is the margin's
     return (x.to(dtype) @ means.T).float().add_(bias), screen.margin(precision, x.shape[1])
+
+
+def _bias(lay: Layout, device) -> torch.Tensor:
+    return lay.cached("bias", device, "fp32", lambda: np.where(
+        np.diff(lay.bounds) == 0, -np.inf, ROUTE_SPREAD * spread(lay)).astype(np.float32))
+
+
+def _int8_routing(lay: Layout, x: torch.Tensor) -> tuple:
+    """int8 routing's parts: (int32 sums [n, C], each row's fp32 scale, the bias, the error
+    bound); the scores are fp32(sums) * scale + bias (``_scores``)."""
+    q, c = q8.rows(x), lay.low_means(x.device)
+    scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
+    return (q8.int_mm(q.values, c.values), scale, _bias(lay, x.device),
+            q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
+
+
+def _scores(sums: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    # exact while |sums| < 127^2 d < 2^24 (d <= 1040); beyond, within the bound's d 2^-23
+    return sums.float().mul_(scale[:, None]).add_(bias)
 
 
 class Best:
@@ -523,7 +547,12 @@ class Best:
         return self.parts[0]
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[n, k] global rows (-1 padded) and scores (0 padded), best first."""
+        """[n, k] global rows (-1 padded) and scores (0 padded), best first (in C on a CPU:
+        native.row_best)."""
+        if self.parts and self.k > 0:
+            got = native.row_best(*(torch.cat(x) for x in zip(*self.parts)), self.n, self.k)
+            if got is not None:
+                return got
         r, j, s = self.lists()
         idx = torch.full((self.n, self.k), -1, dtype=torch.long, device=self.device)
         score = torch.zeros((self.n, self.k), device=self.device)
@@ -677,10 +706,9 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
     base = None if p.precision == "fp32" else \
-        ({x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}, a)     # the re-score's
-    flat, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
-                                    torch.as_tensor(own, device=device), base)
-    r, member = screen.pair_rows(blocks, flat, a)
+        {x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}      # the re-score's
+    r, member, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
+                                         torch.as_tensor(own, device=device), (base, a))
     acc = Findings(len(qall), p, device)
     acc.add(r, lay.order_on(device)[member], val)
     return acc.result(lay.order, qall)
@@ -708,6 +736,11 @@ class Queries:
         self.pos, self.device = np.unique(pos), device
         self.full = {x: _take(getattr(vec, x), self.pos, device) for x in NAMES}
         self.low = screen.low(self.full, precision)
+
+    def full_rows(self, qpos: np.ndarray, name: str) -> torch.Tensor:
+        """The fp32 vectors ``name`` of the queries at sorted positions qpos."""
+        i = torch.as_tensor(np.searchsorted(self.pos, qpos), device=self.device)
+        return self.full[name].index_select(0, i)
 
     def rows(self, qpos: np.ndarray) -> screen.QueryRows:
         """The vectors of the queries at sorted positions qpos (low ones gathered, fp32 ones
@@ -871,13 +904,20 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
     cluster order, queries by position), run the units (small ones stacked) and merge. A row's
     result depends only on the layout and its own routing, never on the other rows mined with
     it; memory is bounded by len(pos), not N."""
+    return mine_routed(lay, vec, pos, p, device, routed)[0]
+
+
+def mine_routed(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
+                routed: Optional[tuple] = None) -> tuple[PassResult, np.ndarray]:
+    """``mine``, and each row's routes (spaces.py's add_pairs reads them)."""
     with freed_memory_kept():
         return _mine(lay, vec, np.asarray(pos, np.int64), p, device, routed)
 
 
 def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str,
-          routed: Optional[tuple]) -> PassResult:
-    routes, m_out = routed or route(lay, vec, pos, p.probe, device, p.precision)
+          routed: Optional[tuple]) -> tuple[PassResult, np.ndarray]:
+    qc = Queries(vec, pos, p.precision, device)
+    routes, m_out = routed or route(lay, vec, pos, p.probe, device, p.precision, qc)
     q = np.repeat(pos, routes.shape[1])
     c = routes.ravel()
     o = by_cluster(q, c, lay.n_clusters)
@@ -885,20 +925,23 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
     units = [(u, q[cuts[u]:cuts[u + 1]]) for u in range(lay.n_clusters) if cuts[u + 1] > cuts[u]]
     with torch.no_grad():
-        qc = Queries(vec, pos, p.precision, device)
         results = (run_unit(lay, vec, qc, u[0], qs, p, device) if len(u) == 1 else
                    run_stack(lay, vec, qc, u, qs, p, device) for u, qs in stacks(lay, units, p))
         r = gather(lay.order[pos], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
-    return r
+    return r, routes
 
 
 def by_cluster(q: np.ndarray, c: np.ndarray, n_clusters: int) -> np.ndarray:
     """The order of (query q, cluster c) entries by cluster, then query. q ascending (mine's
-    sorted positions, repeated): a stable sort of c alone, NumPy's radix sort for clusters
-    that fit in 16 bits (~1/4 of lexsort's time for 2M entries); lexsort otherwise."""
+    sorted positions, repeated): a stable sort of c alone, a counting sort in C (native), or
+    NumPy's radix sort for clusters that fit in 16 bits (~1/4 of lexsort's time for 2M
+    entries); lexsort otherwise."""
     if len(q) > 1 and (q[1:] < q[:-1]).any():
         return np.lexsort((q, c))
+    got = native.stable_order(c, n_clusters)          # a counting sort in C
+    if got is not None:
+        return got
     return np.argsort(c.astype(np.uint16) if n_clusters <= 1 << 16 else c, kind="stable")
 
 
@@ -922,11 +965,9 @@ def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out
         best.add(torch.as_tensor(at, device=device)[r.top[0]], *r.top[1:])
         np.add.at(support, at, r.support)         # a stack may list a row more than once
         pairs.add(dict(r.pairs, q=local(r.pairs["q"])))
+    # already canonical's order (Best's: best first, equal scores by ascending global row; it
+    # holds scores > 0 only, so the padding is last), whatever the layout, units or blocks
     idx, score = (x.cpu().numpy() for x in best.dense())
-    idx[score <= 0] = -1
-    score[score <= 0] = 0.0
-    idx, perm = canonical(idx, score)
-    score = np.take_along_axis(score, perm, 1)
     bound = score_bound(torch.from_numpy(m_out).clamp(max=1.0), p.tau_i, p.tau_t).numpy()
     cert = (bound <= 0) | ((support >= k) & (score[:, k - 1] >= bound))
     offsets, pj, sims = csr(pairs.pairs(), n)

@@ -87,16 +87,35 @@ CLONES int64_t screen_pairs(const int32_t *di, const int32_t *dt, int64_t nq, in
     return n;
 }
 
-/* Whether any of x[0..n) is at or above t (n <= LANES): compares the compiler vectorizes. */
-static inline int any_at_least(const float *x, int64_t n, float t) {
-    int any = 0;
-    for (int64_t i = 0; i < n; i++)
-        any |= x[i] >= t;
-    return any;
+/* top_columns and route_columns: GCC/Clang vector extensions, 16 floats a vector (one AVX-512
+ * register; two AVX2 or four SSE ones in the other clones). Helpers are always inlined, so each
+ * clone compiles them for its own target. */
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+#define INLINE static inline __attribute__((always_inline))
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"    /* 64-byte vectors pass only between inlined helpers */
+#endif
+
+INLINE vf load(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE vf pick(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+
+INLINE vf vmax(vf a, vf b) { return pick(a > b, a, b); }
+
+INLINE float hmax(vf v) {
+    float m = v[0];
+    for (int l = 1; l < LANES; l++)
+        m = v[l] > m ? v[l] : m;
+    return m;
 }
 
 /* The k-th largest of v[0..n) (1 <= k <= n), reordering v: Hoare's quickselect. */
-static float select_kth(float *v, int64_t n, int64_t k) {
+INLINE float select_kth(float *v, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n - 1;
     const int64_t want = k - 1;
     while (lo < hi) {
@@ -123,10 +142,15 @@ static float select_kth(float *v, int64_t n, int64_t k) {
     return v[want];
 }
 
-/* How many of v[0..n) are at or above t (vector compares). */
-static inline int64_t count_at_least(const float *v, int64_t n, float t) {
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; i++)
+/* How many of v[0..n) are at or above t. */
+INLINE int64_t count_at_least(const float *v, int64_t n, float t) {
+    vi acc = {0};
+    int64_t i = 0, m = 0;
+    for (; i + LANES <= n; i += LANES)
+        acc -= load(v + i) >= t;
+    for (int l = 0; l < LANES; l++)
+        m += acc[l];
+    for (; i < n; i++)
         m += v[i] >= t;
     return m;
 }
@@ -135,7 +159,7 @@ static inline int64_t count_at_least(const float *v, int64_t n, float t) {
  * query's own cluster is +inf, empty ones -inf), near the k-th largest: a bisection of the
  * finite values' range by counts, BISECT steps; -inf when the least finite value has fewer
  * than k at or above it. */
-static float lower_bound_kth(const float *v, int64_t n, int64_t k) {
+INLINE float lower_bound_kth(const float *v, int64_t n, int64_t k) {
     float lo = __builtin_inff(), hi = -__builtin_inff();
     for (int64_t i = 0; i < n; i++) {
         const int finite = v[i] - v[i] == 0.0f;
@@ -156,81 +180,223 @@ static float lower_bound_kth(const float *v, int64_t n, int64_t k) {
     return lo;
 }
 
-/* The k-th largest of x[0..c) (k <= c). Split x into g = c / LANES groups (group b: the values
- * b, b + g, b + 2 g, ...): k of the groups' maxima are k distinct values, so a value with k
- * maxima at or above it (lower_bound_kth) is at most the k-th largest, and only the values at
- * or above it (~k + a few) are selected from. scratch: room for c / LANES + c floats. */
-static float kth_largest(const float *x, int64_t c, int64_t k, float *scratch) {
+/* maxima[b] = the largest of group b of x[0..LANES g): x[b], x[b + g], ..., x[b + 15 g]. */
+INLINE void group_maxima(const float *x, int64_t g, float *maxima) {
+    int64_t b = 0;
+    for (; b + LANES <= g; b += LANES) {
+        vf m = load(x + b);
+        for (int i = 1; i < LANES; i++)
+            m = vmax(load(x + i * g + b), m);
+        memcpy(maxima + b, &m, sizeof m);
+    }
+    for (; b < g; b++) {
+        float m = x[b];
+        for (int i = 1; i < LANES; i++)
+            m = x[i * g + b] > m ? x[i * g + b] : m;
+        maxima[b] = m;
+    }
+}
+
+/* The columns of x [c] that may be among its k largest, ascending, into cols; returns how many.
+ * With g = c / LANES groups (as group_maxima's) and g >= k, a value with k group maxima at or
+ * above it (lower_bound_kth) is at most the k-th largest, so only the groups whose maximum
+ * reaches it, and the last c - LANES g columns, are listed (~k groups of LANES columns, not c);
+ * otherwise every column. Column b + i g is listed before b' + i' g when i < i', or i = i' and
+ * b < b': ascending. fs: room for c floats; is: c + c / LANES int64. */
+INLINE int64_t candidates(const float *x, int64_t c, int64_t k, float *fs, int64_t *is) {
     const int64_t g = c / LANES;
-    float *maxima = scratch, *kept = scratch + g;
+    int64_t *sel = is + c, ns = 0, n = 0;
     float least = -__builtin_inff();
     if (g >= k) {
-        memcpy(maxima, x, (size_t)g * sizeof(float));
-        for (int64_t i = g; i < c; i += g) {
-            const int64_t e = c - i < g ? c - i : g;
-            for (int64_t b = 0; b < e; b++)
-                maxima[b] = x[i + b] > maxima[b] ? x[i + b] : maxima[b];
+        group_maxima(x, g, fs);
+        least = lower_bound_kth(fs, g, k);
+    }
+    for (int64_t b = 0; b < g; b++) {
+        sel[ns] = b;
+        ns += g < k || fs[b] >= least;
+    }
+    for (int64_t i = 0; i < LANES; i++)
+        for (int64_t s = 0; s < ns; s++) {
+            is[n] = sel[s] + i * g;
+            n += x[is[n]] >= least;
         }
-        least = lower_bound_kth(maxima, g, k);
+    for (int64_t j = LANES * g; j < c; j++) {
+        is[n] = j;
+        n += x[j] >= least;
     }
-    int64_t n = 0;
-    for (int64_t j = 0; j < c; j += LANES) {
-        const int64_t e = c - j < LANES ? c : j + LANES;
-        if (any_at_least(x + j, e - j, least))
-            for (int64_t i = j; i < e; i++)
-                if (x[i] >= least)
-                    kept[n++] = x[i];
-    }
-    return select_kth(kept, n, k);
+    return n;
 }
 
-/* The largest x + reach over the columns below kth (-inf when none), LANES at a time. */
-static float best_below(const float *x, const float *reach, int64_t c, float kth) {
-    float lane[LANES];
-    for (int l = 0; l < LANES; l++)
-        lane[l] = -__builtin_inff();
+/* The k largest of x [c] (no NaN; 1 <= k <= c), equal values by ascending column, as ascending
+ * columns into top [k]; returns the largest x + reach over the other columns (-inf when none),
+ * or 0 without reach. fs: room for 2 c floats; is: c + c / LANES int64. */
+INLINE float row_top(const float *x, int64_t c, int64_t k, const float *reach, int64_t *top,
+                     float *fs, int64_t *is) {
+    const int64_t n = candidates(x, c, k, fs, is);
+    float *kept = fs + c;
+    for (int64_t s = 0; s < n; s++)
+        kept[s] = x[is[s]];
+    const float kth = select_kth(kept, n, k);
+    int64_t room = k, t = 0;
+    for (int64_t s = 0; s < n; s++)
+        room -= x[is[s]] > kth;
+    float best = -__builtin_inff();
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t j = is[s];
+        if (x[j] > kth || (x[j] == kth && room-- > 0))
+            top[t++] = j;
+        else if (reach && x[j] == kth && x[j] + reach[j] > best)
+            best = x[j] + reach[j];
+    }
+    if (!reach)
+        return 0.0f;
+    vf lane = (vf){0} - __builtin_inff();
     int64_t j = 0;
-    for (; j + LANES <= c; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            const float v = x[j + l] + reach[j + l];
-            lane[l] = ((x[j + l] < kth) & (v > lane[l])) ? v : lane[l];
-        }
-    for (int l = 0; j + l < c; l++) {
-        const float v = x[j + l] + reach[j + l];
-        lane[l] = ((x[j + l] < kth) & (v > lane[l])) ? v : lane[l];
+    for (; j + LANES <= c; j += LANES) {
+        const vf v = load(x + j);
+        lane = vmax(pick(v < kth, v + load(reach + j), lane), lane);
     }
-    float best = lane[0];
-    for (int l = 1; l < LANES; l++)
-        best = lane[l] > best ? lane[l] : best;
-    return best;
+    for (; j < c; j++)
+        best = (x[j] < kth && x[j] + reach[j] > best) ? x[j] + reach[j] : best;
+    return hmax(lane) > best ? hmax(lane) : best;
 }
 
-/* Each row of m [n, c] (finite or infinite floats, no NaN): its k largest (1 <= k <= c; equal
- * values by ascending column) as ascending columns into top [n, k]; with reach [c], out[r] =
- * the largest m + reach over the row's other columns (-inf when none). scratch: room
- * for c / LANES + c floats. */
-CLONES void top_columns(const float *m, int64_t n, int64_t c, int64_t k, const float *reach,
-                        int64_t *top, float *out, float *scratch) {
+/* Whether x[0..c) has a NaN. */
+INLINE int has_nan(const float *x, int64_t c) {
+    vi acc = {0};
+    int64_t j = 0;
+    int any = 0;
+    for (; j + LANES <= c; j += LANES) {
+        const vf v = load(x + j);
+        acc |= v != v;
+    }
+    for (int l = 0; l < LANES; l++)
+        any |= acc[l] != 0;
+    for (; j < c; j++)
+        any |= x[j] != x[j];
+    return any;
+}
+
+/* Each row of m [n, c]: its k largest (1 <= k <= c; equal values by ascending column) as
+ * ascending columns into top [n, k]; with reach [c], out[r] = the largest m + reach over the
+ * row's other columns (-inf when none). Returns -1, or the first row with a NaN (stopping
+ * there: the caller takes another path). fs: room for 2 c floats; is: c + c / LANES int64. */
+CLONES int64_t top_columns(const float *m, int64_t n, int64_t c, int64_t k, const float *reach,
+                           int64_t *top, float *out, float *fs, int64_t *is) {
     for (int64_t r = 0; r < n; r++) {
-        const float *x = m + r * c;
-        const float kth = kth_largest(x, c, k, scratch);
-        int64_t room = k, t = 0;
-        for (int64_t j = 0; j < c; j++)
-            room -= x[j] > kth;
-        float best = reach ? best_below(x, reach, c, kth) : 0.0f;
-        int64_t *row = top + r * k;
-        for (int64_t j = 0; j < c; j += LANES) {
-            const int64_t e = c - j < LANES ? c : j + LANES;
-            if (!any_at_least(x + j, e - j, kth))
-                continue;
-            for (int64_t i = j; i < e; i++) {
-                if (x[i] > kth || (x[i] == kth && room-- > 0))
-                    row[t++] = i;
-                else if (reach && x[i] == kth && x[i] + reach[i] > best)
-                    best = x[i] + reach[i];
-            }
-        }
+        if (has_nan(m + r * c, c))
+            return r;
+        const float best = row_top(m + r * c, c, k, reach, top + r * k, fs, is);
         if (reach)
             out[r] = best;
     }
+    return -1;
+}
+
+/* top_columns of routing's int8 scores, formed row by row as torch forms them: fp32(sums) *
+ * scale[r] + bias, each rounded (no FMA), then +inf at column own[r] (a query's own cluster).
+ * sums: int32 [n, c]. fs: room for 3 c floats. */
+CLONES int64_t route_columns(const int32_t *sums, int64_t n, int64_t c, const float *scale,
+                             const float *bias, const int64_t *own, int64_t k,
+                             const float *reach, int64_t *top, float *out, float *fs,
+                             int64_t *is) {
+    float *x = fs + 2 * c;
+    for (int64_t r = 0; r < n; r++) {
+        const int32_t *s = sums + r * c;
+        int64_t j = 0;
+        for (; j + LANES <= c; j += LANES) {
+            vi v;
+            memcpy(&v, s + j, sizeof v);
+            const vf y = __builtin_convertvector(v, vf) * scale[r] + load(bias + j);
+            memcpy(x + j, &y, sizeof y);
+        }
+        for (; j < c; j++)
+            x[j] = (float)s[j] * scale[r] + bias[j];
+        x[own[r]] = __builtin_inff();
+        if (has_nan(x, c))
+            return r;
+        const float best = row_top(x, c, k, reach, top + r * k, fs, is);
+        if (reach)
+            out[r] = best;
+    }
+    return -1;
+}
+
+/* order: the entries 0..e-1 stably sorted by key (each < n): a counting sort. count: room for
+ * n + 1 int64; on return count[x] is the end of key x's run in order (its start count[x - 1],
+ * or 0). */
+INLINE void by_key(const int64_t *key, int64_t e, int64_t n, int64_t *count, int64_t *order) {
+    memset(count, 0, (size_t)(n + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < e; i++)
+        count[key[i] + 1]++;
+    for (int64_t x = 0; x < n; x++)
+        count[x + 1] += count[x];
+    for (int64_t i = 0; i < e; i++)
+        order[count[key[i]]++] = i;
+}
+
+CLONES void stable_order(const int64_t *key, int64_t e, int64_t n, int64_t *count,
+                         int64_t *order) {
+    by_key(key, e, n, count, order);
+}
+
+/* Entry a ranks before entry b: the higher score, then the lower j. */
+INLINE int before(const float *s, const int64_t *j, int64_t a, int64_t b) {
+    return s[a] > s[b] || (s[a] == s[b] && j[a] < j[b]);
+}
+
+/* v[0..n) (entry numbers) sorted by ``before``: quicksort, insertion sort below 24. */
+static void rank(int64_t *v, int64_t n, const float *s, const int64_t *j) {
+    while (n > 24) {
+        const int64_t p = v[n / 2];
+        int64_t i = 0, k = n - 1;
+        while (i <= k) {
+            while (before(s, j, v[i], p))
+                i++;
+            while (before(s, j, p, v[k]))
+                k--;
+            if (i <= k) {
+                const int64_t t = v[i];
+                v[i++] = v[k];
+                v[k--] = t;
+            }
+        }
+        if (k + 1 < n - i) {         /* recurse into the smaller side */
+            rank(v, k + 1, s, j);
+            v += i;
+            n -= i;
+        } else {
+            rank(v + i, n - i, s, j);
+            n = k + 1;
+        }
+    }
+    for (int64_t a = 1; a < n; a++) {
+        const int64_t x = v[a];
+        int64_t b = a;
+        for (; b > 0 && before(s, j, x, v[b - 1]); b--)
+            v[b] = v[b - 1];
+        v[b] = x;
+    }
+}
+
+/* Each row's k best of e entries (row r[i] < n, global row j[i], score s[i]; (r, j) pairs
+ * distinct): best score first, equal scores by ascending j, into idx [n, k] (-1 padded) and
+ * score [n, k] (0 padded). Returns -1, or the first entry with a NaN score (nothing written).
+ * count: room for n + 1 int64; order: e int64. */
+CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int64_t e,
+                        int64_t n, int64_t k, int64_t *idx, float *score, int64_t *count,
+                        int64_t *order) {
+    for (int64_t i = 0; i < e; i++)
+        if (s[i] != s[i])
+            return i;
+    by_key(r, e, n, count, order);
+    for (int64_t x = 0; x < n; x++) {
+        const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
+        rank(order + a, len, s, j);
+        for (int64_t t = 0; t < k; t++) {
+            idx[x * k + t] = t < len ? j[order[a + t]] : -1;
+            score[x * k + t] = t < len ? s[order[a + t]] : 0.0f;
+        }
+    }
+    return -1;
 }

@@ -64,7 +64,13 @@ def library() -> Optional[ctypes.CDLL]:
     lib.pair_dots.argtypes = [_P, _I, _P, _P, _I, _P, _I, _I, _P]
     lib.screen_pairs.argtypes = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P]
     lib.screen_pairs.restype = _I
-    lib.top_columns.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P]
+    lib.top_columns.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P, _P]
+    lib.top_columns.restype = _I
+    lib.route_columns.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
+    lib.route_columns.restype = _I
+    lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
+    lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]
+    lib.row_best.restype = _I
     return lib
 
 
@@ -184,23 +190,99 @@ def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -
     """(each row's k largest of m [n, c] as ascending columns, equal values by the lower
     column: int64 NumPy [n, k]; with ``reach`` [c], the largest m + reach over each row's other
     columns, -inf where none: float32 NumPy [n], else None). k <= c. A NaN score (a NaN
-    vector) goes to torch's path, where topk ranks it highest, as before; the C selection
-    assumes none."""
+    vector) goes to torch's path, where topk ranks it highest, as before (C finds it and
+    stops)."""
     if k > m.shape[1]:
         raise ValueError(f"top_columns: {k} of {m.shape[1]} columns")
     lib = library()
-    if (lib is not None and k > 0 and m.device.type == "cpu" and m.dtype == torch.float32
-            and not bool(torch.isnan(m).any())):
-        (n, c), m = m.shape, m.contiguous()
-        top, out = np.empty((n, k), np.int64), np.empty(n, np.float32)
-        scratch = np.empty(c // LANES + c, np.float32)     # held: C writes into it
-        ahead = None if reach is None else reach.to(torch.float32).contiguous()
-        lib.top_columns(m.data_ptr(), n, c, k, None if ahead is None else ahead.data_ptr(),
-                        top.ctypes.data, out.ctypes.data, scratch.ctypes.data)
-        return top, None if reach is None else out
+    if lib is not None and k > 0 and m.device.type == "cpu" and m.dtype == torch.float32:
+        got = _selected(lib.top_columns, m.contiguous(), m.shape, k, reach, ())
+        if got is not None:
+            return got
+    return _torch_top(m, k, reach)
+
+
+def route_columns(sums: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                  own: np.ndarray, k: int, reach: torch.Tensor) -> Optional[tuple]:
+    """``top_columns`` of routing's int8 scores fp32(sums) * scale[:, None] + bias (int32
+    [n, c], fp32 [n] and [c]; each step rounded, as torch does it) with +inf at each row's own
+    column own [n], formed row by row in C (no [n, c] float copy); None without the library, on
+    a GPU, or with a NaN score (the caller forms them in torch)."""
+    lib = library()
+    if lib is None or sums.device.type != "cpu" or not 0 < k <= sums.shape[1]:
+        return None
+    own = np.ascontiguousarray(own, np.int64)
+    if own.shape != (len(sums),) or (len(own) and not 0 <= own.min() <= own.max()
+                                     < sums.shape[1]):
+        raise IndexError("route_columns: own columns out of range")
+    args = (_f32(scale), _f32(bias))
+    if args[0].shape != (len(sums),) or args[1].shape != (sums.shape[1],):
+        raise ValueError("route_columns: scale or bias of the wrong shape")
+    return _selected(lib.route_columns, sums.to(torch.int32).contiguous(), sums.shape, k, reach,
+                     (*(a.data_ptr() for a in args), own.ctypes.data), floats=3)
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).contiguous()
+
+
+def _selected(fn, m: torch.Tensor, shape, k: int, reach, before: tuple, floats: int = 2):
+    """Run C's top_columns or route_columns over m (args ``before`` between the shape and k);
+    None when it met a NaN."""
+    (n, c), ahead = shape, None if reach is None else _f32(reach)
+    if ahead is not None and ahead.shape != (c,):
+        raise ValueError("top_columns: reach of the wrong shape")
+    top, out = np.empty((n, k), np.int64), np.empty(n, np.float32)
+    fs, is_ = np.empty(floats * c, np.float32), np.empty(c + c // LANES, np.int64)
+    stop = fn(m.data_ptr(), n, c, *before, k, None if ahead is None else ahead.data_ptr(),
+              top.ctypes.data, out.ctypes.data, fs.ctypes.data, is_.ctypes.data)
+    return None if stop >= 0 else (top, None if reach is None else out)
+
+
+def _torch_top(m: torch.Tensor, k: int, reach: Optional[torch.Tensor]) -> tuple:
     cols = hpm.top_columns(m, k)
     if reach is None:
         return cols.cpu().numpy(), None
     rest = (m + reach.unsqueeze(0)).scatter_(1, cols, -math.inf)
     out = rest.max(1).values if m.shape[1] > k else torch.full((len(m),), -math.inf)
     return cols.cpu().numpy(), out.cpu().numpy().astype(np.float32)
+
+
+def stable_order(key: np.ndarray, n: int) -> Optional[np.ndarray]:
+    """The order of key's entries (ints in 0..n-1) by key, stably: a counting sort in C (~1/10
+    of NumPy's radix argsort for 2M 16-bit keys); None without the library."""
+    lib = library()
+    if lib is None:
+        return None
+    key = _keys(key, n)
+    order, count = np.empty(len(key), np.int64), np.empty(n + 1, np.int64)
+    lib.stable_order(key.ctypes.data, len(key), n, count.ctypes.data, order.ctypes.data)
+    return order
+
+
+def _keys(key, n: int) -> np.ndarray:
+    key = np.ascontiguousarray(key, np.int64)
+    if len(key) and not 0 <= key.min() <= key.max() < n:
+        raise IndexError(f"keys out of 0..{n - 1}")
+    return key
+
+
+def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
+             ) -> Optional[tuple]:
+    """Each of n rows' k best entries (row r, global row j, score s; (r, j) distinct): best
+    score first, equal scores by ascending j, as (idx [n, k] -1 padded, score [n, k] 0 padded)
+    tensors: a counting sort by row and a sort within each row in C, instead of sorting every
+    entry (blocks.Best.dense's torch path, the same result). None without the library, on a
+    GPU, or with a NaN score."""
+    lib = library()
+    if lib is None or r.device.type != "cpu":
+        return None
+    r, j = _keys(r.numpy(), n), np.ascontiguousarray(j.numpy(), np.int64)
+    s = np.ascontiguousarray(s.numpy(), np.float32)
+    if not len(r) == len(j) == len(s):
+        raise ValueError("row_best: entries of different lengths")
+    idx, score = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
+    count, order = np.empty(n + 1, np.int64), np.empty(len(r), np.int64)
+    stop = lib.row_best(r.ctypes.data, j.ctypes.data, s.ctypes.data, len(r), n, k,
+                        idx.ctypes.data, score.ctypes.data, count.ctypes.data, order.ctypes.data)
+    return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))

@@ -271,35 +271,35 @@ def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
     """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
     that score or pass a floor, which the caller selects exactly. ``m_low``: the members' low
     copies when stored (else cast here)."""
-    width = m["img"].shape[0]
-    own = own_r * width + own_c
-    flat, val = ragged_pairs(q, [(0, len(q), m, m_low)], floors, tau_i, tau_t,
-                             precision, own)
-    return flat // width, flat % width, val
+    own = own_r * m["img"].shape[0] + own_c
+    return ragged_pairs(q, [(0, len(q), m, m_low)], floors, tau_i, tau_t, precision, own)
 
 
 def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
                  precision: str, own: torch.Tensor, members: Optional[tuple] = None
-                 ) -> tuple[torch.Tensor, dict]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Candidate pairs of several blocks at once: block b = (q0, q1, m, m_low) is queries
     q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
     block and similarity, written into one buffer; then one candidate pass over the buffer.
-    Returns (flat indices, exact similarities); ``own``: the targets' own pairs, flat;
-    ``members``: see rescore_flat."""
+    Returns (query rows, member rows, exact similarities); ``own``: the targets' own pairs,
+    flat; ``members``: (the vectors every block's members are rows of, by name, or None where
+    nothing is re-scored; each block's first row in them), which the member rows count from
+    (rescore_flat's); else a lone block's own rows."""
     if precision == "int8":
         flat = int8_candidates(q, blocks, floors, tau_i, tau_t, own)
         if len(flat) <= DENSE_SHARE * INT8_DENSE_GAIN * offsets(blocks)[-1]:
-            return flat, rescore_flat(q, blocks, flat, members)
+            return rescore_flat(q, blocks, flat, members)
     elif precision != "fp32":
         s = flat_sims(q.low, [(a, b, mlow or low(m, precision), len(m["img"]))
                               for a, b, m, mlow in blocks])
         eps = margin(precision, q.dim)
         flat = flat_candidates(s, floors, tau_i, tau_t, eps, own)
         if len(flat) <= DENSE_SHARE * s["sii"].numel():
-            return flat, rescore_flat(q, blocks, flat, members)
+            return rescore_flat(q, blocks, flat, members)
     s = flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])
     flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
-    return flat, {f: at_flat(v, flat) for f, v in s.items()}
+    r, c = pair_rows(blocks, flat, [0] * len(blocks) if members is None else members[1])
+    return r, c, {f: at_flat(v, flat) for f, v in s.items()}
 
 
 def offsets(blocks: list) -> np.ndarray:
@@ -325,17 +325,24 @@ def flat_sims(q: dict, blocks: list) -> dict:
 
 
 def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor,
-                 members: Optional[tuple] = None) -> dict:
-    """``rescore`` of flat pairs of blocks (q0, q1, m, ...): each pair's query and member, from
-    ``members`` (the vectors every block's members are rows of, by name, and each block's first
-    row in them: run_stack's sorted vectors, one gather for a whole stack, ~a third of the time
-    of one per unit), or a lone block's own members."""
+                 members: Optional[tuple] = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(query rows, member rows, ``rescore``) of flat pairs of blocks (q0, q1, m, ...): each
+    pair's query and member, from ``members`` (the vectors every block's members are rows of,
+    by name, and each block's first row in them, which the member rows count from: run_stack's
+    sorted vectors, one gather for a whole stack, ~a third of the time of one per unit), or a
+    lone block's own members."""
+    members = _members(blocks, members)
+    r, c = pair_rows(blocks, flat, members[1])
+    return r, c, rescore(q, members[0], r, c)
+
+
+def _members(blocks: list, members: Optional[tuple]) -> tuple:
     if members is None:
         if len(blocks) != 1:
             raise ValueError("several blocks are re-scored from the vectors their members are "
                              "rows of (members)")
-        members = (blocks[0][2], [0])
-    return rescore(q, members[0], *pair_rows(blocks, flat, members[1]))
+        return blocks[0][2], [0]
+    return members
 
 
 def pair_rows(blocks: list, flat: torch.Tensor, first) -> tuple[torch.Tensor, torch.Tensor]:

@@ -112,9 +112,8 @@ def load(dir_: str, n: int) -> list[Space]:
 def mine(lay: blocks.Layout, vec: blocks.Vectors, spaces: list[Space], pos: np.ndarray,
          p: blocks.PassParams, device: str = "cpu") -> blocks.PassResult:
     """blocks.mine for the rows at joint positions ``pos``, plus the spaces' pairs."""
-    routed = blocks.route(lay, vec, pos, p.probe, device, p.precision)
-    r = blocks.mine(lay, vec, pos, p, device, routed)
-    return add_pairs(r, spaces, lay, vec, pos, routed[0], p, device) if spaces else r
+    r, routes = blocks.mine_routed(lay, vec, pos, p, device)
+    return add_pairs(r, spaces, lay, vec, pos, routes, p, device) if spaces else r
 
 
 def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,

@@ -117,6 +117,8 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device
     _, r = B.neighbour_pass(img, txt, p, device=device)
     ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98, device=device)
     exact_idx = B.canonical(ex.idx, ex.score)[0]
+    assert (r.idx == B.canonical(r.idx, r.score)[0]).all()   # the pass's order is canonical
+    assert ((r.idx >= 0) == (r.score > 0)).all()
     assert (r.support <= ex.support).all()              # support among candidates: a lower bound
     for kk in sorted({5, 50, k} & set(range(1, k + 1))):
         cert = r.certified_at(kk)

@@ -120,6 +120,7 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     # the C loops did run: re-score (not fp32's joint blocks) and one-space similarities,
     # the int8 screen, routing
     assert calls.get("pair_dots") and calls.get("top_columns"), calls
+    assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert bool(calls.get("screen_pairs")) == (precision == "int8"), calls
     monkeypatch.undo()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
@@ -175,7 +176,7 @@ def test_without_the_library_the_dot_products_are_torch_s_lanes(no_native):
 
 
 @built
-@pytest.mark.parametrize("c, levels", [(37, 6), (700, 40), (700, 10 ** 6)])
+@pytest.mark.parametrize("c, levels", [(37, 6), (700, 40), (700, 10 ** 6), (4001, 10 ** 6)])
 def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities(c, levels):
     """Routing's selection: ties straddling the k-th place (the lower clusters win), -inf
     (empty clusters) and +inf (a query's own), k = 1 to c; and the bound over the rest. Past
@@ -186,7 +187,7 @@ def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities(c, levels):
     m[np.arange(300), rng.integers(0, c, 300)] = np.inf
     m[:3] = m[3]                                                  # whole rows alike
     reach = torch.from_numpy(rng.random(c).astype(np.float32))
-    for k in sorted({1, 3, 10, 43, c - 1, c} & set(range(1, c + 1))):
+    for k in sorted({1, 3, 10, 43, 60, c - 1, c} & set(range(1, c + 1))):
         got = native.top_columns(m, k, reach)
         native.library.cache_clear()
         with pytest.MonkeyPatch.context() as mp:
@@ -222,3 +223,62 @@ def test_a_nan_score_takes_torch_s_selection_not_the_c_one():
     m[2, 7] = float("nan")
     top, _ = native.top_columns(m, 5, torch.zeros(200))
     assert np.array_equal(top, hpm.top_columns(m, 5).numpy()) and 7 in top[2]
+
+
+@built
+@pytest.mark.parametrize("c", [5, 37, 3906])
+def test_c_routing_from_int8_sums_equals_torch_s_scores_and_selection(c):
+    """route_columns forms fp32(sums) * scale + bias row by row as torch forms the [n, c]
+    scores (each step rounded: the same bits), with +inf at each row's own cluster, and
+    selects as top_columns does: equal to torch's whole path, ties and empty clusters
+    (-inf bias) included; a NaN scale answers None (the caller's torch path)."""
+    rng = np.random.default_rng(c)
+    sums = torch.from_numpy(rng.integers(-300, 300, (200, c)).astype(np.int32))
+    sums[:, 1] = sums[:, 0]                                         # ties
+    scale = torch.from_numpy(rng.random(200).astype(np.float32) / 97)
+    bias = torch.from_numpy(rng.random(c).astype(np.float32) / 3)
+    bias[2] = -np.inf
+    own = rng.integers(0, c, 200)
+    reach = torch.from_numpy(rng.random(c).astype(np.float32))
+    for k in sorted({1, 4, 60, c} & set(range(1, c + 1))):
+        got = native.route_columns(sums, scale, bias, own, k, reach)
+        m = B._scores(sums, scale, bias).scatter_(1, torch.as_tensor(own)[:, None], np.inf)
+        want = native._torch_top(m, k, reach)
+        assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
+        assert (got[0] == own[:, None]).any(1).all()
+    scale[3] = np.nan
+    assert native.route_columns(sums, scale, bias, own, 4, reach) is None
+    with pytest.raises(IndexError):
+        native.route_columns(sums, scale, bias, own + c, 4, reach)
+
+
+@built
+@pytest.mark.parametrize("per_row, k", [(3, 5), (40, 5), (300, 50)])
+def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
+    """Best.dense in C (a counting sort by row, a sort within each row: insertion sort for
+    short runs, quicksort past 24) equals torch's sorts of every entry: best score first,
+    equal scores by the lower j (many ties here), -1 / 0 padding, rows with no entry."""
+    rng = np.random.default_rng(per_row)
+    n = 60
+    r = np.repeat(np.arange(0, n, 2), per_row)                   # odd rows: none
+    j = np.concatenate([rng.choice(10 ** 6, per_row, replace=False) for _ in range(n // 2)])
+    s = (rng.integers(1, 8, len(r)) / 8).astype(np.float32)
+    o = rng.permutation(len(r))
+    best = B.Best(n, k, "cpu")
+    best.add(*(torch.from_numpy(x[o]) for x in (r, j, s)))
+    got = best.dense()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "row_best", lambda *a: None)
+        want = best.dense()
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    assert (got[0][1::2] == -1).all() and (got[0][::2, :min(k, per_row)] >= 0).all()
+    s[3] = np.nan
+    assert native.row_best(*(torch.from_numpy(x) for x in (r, j, s)), n, k) is None
+
+
+@built
+def test_c_stable_order_is_numpy_s_stable_argsort():
+    key = np.random.default_rng(0).integers(0, 300, 5000)
+    np.testing.assert_array_equal(native.stable_order(key, 300), np.argsort(key, kind="stable"))
+    with pytest.raises(IndexError):
+        native.stable_order(key, 200)

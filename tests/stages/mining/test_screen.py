@@ -286,16 +286,16 @@ def test_a_stacks_pairs_rescored_at_once_equal_those_rescored_block_by_block(cro
                                       for x in names}, None) for u in range(4)]
     total = int(screen.offsets(blocks)[-1])
     flat = torch.sort(torch.randperm(total, generator=g)[:200]).values.to(device)
-    at_once = screen.rescore_flat(q, blocks, flat, ({x: v.to(device) for x, v in base.items()},
-                                                    np.array(first)))
+    r, c, at_once = screen.rescore_flat(q, blocks, flat, ({x: v.to(device) for x, v in
+                                                           base.items()}, np.array(first)))
     at = screen.offsets(blocks)
-    alone = [screen.rescore_flat(q, [blk], flat[(flat >= at[u]) & (flat < at[u + 1])] - at[u])
+    alone = [screen.rescore_flat(q, [blk], flat[(flat >= at[u]) & (flat < at[u + 1])] - at[u])[2]
              for u, blk in enumerate(blocks)]
     by_block = {s: torch.cat([x[s] for x in alone]) for s in alone[0]}
     with pytest.raises(ValueError, match="members"):
         screen.rescore_flat(q, blocks, flat)
     assert set(at_once) == set(by_block) == {s for s, a, _ in screen.PAIRS if a in names}
-    r, c = screen.pair_rows(blocks, flat, first)
+    assert all(torch.equal(x, y) for x, y in zip((r, c), screen.pair_rows(blocks, flat, first)))
     for s, a, b in screen.PAIRS:
         if a in names:
             if device == "cpu":
