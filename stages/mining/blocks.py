@@ -104,7 +104,9 @@ class PassParams:
                                    # are held to floor_i and floor_t)
     n_clusters: Optional[int] = None   # None: auto (clusters of about cluster_rows rows)
     probe: int = 40                # clusters searched per query (all: exhaustive)
-    iters: int = 10
+    iters: int = 6                 # k-means iterations: 10 -> 6 cost 0.0004 of recall@10 on
+                                   # 2,000 exact targets of the 1M synthetic set (probe 60:
+                                   # 0.9934 -> 0.9930; 4: 0.9920) and ~40% of k-means' time
     sample: int = 64               # k-means training rows per cluster
     seed: int = 0
     query_block: int = 1024
@@ -918,8 +920,9 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
           routed: Optional[tuple]) -> tuple[PassResult, np.ndarray]:
     qc = Queries(vec, pos, p.precision, device)
     routes, m_out = routed or route(lay, vec, pos, p.probe, device, p.precision, qc)
-    q = np.repeat(pos, routes.shape[1])
-    c = routes.ravel()
+    srt = np.argsort(pos, kind="stable")       # queries ascending: by_cluster sorts c alone
+    q = np.repeat(pos[srt], routes.shape[1])
+    c = routes[srt].ravel()
     o = by_cluster(q, c, lay.n_clusters)
     q, c = q[o], c[o]
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))

@@ -154,7 +154,9 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "13"       # 13: every re-scored similarity (bf16, int8, the one-space pairs)
+    version = "14"       # 14: the layout's k-means runs 6 iterations, not 10 (another
+                         # layout: other clusters, so other candidates near the cut)
+                         # 13: every re-scored similarity (bf16, int8, the one-space pairs)
                          # is native.pair_dots' fixed-order sum: its last bits change; the
                          # same bits on a CPU with or without the C library, and on CUDA;
                          # units of up to 2^20 pairs and query_block pieces of larger ones are

@@ -340,40 +340,43 @@ CLONES void stable_order(const int64_t *key, int64_t e, int64_t n, int64_t *coun
     by_key(key, e, n, count, order);
 }
 
-/* Entry a ranks before entry b: the higher score, then the lower j. */
-INLINE int before(const float *s, const int64_t *j, int64_t a, int64_t b) {
-    return s[a] > s[b] || (s[a] == s[b] && j[a] < j[b]);
-}
+typedef struct {
+    float s;
+    int64_t j;
+} entry;
 
-/* v[0..n) (entry numbers) sorted by ``before``: quicksort, insertion sort below 24. */
-static void rank(int64_t *v, int64_t n, const float *s, const int64_t *j) {
+/* a ranks before b: the higher score, then the lower j. */
+INLINE int before(entry a, entry b) { return a.s > b.s || (a.s == b.s && a.j < b.j); }
+
+/* v[0..n) sorted by ``before``: quicksort, insertion sort below 24. */
+static void rank(entry *v, int64_t n) {
     while (n > 24) {
-        const int64_t p = v[n / 2];
+        const entry p = v[n / 2];
         int64_t i = 0, k = n - 1;
         while (i <= k) {
-            while (before(s, j, v[i], p))
+            while (before(v[i], p))
                 i++;
-            while (before(s, j, p, v[k]))
+            while (before(p, v[k]))
                 k--;
             if (i <= k) {
-                const int64_t t = v[i];
+                const entry t = v[i];
                 v[i++] = v[k];
                 v[k--] = t;
             }
         }
         if (k + 1 < n - i) {         /* recurse into the smaller side */
-            rank(v, k + 1, s, j);
+            rank(v, k + 1);
             v += i;
             n -= i;
         } else {
-            rank(v + i, n - i, s, j);
+            rank(v + i, n - i);
             n = k + 1;
         }
     }
     for (int64_t a = 1; a < n; a++) {
-        const int64_t x = v[a];
+        const entry x = v[a];
         int64_t b = a;
-        for (; b > 0 && before(s, j, x, v[b - 1]); b--)
+        for (; b > 0 && before(x, v[b - 1]); b--)
             v[b] = v[b - 1];
         v[b] = x;
     }
@@ -382,20 +385,22 @@ static void rank(int64_t *v, int64_t n, const float *s, const int64_t *j) {
 /* Each row's k best of e entries (row r[i] < n, global row j[i], score s[i]; (r, j) pairs
  * distinct): best score first, equal scores by ascending j, into idx [n, k] (-1 padded) and
  * score [n, k] (0 padded). Returns -1, or the first entry with a NaN score (nothing written).
- * count: room for n + 1 int64; order: e int64. */
+ * count: room for n + 1 int64; order: e int64; by_row: e entries (16 bytes each). */
 CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int64_t e,
                         int64_t n, int64_t k, int64_t *idx, float *score, int64_t *count,
-                        int64_t *order) {
+                        int64_t *order, entry *by_row) {
     for (int64_t i = 0; i < e; i++)
         if (s[i] != s[i])
             return i;
     by_key(r, e, n, count, order);
+    for (int64_t i = 0; i < e; i++)
+        by_row[i] = (entry){s[order[i]], j[order[i]]};
     for (int64_t x = 0; x < n; x++) {
         const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
-        rank(order + a, len, s, j);
+        rank(by_row + a, len);
         for (int64_t t = 0; t < k; t++) {
-            idx[x * k + t] = t < len ? j[order[a + t]] : -1;
-            score[x * k + t] = t < len ? s[order[a + t]] : 0.0f;
+            idx[x * k + t] = t < len ? by_row[a + t].j : -1;
+            score[x * k + t] = t < len ? by_row[a + t].s : 0.0f;
         }
     }
     return -1;
