@@ -245,13 +245,15 @@ def _nearest_int8(x: torch.Tensor, cent: torch.Tensor, step: int, out: torch.Ten
     for a in range(0, len(x), step):
         xa = x[a:a + step]
         rows = xa if xa.dtype == torch.int8 else _rows8(xa)
-        torch.argmax(q8.int_mm(rows, c8), 1, out=out[a:a + step])
+        sums = q8.int_mm(rows, c8)
+        if not native.row_argmax(sums, out[a:a + step]):
+            torch.argmax(sums, 1, out=out[a:a + step])
     return out
 
 
 def _rows8(x: torch.Tensor) -> torch.Tensor:
     """Rows quantized for an int8 assignment, each with its own scale."""
-    return q8.scaled(x, x.abs().amax(1, keepdim=True))
+    return q8.scaled(x, q8.abs_max(x)[:, None])
 
 
 def _assigned_as(x: torch.Tensor, dtype) -> torch.Tensor:

@@ -86,8 +86,8 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
     runs QUANT_ELEMS values at a time on a CPU (each row's results are its own): temporaries
     that stay in cache, ~6x faster than whole (32,768 x 384: 42 against 265 ms)."""
     n, d = x.shape
-    top = x.abs().amax(1).double() if d else torch.zeros(n, dtype=torch.float64,
-                                                          device=x.device)   # exact in fp32
+    top = abs_max(x).double() if d else torch.zeros(n, dtype=torch.float64,
+                                                     device=x.device)   # exact in fp32
     if group is not None:
         top = torch.zeros(groups, dtype=torch.float64, device=x.device).scatter_reduce(
             0, group, top, "amax")[group]
@@ -99,6 +99,13 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
         _quantize_rows(x[a:a + step], scale[a:a + step], values[a:a + step], err[a:a + step],
                        norm[a:a + step])
     return (values, *(v.cpu().numpy() for v in (scale, err, norm)))
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """Each row's largest |value| (d >= 1): one pass (aminmax), no |x| copy; exact, so the
+    same values as x.abs().amax(1). A NaN row gives NaN, as abs().amax does."""
+    lo, hi = torch.aminmax(x, dim=1)
+    return torch.maximum(lo.neg_(), hi).abs_()          # -0.0 as 0.0
 
 
 def cache_rows(x: torch.Tensor) -> int:

@@ -252,6 +252,8 @@ def test_int8_quantization_a_few_rows_at_a_time_equals_all_at_once(grouped, monk
     for got, want in zip(q8.quantize(*args), whole):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert whole[2][5] == 0 and (grouped or whole[1][5] == 1.0)     # the zero row: exact
+    x[6] = -0.0
+    assert torch.equal(q8.abs_max(x), x.abs().amax(1)) and not q8.abs_max(x)[6].signbit()
 
 
 def test_one_space_hits_in_int8_hold_every_pair_above_the_floor(monkeypatch, device):
