@@ -245,9 +245,7 @@ def _nearest_int8(x: torch.Tensor, cent: torch.Tensor, step: int, out: torch.Ten
     for a in range(0, len(x), step):
         xa = x[a:a + step]
         rows = xa if xa.dtype == torch.int8 else _rows8(xa)
-        sums = q8.int_mm(rows, c8)
-        if not native.row_argmax(sums, out[a:a + step]):
-            torch.argmax(sums, 1, out=out[a:a + step])
+        torch.argmax(q8.int_mm(rows, c8), 1, out=out[a:a + step])
     return out
 
 

@@ -405,30 +405,3 @@ CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int6
     }
     return -1;
 }
-
-/* out[r] = the first column of row r's largest value, of int32 m [n, c] (c >= 1). */
-CLONES void row_argmax(const int32_t *m, int64_t n, int64_t c, int64_t *out) {
-    for (int64_t r = 0; r < n; r++) {
-        const int32_t *x = m + r * c;
-        vi best;
-        int64_t j = 0;
-        int32_t top = x[0];
-        if (c >= LANES) {
-            memcpy(&best, x, sizeof best);
-            for (j = LANES; j + LANES <= c; j += LANES) {
-                vi v;
-                memcpy(&v, x + j, sizeof v);
-                const vi more = v > best;
-                best = (more & v) | (~more & best);
-            }
-            for (int l = 0; l < LANES; l++)
-                top = best[l] > top ? best[l] : top;
-        }
-        for (; j < c; j++)
-            top = x[j] > top ? x[j] : top;
-        int64_t at = 0;
-        while (x[at] != top)
-            at++;
-        out[r] = at;
-    }
-}

@@ -71,7 +71,6 @@ def library() -> Optional[ctypes.CDLL]:
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
     lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.row_best.restype = _I
-    lib.row_argmax.argtypes = [_P, _I, _I, _P]
     return lib
 
 
@@ -290,15 +289,3 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
                         by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
 
-
-def row_argmax(m: torch.Tensor, out: torch.Tensor) -> bool:
-    """out[r] = the first column of row r's largest value (torch.argmax's choice) of int32 m
-    [n, c], in C on a CPU (~1/3 of torch's time for 3,906 columns); False where it did not
-    run (no library, a GPU, no columns, or an out that is not contiguous int64)."""
-    lib = library()
-    if (lib is None or m.device.type != "cpu" or m.dtype != torch.int32 or not m.shape[1]
-            or out.dtype != torch.int64 or not out.is_contiguous() or len(out) != len(m)):
-        return False
-    m = m.contiguous()
-    lib.row_argmax(m.data_ptr(), len(m), m.shape[1], out.data_ptr())
-    return True

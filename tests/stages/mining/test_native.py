@@ -283,15 +283,3 @@ def test_c_stable_order_is_numpy_s_stable_argsort():
     with pytest.raises(IndexError):
         native.stable_order(key, 200)
 
-
-@built
-@pytest.mark.parametrize("c", [1, 15, 16, 3906])
-def test_c_row_argmax_is_torch_s_first_largest_column(c):
-    """The int8 layout's assignment: the first column of each row's largest sum, ties
-    included (many here), as torch.argmax picks it."""
-    m = torch.from_numpy(np.random.default_rng(c).integers(-5, 5, (300, c)).astype(np.int32))
-    m[0] = 7                                                  # a row all alike
-    out = torch.empty(300, dtype=torch.long)
-    assert native.row_argmax(m, out)
-    assert torch.equal(out, torch.argmax(m, 1))
-    assert not native.row_argmax(m.long(), out)               # int32 only: torch's path
