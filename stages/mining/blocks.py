@@ -611,12 +611,13 @@ def at_or_above_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
 
 @dataclass
 class UnitResult:
-    rows: np.ndarray          # [q] global rows of the unit's queries
+    at: np.ndarray            # [q] each query's index into its chunk's targets (Queries.pos)
     top: tuple                # (r, j, s) on the unit's device, unsorted: pairs with s > 0 of
-                              # each query (index into rows) among them its best k, j the
+                              # each query (index into at) among them its best k, j the
                               # global row (Best.unsorted)
     support: np.ndarray       # [q] pairs with s > 0 within the unit
-    pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q, j (global rows), similarities
+    pairs: dict = field(default_factory=dict)   # PAIR_FIELDS: q (as at), j (global rows), and
+                                                # similarities
     cut: np.ndarray = None    # [q] pairs the per-row cap left out already (within the unit)
 
 
@@ -643,12 +644,12 @@ def run_unit(lay: Layout, vec: Vectors, qc: "Queries", c: int, qs: np.ndarray, p
     if not parts:
         return empty_result(p.k, device)
     pairs = {f: np.concatenate([x.pairs[f] for x in parts]) for f in parts[0].pairs}
-    rows, support, cut = (np.concatenate([getattr(x, f) for x in parts])
-                          for f in ("rows", "support", "cut"))
-    first = np.cumsum([0] + [len(x.rows) for x in parts])     # a block's r is within the block
+    at, support, cut = (np.concatenate([getattr(x, f) for x in parts])
+                        for f in ("at", "support", "cut"))
+    first = np.cumsum([0] + [len(x.at) for x in parts])     # a block's r is within the block
     top = tuple(torch.cat(x) for x in zip(*((r + f, j, s) for (r, j, s), f in
                                             zip((x.top for x in parts), first))))
-    return UnitResult(rows, top, support, pairs, cut)
+    return UnitResult(at, top, support, pairs, cut)
 
 
 # a unit (or a query_block piece of one) of at most this many pairs is stacked with others
@@ -713,7 +714,7 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
                                          torch.as_tensor(own, device=device), (base, a))
     acc = Findings(len(qall), p, device)
     acc.add(r, lay.order_on(device)[member], val)
-    return acc.result(lay.order, qall)
+    return acc.result(q.index.cpu().numpy())
 
 
 def empty_result(k: int, device="cpu") -> UnitResult:
@@ -769,7 +770,7 @@ def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p:
         r, cc, val = screen.block_pairs(q, m, m_low, floors, p.tau_i, p.tau_t,
                                         p.precision, own, qpos[own] - s0)
         acc.add(r, to_row[cc + s0], val)
-    return acc.result(lay.order, qpos_np)
+    return acc.result(q.index.cpu().numpy())
 
 
 class Findings:
@@ -799,12 +800,11 @@ class Findings:
         top = at_or_above_kth(r, v, p.k)
         self.best.add(r[top], member[top], v[top])
 
-    def result(self, order: np.ndarray, qpos_np: np.ndarray) -> UnitResult:
-        """The rows' results, row i being the query at sorted position qpos_np[i]."""
+    def result(self, at: np.ndarray) -> UnitResult:
+        """The rows' results, row i being the chunk's target at[i] (Queries.pos)."""
         pairs = _cap(_pairs(self.found), self.p.max_pairs, self.cut)
-        pairs["q"] = order[qpos_np[pairs["q"]]]
-        return UnitResult(order[qpos_np], self.best.unsorted(), self.support.cpu().numpy(), pairs,
-                          self.cut)
+        pairs["q"] = at[pairs["q"]]
+        return UnitResult(at, self.best.unsorted(), self.support.cpu().numpy(), pairs, self.cut)
 
 
 def _above_floors(val: dict, floors: dict, r: torch.Tensor, j: torch.Tensor,
@@ -930,7 +930,7 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
     with torch.no_grad():
         results = (run_unit(lay, vec, qc, u[0], qs, p, device) if len(u) == 1 else
                    run_stack(lay, vec, qc, u, qs, p, device) for u, qs in stacks(lay, units, p))
-        r = gather(lay.order[pos], p, results, m_out, device)
+        r = gather(np.unique(pos, return_index=True)[1], p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r, routes
 
@@ -948,26 +948,23 @@ def by_cluster(q: np.ndarray, c: np.ndarray, n_clusters: int) -> np.ndarray:
     return np.argsort(c.astype(np.uint16) if n_clusters <= 1 << 16 else c, kind="stable")
 
 
-def gather(rows: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray,
+def gather(target: np.ndarray, p: PassParams, results: Iterable[UnitResult], m_out: np.ndarray,
            device: str = "cpu") -> PassResult:
-    """Merge the units' partial top-k of ``rows`` (global rows; each is searched by ``probe``
+    """Merge the units' partial top-k of n = len(m_out) targets (each searched by ``probe``
     units; the top-k merged on ``device``), sum their support, cap their pairs at
     p.max_pairs, and certify with m_out (the bound on a left-out row's joint similarity, per
-    row)."""
-    n, k = len(rows), p.k
-    sorter = np.argsort(rows)
-    ordered = rows[sorter]        # searchsorted on it, not via sorter=: ~1.5x, no indirection
-    local = lambda g: sorter[np.searchsorted(ordered, g)]      # noqa: E731
+    target). ``target``: the target of each Queries row (UnitResult.at), by index."""
+    n, k = len(m_out), p.k
     best = Best(n, k, device)
     support = np.zeros(n, np.int64)
     cut = np.zeros(n, np.int64)
     pairs = Held(n, p.max_pairs, cut)
     for r in results:
-        at = local(r.rows)
+        at = target[r.at]
         np.add.at(cut, at, r.cut)
         best.add(torch.as_tensor(at, device=device)[r.top[0]], *r.top[1:])
         np.add.at(support, at, r.support)         # a stack may list a row more than once
-        pairs.add(dict(r.pairs, q=local(r.pairs["q"])))
+        pairs.add(dict(r.pairs, q=target[r.pairs["q"]]))
     # already canonical's order (Best's: best first, equal scores by ascending global row; it
     # holds scores > 0 only, so the padding is last), whatever the layout, units or blocks
     idx, score = (x.cpu().numpy() for x in best.dense())
