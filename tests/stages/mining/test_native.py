@@ -186,6 +186,7 @@ def test_the_c_top_columns_equal_torch_s_with_ties_and_infinities(c, levels):
     m[:, 5] = -np.inf
     m[np.arange(300), rng.integers(0, c, 300)] = np.inf
     m[:3] = m[3]                                                  # whole rows alike
+    m[7, 3:] = -np.inf                     # fewer finite scores than k: -inf ties at the k-th
     reach = torch.from_numpy(rng.random(c).astype(np.float32))
     for k in sorted({1, 3, 10, 43, 60, c - 1, c} & set(range(1, c + 1))):
         got = native.top_columns(m, k, reach)
