@@ -8,7 +8,13 @@
  * screen_pairs: the candidate rule on a block's integer sums (q8.rule's, exact int32
  * compares): flat indices of the pairs with (img > tau_i and txt > tau_t) or img > floor_i or
  * txt > floor_t, or an extra mask set. One pass over both sums instead of a bool array per
- * compare. */
+ * compare.
+ *
+ * top_columns / route_columns: routing's probe best clusters per query and the certificate's
+ * bound (route_columns from int8 sums, forming each row's fp32 scores as torch does).
+ *
+ * stable_order / row_best: counting sorts (the units' order by cluster; the merged top-k of a
+ * chunk's targets, each row's entries then sorted by score, then j). */
 #include <stdint.h>
 #include <string.h>
 
