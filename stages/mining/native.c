@@ -203,7 +203,7 @@ INLINE void group_maxima(const float *x, int64_t g, float *maxima) {
     }
 }
 
-/* The columns of x [c] that may be among its k largest, ascending, into cols; returns how many.
+/* The columns of x [c] that may be among its k largest, ascending, into is; returns how many.
  * With g = c / LANES groups (as group_maxima's) and g >= k, a value with k group maxima at or
  * above it (lower_bound_kth) is at most the k-th largest, so only the groups whose maximum
  * reaches it, and the last c - LANES g columns, are listed (~k groups of LANES columns, not c);

@@ -293,4 +293,3 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
                         idx.ctypes.data, score.ctypes.data, count.ctypes.data, order.ctypes.data,
                         by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
-

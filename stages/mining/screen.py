@@ -331,18 +331,13 @@ def rescore_flat(q: QueryRows, blocks: list, flat: torch.Tensor,
     by name, and each block's first row in them, which the member rows count from: run_stack's
     sorted vectors, one gather for a whole stack, ~a third of the time of one per unit), or a
     lone block's own members."""
-    members = _members(blocks, members)
-    r, c = pair_rows(blocks, flat, members[1])
-    return r, c, rescore(q, members[0], r, c)
-
-
-def _members(blocks: list, members: Optional[tuple]) -> tuple:
     if members is None:
         if len(blocks) != 1:
             raise ValueError("several blocks are re-scored from the vectors their members are "
                              "rows of (members)")
-        return blocks[0][2], [0]
-    return members
+        members = (blocks[0][2], [0])
+    r, c = pair_rows(blocks, flat, members[1])
+    return r, c, rescore(q, members[0], r, c)
 
 
 def pair_rows(blocks: list, flat: torch.Tensor, first) -> tuple[torch.Tensor, torch.Tensor]:

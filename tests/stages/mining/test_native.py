@@ -121,6 +121,7 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     # the int8 screen, routing
     assert calls.get("pair_dots") and calls.get("top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
+    assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
     assert bool(calls.get("screen_pairs")) == (precision == "int8"), calls
     monkeypatch.undo()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
