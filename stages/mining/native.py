@@ -20,6 +20,11 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
 * ``row_best``: the merged top-k of a chunk's targets (blocks.Best.dense): a counting sort by
   row, then a sort within each row, instead of sorting every entry; ``stable_order``: the
   (query, cluster) entries by cluster (blocks.by_cluster), a counting sort.
+* ``screen_int8``: an int8 block's two GEMMs (S_ii, S_tt) and screen_pairs' rule in one pass
+  with AVX512-VNNI (members packed per block as u8 panels, each query's thresholds shifted
+  by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
+  screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
+  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
 
 The build is cached under ``$VLCURATE_NATIVE_DIR`` (default ``~/.cache/vlcurate/native``, a
 temporary directory where that cannot be written), keyed by the source and flags; a cluster's
@@ -76,6 +81,10 @@ def library() -> Optional[ctypes.CDLL]:
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
     lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.row_best.restype = _I
+    lib.screen_int8.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
+                                _P, _P]
+    lib.screen_int8.restype = _I
+    lib.vnni_ready.restype = ctypes.c_int
     return lib
 
 
@@ -189,6 +198,37 @@ def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
                          None if extra is None else extra.ctypes.data, first,
                          out.ctypes.data, keep.ctypes.data)
     return out[:n]
+
+
+def vnni() -> bool:
+    """Whether screen_int8 runs on this CPU (the library, and AVX512-VNNI)."""
+    lib = library()
+    return lib is not None and bool(lib.vnni_ready())
+
+
+def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: torch.Tensor, mt: torch.Tensor,
+                lim_i: list, lim_t: list, first: int) -> Optional[np.ndarray]:
+    """first + the flat indices (ascending) of the pairs of queries qi, qt [nq, d] x members
+    mi, mt [nm, d] (int8 tensors) that pass screen_pairs' rule against each row's [floor, tau]
+    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with
+    AVX512-VNNI, no int32 sums written. None without the library, on a GPU, on a CPU without
+    AVX512-VNNI or with a dimension that is not a multiple of 4 (the caller multiplies)."""
+    lib = library()
+    if lib is None or any(x.device.type != "cpu" for x in (qi, mi, qt, mt)):
+        return None
+    a = [np.ascontiguousarray(x.numpy(), np.int8) for x in (qi, qt, mi, mt)]
+    lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
+    (nq, di), (_, dt), nm = a[0].shape, a[1].shape, len(a[2])
+    if a[1].shape[0] != nq or a[2].shape != (nm, di) or a[3].shape != (nm, dt) or any(
+            t.shape != (nq, 1) for t in lims):
+        raise ValueError("screen_int8: queries, members and thresholds of different shapes")
+    panels = -(-nm // 16)
+    scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
+    out = np.empty(max(nq * nm, 1), np.int64)
+    n = lib.screen_int8(a[0].ctypes.data, di, di, a[1].ctypes.data, dt, dt, nq, a[2].ctypes.data,
+                        di, a[3].ctypes.data, dt, nm, *(t.ctypes.data for t in lims), first,
+                        out.ctypes.data, scratch.ctypes.data)
+    return None if n < 0 else out[:n]
 
 
 def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -> tuple:

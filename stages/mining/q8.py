@@ -102,10 +102,11 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
 
 
 def abs_max(x: torch.Tensor) -> torch.Tensor:
-    """Each row's largest |value| (d >= 1): one pass (aminmax), no |x| copy; exact, so the
-    same values as x.abs().amax(1). A NaN row gives NaN, as abs().amax does."""
-    lo, hi = torch.aminmax(x, dim=1)
-    return torch.maximum(lo.neg_(), hi).abs_()          # -0.0 as 0.0
+    """Each row's largest |value| (d >= 1): max(max x, -min x), no |x| copy; exact, so the
+    same values as x.abs().amax(1). Two vectorized reductions: ~8x torch.aminmax's speed on
+    a CPU (8,192 x 768 on 1 thread: 1.7 against 14 ms; the layout ran ~4 s of aminmax at 1M).
+    A NaN row gives NaN, as abs().amax does."""
+    return torch.maximum(x.amax(1), x.amin(1).neg_()).abs_()      # -0.0 as 0.0
 
 
 def cache_rows(x: torch.Tensor) -> int:
@@ -275,9 +276,21 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
     for u, (a, b, _, _) in enumerate(blocks):
         at = {s: [t[cut[u]:cut[u + 1]] for t in v] for s, v in limits.items()}
         qu = {f: None if v is None else v[a:b] for f, v in q.items()}
-        out.append(block_flat({s: products(qu[x], m8[u][y]) for s, x, y in pairs
-                               if qu.get(x) is not None}, at, int(offsets[u])))
+        hit = fused(qu, m8[u], pairs, at, int(offsets[u]))
+        out.append(hit if hit is not None else block_flat(
+            {s: products(qu[x], m8[u][y]) for s, x, y in pairs if qu.get(x) is not None}, at,
+            int(offsets[u])))
     return torch.cat(out)
+
+
+def fused(q: dict, m: dict, pairs: tuple, limits: dict, first: int) -> Optional[torch.Tensor]:
+    """block_flat's answer by native.screen_int8 (the GEMMs and the rule in one pass, on a CPU
+    with AVX512-VNNI) where a block's similarities are S_ii and S_tt alone; None elsewhere."""
+    if {s for s, x, _ in pairs if q.get(x) is not None} != {"sii", "stt"}:
+        return None
+    hit = native.screen_int8(q["img"].values, m["img"].values, q["txt"].values,
+                             m["txt"].values, limits["sii"], limits["stt"], first)
+    return None if hit is None else torch.from_numpy(hit)
 
 
 def block_flat(sums: dict, limits: dict, first: int) -> torch.Tensor:

@@ -77,7 +77,7 @@ def layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str = "cpu") -> l
     vectors, so a space's ``order`` holds their positions)."""
     out = []
     for name, lay in _layouts(vec, p, device):
-        members = np.asarray(getattr(vec, name))[lay.order]
+        members = blocks.take_rows(getattr(vec, name), lay.order)
         low = blocks.low_copy(members, lay, "int8") if p.precision == "int8" else None
         out.append(Space(name, lay, members, lay.positions(), low))
     return out

@@ -471,7 +471,8 @@ def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> f
     """The same chunks mined as hpm's actors mine them: a.procs processes of 1 torch thread each
     (Ray gives a 1-CPU actor OMP_NUM_THREADS=1), memory-mapping the layout and vectors written
     as the stage writes them, after one untimed chunk each. Their result must equal the
-    in-process one byte for byte (a row's result is its own); returns their wall time."""
+    in-process one byte for byte (a row's result is its own); returns the mining's wall time
+    in the workers (first chunk's start to last chunk's end, by their clocks)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import shutil
@@ -485,13 +486,19 @@ def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> f
                                 initargs=(str(d), p, a.chunk, ctx.Barrier(a.procs))) as ex:
         list(ex.map(_worker_warm, range(a.procs)))     # one each: they wait for each other
         t = time.time()
-        parts = list(ex.map(_worker_mine, [pos[c:c + a.chunk] for c in range(0, len(pos), a.chunk)]))
-        t_work = time.time() - t
+        done = list(ex.map(_worker_mine, [pos[c:c + a.chunk] for c in range(0, len(pos), a.chunk)]))
+        t_back = time.time() - t
+    parts = [r for r, _, _ in done]
+    t_work = max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)
     got = B.PassResult.concat(parts)
     same = [f for f in ("idx", "support", "offsets", "pair_j", "score", "pair_sii", "pair_stt")
             if np.array_equal(getattr(got, f), getattr(joint, f), equal_nan=True)]
     print(f"{a.procs} worker processes x 1 thread (as hpm's actors, run.intra_op_threads 1): "
-          f"{1e6 * t_work / len(pos):.0f} us/target against {1e6 * t_alone / len(pos):.0f} in this "
+          f"{1e6 * t_work / len(pos):.0f} us/target from the first chunk's start to the last's "
+          f"end in the workers ({1e6 * t_back / len(pos):.0f} with their results pickled back "
+          f"through a pipe to this process, which the stage's actors do not do: their Arrow "
+          f"batches go to Ray's shared-memory object store), "
+          f"against {1e6 * t_alone / len(pos):.0f} in this "
           f"process with {torch.get_num_threads()} threads ({t_alone / t_work:.2f}x); identical to "
           f"it: {', '.join(same) or 'nothing'} (a GEMM's last bits may depend on its threads, "
           f"which is why run.intra_op_threads is a numerics key)", flush=True)
@@ -520,9 +527,12 @@ def _worker_warm(_) -> None:
     w["ready"].wait()
 
 
-def _worker_mine(pos: np.ndarray):
+def _worker_mine(pos: np.ndarray) -> tuple:
+    """(the result, when the mining started, when it ended), clock times in the worker."""
     from vlcurate.stages.mining import blocks as B
-    return B.mine(_WORKER["lay"], _WORKER["vec"], pos, _WORKER["p"])
+    t = time.time()
+    r = B.mine(_WORKER["lay"], _WORKER["vec"], pos, _WORKER["p"])
+    return r, t, time.time()
 
 
 def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:

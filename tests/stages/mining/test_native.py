@@ -76,6 +76,36 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
             assert nq * nm == 0 or len(want) > 0
 
 
+
+@pytest.mark.skipif(not native.vnni(), reason="no AVX512-VNNI (or no C compiler) here: the "
+                                              "int8 blocks take torch's GEMMs")
+@pytest.mark.parametrize("nq, nm, di, dt", [(57, 300, 384, 384), (8, 16, 4, 8), (9, 33, 40, 72),
+                                            (1, 1, 384, 768), (0, 5, 8, 8), (4, 0, 8, 8),
+                                            (130, 47, 64, 128)])
+def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt):
+    """native.screen_int8 (VNNI GEMMs and the rule in one pass) against torch's int32 sums
+    and q8.rule: values at int8's ends (-127, 127, and -128, which q8 never writes), tiles'
+    row and panel tails, thresholds at int32's ends and near the sums, both similarities'
+    clauses; the rows read where they lie (a slice of a larger array, as a stack's)."""
+    rng = np.random.default_rng(nq + nm)
+    big = [torch.from_numpy(rng.integers(-128, 128, (n + 3, d), dtype=np.int8))
+           for n, d in ((nq, di), (nm, di), (nq, dt), (nm, dt))]
+    qi, mi, qt, mt = (x[2:2 + n] for x, n in zip(big, (nq, nm, nq, nm)))
+    sums = {"sii": torch._int_mm(qi, mi.T).numpy() if nq * nm else np.zeros((nq, nm), np.int32),
+            "stt": torch._int_mm(qt, mt.T).numpy() if nq * nm else np.zeros((nq, nm), np.int32)}
+    mid = {s: (np.median(v, 1, keepdims=True) if nm else np.zeros((nq, 1))).astype(np.int64)
+           for s, v in sums.items()}
+    limits = {s: [(mid[s] + o).astype(np.int32) for o in (90 * di, -10 * di)] for s in sums}
+    if nq > 3:
+        limits["sii"][0][1], limits["stt"][1][2] = q8.INT32
+        limits["sii"][1][3], limits["stt"][0][3] = q8.INT32[::-1]
+    want = np.flatnonzero(q8.rule(sums, limits)) + 77
+    got = native.screen_int8(qi, mi, qt, mt, limits["sii"], limits["stt"], 77)
+    assert np.array_equal(got, want)
+    assert nq * nm < 2 or 0 < len(want) < nq * nm
+    assert native.screen_int8(qi[:, :3], mi[:, :3], qt, mt, limits["sii"], limits["stt"],
+                              0) is None                    # 3 dimensions: torch's GEMMs
+
 def _pass(precision, cross):
     """Every row mined with the one-space layouts, 40 dimensions (two 16-lane blocks and a
     tail), similarities crowding the thresholds, every screened block re-scored."""
@@ -122,7 +152,9 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     assert calls.get("pair_dots") and calls.get("top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
-    assert bool(calls.get("screen_pairs")) == (precision == "int8"), calls
+    fused = precision == "int8" and not cross and native.vnni()     # the GEMMs and screen in C
+    assert bool(calls.get("screen_int8")) == fused, calls
+    assert bool(calls.get("screen_pairs")) == (precision == "int8" and not fused), calls
     monkeypatch.undo()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
@@ -216,6 +248,12 @@ def test_the_c_kernels_refuse_indices_and_shapes_they_would_read_past():
     d = np.zeros((3, 4), np.int32)
     with pytest.raises(ValueError):
         native.screen_pairs(d, d[:2], [d[:, :1]] * 2, [d[:, :1]] * 2, None, 0)
+    q, m = torch.zeros((3, 8), dtype=torch.int8), torch.zeros((5, 8), dtype=torch.int8)
+    for bad in ((q, m, q[:2], m), (q, m, q, m[:, :4]), (q, m[:4], q, m)):
+        with pytest.raises(ValueError):
+            native.screen_int8(*bad, [d[:, :1]] * 2, [d[:, :1]] * 2, 0)
+    with pytest.raises(ValueError):
+        native.screen_int8(q, m, q, m, [d[:2, :1]] * 2, [d[:, :1]] * 2, 0)
 
 
 def test_a_nan_score_takes_torch_s_selection_not_the_c_one():
