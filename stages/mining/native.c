@@ -514,27 +514,32 @@ INLINE void tile(const int8_t *q, int64_t ld, int64_t d4, const uint32_t *panels
 }
 
 /* The rule's mask of rows r < rows against panels p + h, into masks[r * np + p + h]; lim: per
- * row the biased thresholds img floor, img tau, txt floor, txt tau. */
+ * row the biased thresholds img floor, img tau, txt floor, txt tau. one: S_ii > floor alone
+ * (no txt operands; q8.hits' one-space blocks). */
 INLINE void tile_masks(const int8_t *qi, int64_t ldi, int64_t d4i, const int8_t *qt,
                        int64_t ldt, int64_t d4t, const uint32_t *pi, const uint32_t *pt,
                        int64_t p, int64_t np, int64_t nm, const int32_t *lim, int rows,
-                       int two, uint16_t *masks) {
+                       int two, int one, uint16_t *masks) {
     __m512i acc[MR][2];
-    __mmask16 fi[MR][2], ti[MR][2];
+    __mmask16 fi[MR][2], ti[MR][2], ft[MR][2], tt[MR][2];
     tile(qi, ldi, d4i, pi, p, rows, two, acc);
     for (int r = 0; r < rows; r++)
         for (int h = 0; h <= two; h++) {
             fi[r][h] = _mm512_cmpgt_epi32_mask(acc[r][h], _mm512_set1_epi32(lim[4 * r]));
             ti[r][h] = _mm512_cmpgt_epi32_mask(acc[r][h], _mm512_set1_epi32(lim[4 * r + 1]));
+            ft[r][h] = tt[r][h] = 0;
         }
-    tile(qt, ldt, d4t, pt, p, rows, two, acc);
+    if (!one) {
+        tile(qt, ldt, d4t, pt, p, rows, two, acc);
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h <= two; h++) {
+                ft[r][h] = _mm512_cmpgt_epi32_mask(acc[r][h], _mm512_set1_epi32(lim[4 * r + 2]));
+                tt[r][h] = _mm512_cmpgt_epi32_mask(acc[r][h], _mm512_set1_epi32(lim[4 * r + 3]));
+            }
+    }
     for (int r = 0; r < rows; r++)
         for (int h = 0; h <= two; h++) {
-            const __mmask16 ft = _mm512_cmpgt_epi32_mask(acc[r][h],
-                                                         _mm512_set1_epi32(lim[4 * r + 2]));
-            const __mmask16 tt = _mm512_cmpgt_epi32_mask(acc[r][h],
-                                                         _mm512_set1_epi32(lim[4 * r + 3]));
-            uint32_t m = (ti[r][h] & tt) | fi[r][h] | ft;
+            uint32_t m = one ? fi[r][h] : (ti[r][h] & tt[r][h]) | fi[r][h] | ft[r][h];
             const int64_t left = nm - (p + h) * 16;          /* members in this panel */
             if (left < 16)
                 m &= (1u << left) - 1;
@@ -546,12 +551,29 @@ INLINE void tile_masks(const int8_t *qi, int64_t ldi, int64_t d4i, const int8_t 
 INLINE void row_block(const int8_t *qi, int64_t ldi, int64_t d4i, const int8_t *qt,
                       int64_t ldt, int64_t d4t, const uint32_t *pi, const uint32_t *pt,
                       int64_t c, int64_t e, int64_t np, int64_t nm, const int32_t *lim,
-                      int rows, uint16_t *masks) {
+                      int rows, int one, uint16_t *masks) {
     int64_t p = c;
     for (; p + 2 <= e; p += 2)
-        tile_masks(qi, ldi, d4i, qt, ldt, d4t, pi, pt, p, np, nm, lim, rows, 1, masks);
+        tile_masks(qi, ldi, d4i, qt, ldt, d4t, pi, pt, p, np, nm, lim, rows, 1, one, masks);
     if (p < e)
-        tile_masks(qi, ldi, d4i, qt, ldt, d4t, pi, pt, p, np, nm, lim, rows, 0, masks);
+        tile_masks(qi, ldi, d4i, qt, ldt, d4t, pi, pt, p, np, nm, lim, rows, 0, one, masks);
+}
+
+/* Every row block against every panel, a cache-sized chunk of panels at a time. */
+INLINE void all_masks(const int8_t *qi, int64_t ldi, int64_t d4i, const int8_t *qt,
+                      int64_t ldt, int64_t d4t, const uint32_t *pi, const uint32_t *pt,
+                      int64_t nq, int64_t np, int64_t nm, const int32_t *lim, int one,
+                      uint16_t *masks) {
+    for (int64_t c = 0; c < np; c += CHUNK_PANELS) {
+        const int64_t e = c + CHUNK_PANELS < np ? c + CHUNK_PANELS : np;
+        int64_t r = 0;
+        for (; r + MR <= nq; r += MR)
+            row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
+                      lim + 4 * r, MR, one, masks + r * np);
+        for (; r < nq; r++)
+            row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
+                      lim + 4 * r, 1, one, masks + r * np);
+    }
 }
 
 static int64_t clamp32(int64_t x) {
@@ -567,25 +589,22 @@ static int64_t screen_vnni(const int8_t *qi, int64_t ldi, int64_t di, const int8
     uint32_t *pi = (uint32_t *)scratch, *pt = pi + np * d4i * 16;
     int32_t *lim = (int32_t *)(pt + np * d4t * 16);
     uint16_t *masks = (uint16_t *)(lim + 4 * nq);
+    const int one = qt == NULL;
     pack(mi, lmi, nm, di, pi);
-    pack(mt, lmt, nm, dt, pt);
+    if (!one)
+        pack(mt, lmt, nm, dt, pt);
     for (int64_t r = 0; r < nq; r++) {
-        const int64_t si = 128 * row_sum(qi + r * ldi, di), st = 128 * row_sum(qt + r * ldt, dt);
+        const int64_t si = 128 * row_sum(qi + r * ldi, di);
+        const int64_t st = one ? 0 : 128 * row_sum(qt + r * ldt, dt);
         lim[4 * r] = (int32_t)clamp32((int64_t)fi[r] + si);
-        lim[4 * r + 1] = (int32_t)clamp32((int64_t)ti[r] + si);
-        lim[4 * r + 2] = (int32_t)clamp32((int64_t)ft[r] + st);
-        lim[4 * r + 3] = (int32_t)clamp32((int64_t)tt[r] + st);
+        lim[4 * r + 1] = one ? 0 : (int32_t)clamp32((int64_t)ti[r] + si);
+        lim[4 * r + 2] = one ? 0 : (int32_t)clamp32((int64_t)ft[r] + st);
+        lim[4 * r + 3] = one ? 0 : (int32_t)clamp32((int64_t)tt[r] + st);
     }
-    for (int64_t c = 0; c < np; c += CHUNK_PANELS) {      /* a chunk's panels stay in cache */
-        const int64_t e = c + CHUNK_PANELS < np ? c + CHUNK_PANELS : np;
-        int64_t r = 0;
-        for (; r + MR <= nq; r += MR)
-            row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
-                      lim + 4 * r, MR, masks + r * np);
-        for (; r < nq; r++)
-            row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
-                      lim + 4 * r, 1, masks + r * np);
-    }
+    if (one)
+        all_masks(qi, ldi, d4i, qi, ldi, 0, pi, pi, nq, np, nm, lim, 1, masks);
+    else
+        all_masks(qi, ldi, d4i, qt, ldt, d4t, pi, pt, nq, np, nm, lim, 0, masks);
     int64_t n = 0;
     for (int64_t r = 0; r < nq; r++)
         for (int64_t p = 0; p < np; p++)
@@ -613,6 +632,7 @@ int vnni_ready(void) {
 /* queries qi [nq, di], qt [nq, dt] and members mi [nm, di], mt [nm, dt] (int8, rows ldi, ldt,
  * lmi, lmt bytes apart); thresholds fi, ti, ft, tt (int32 per query, on the exact sums). Writes
  * first + r * nm + j of each kept pair to out (ascending); returns how many, or -1 (see above).
+ * qt NULL: one similarity, the pairs with S_ii > fi (mt, ti, ft, tt unread).
  * scratch: 16 ((nm + 15) / 16) (di + dt) + 16 nq + 2 nq ((nm + 15) / 16) bytes. */
 int64_t screen_int8(const int8_t *qi, int64_t ldi, int64_t di, const int8_t *qt, int64_t ldt,
                     int64_t dt, int64_t nq, const int8_t *mi, int64_t lmi, const int8_t *mt,
@@ -620,7 +640,7 @@ int64_t screen_int8(const int8_t *qi, int64_t ldi, int64_t di, const int8_t *qt,
                     const int32_t *ft, const int32_t *tt, int64_t first, int64_t *out,
                     uint8_t *scratch) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (di % 4 == 0 && dt % 4 == 0 && has_vnni())
+    if (di % 4 == 0 && (qt == NULL || dt % 4 == 0) && has_vnni())
         return screen_vnni(qi, ldi, di, qt, ldt, dt, nq, mi, lmi, mt, lmt, nm, fi, ti, ft, tt,
                            first, out, scratch);
 #endif

@@ -206,28 +206,35 @@ def vnni() -> bool:
     return lib is not None and bool(lib.vnni_ready())
 
 
-def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: torch.Tensor, mt: torch.Tensor,
-                lim_i: list, lim_t: list, first: int) -> Optional[np.ndarray]:
+def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
+                mt: Optional[torch.Tensor], lim_i: list, lim_t: Optional[list], first: int
+                ) -> Optional[np.ndarray]:
     """first + the flat indices (ascending) of the pairs of queries qi, qt [nq, d] x members
     mi, mt [nm, d] (int8 tensors) that pass screen_pairs' rule against each row's [floor, tau]
     thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with
-    AVX512-VNNI, no int32 sums written. None without the library, on a GPU, on a CPU without
-    AVX512-VNNI or with a dimension that is not a multiple of 4 (the caller multiplies)."""
+    AVX512-VNNI, no int32 sums written. qt None: one similarity, the pairs above lim_i's
+    floor alone (q8.hits). None without the library, on a GPU, on a CPU without AVX512-VNNI
+    or with a dimension that is not a multiple of 4 (the caller multiplies)."""
     lib = library()
-    if lib is None or any(x.device.type != "cpu" for x in (qi, mi, qt, mt)):
+    ops = (qi, mi) if qt is None else (qi, mi, qt, mt)
+    if lib is None or any(x.device.type != "cpu" for x in ops):
         return None
-    a = [np.ascontiguousarray(x.numpy(), np.int8) for x in (qi, qt, mi, mt)]
-    lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
-    (nq, di), (_, dt), nm = a[0].shape, a[1].shape, len(a[2])
-    if a[1].shape[0] != nq or a[2].shape != (nm, di) or a[3].shape != (nm, dt) or any(
-            t.shape != (nq, 1) for t in lims):
+    a = [np.ascontiguousarray(x.numpy(), np.int8) for x in ops]
+    lims = [np.ascontiguousarray(t, np.int32) for t in (lim_i[:1] if qt is None else
+                                                        (*lim_i, *lim_t))]
+    (nq, di), nm = a[0].shape, len(a[1])
+    dt = 0 if qt is None else a[2].shape[1]
+    if a[1].shape != (nm, di) or (qt is not None and (a[2].shape[0] != nq or a[3].shape != (
+            nm, dt))) or any(t.shape != (nq, 1) for t in lims):
         raise ValueError("screen_int8: queries, members and thresholds of different shapes")
     panels = -(-nm // 16)
     scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
     out = np.empty(max(nq * nm, 1), np.int64)
-    n = lib.screen_int8(a[0].ctypes.data, di, di, a[1].ctypes.data, dt, dt, nq, a[2].ctypes.data,
-                        di, a[3].ctypes.data, dt, nm, *(t.ctypes.data for t in lims), first,
-                        out.ctypes.data, scratch.ctypes.data)
+    txt = (None, 0, 0, None, 0) if qt is None else (a[2].ctypes.data, dt, dt, a[3].ctypes.data, dt)
+    lims += [lims[0]] * (4 - len(lims))                  # unread with one similarity
+    n = lib.screen_int8(a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:],
+                        nm, *(t.ctypes.data for t in lims), first, out.ctypes.data,
+                        scratch.ctypes.data)
     return None if n < 0 else out[:n]
 
 

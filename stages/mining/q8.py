@@ -244,6 +244,9 @@ def hits(x: Q8, rows: np.ndarray, m: Q8, floor: float) -> tuple:
     threshold."""
     q = x.index_select(0, torch.as_tensor(rows, device=x.values.device))
     (t,) = thresholds(q, [(0, len(rows))], np.concatenate(m.stats())[None], [floor])
+    hit = native.screen_int8(q.values, m.values, None, None, [t], None, 0)
+    if hit is not None:                    # the GEMM and compare fused (a CPU with VNNI)
+        return np.divmod(hit, len(m))
     d = products(q, m)
     return where(_greater(d, t if isinstance(d, np.ndarray) else
                           torch.as_tensor(t, device=d.device)))

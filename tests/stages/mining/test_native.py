@@ -84,7 +84,7 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
                                             (130, 47, 64, 128)])
 def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt):
     """native.screen_int8 (VNNI GEMMs and the rule in one pass) against torch's int32 sums
-    and q8.rule: values at int8's ends (-127, 127, and -128, which q8 never writes), tiles'
+    and q8.rule (and, with one similarity, S_ii above its floor): values at int8's ends (-127, 127, and -128, which q8 never writes), tiles'
     row and panel tails, thresholds at int32's ends and near the sums, both similarities'
     clauses; the rows read where they lie (a slice of a larger array, as a stack's)."""
     rng = np.random.default_rng(nq + nm)
@@ -105,6 +105,8 @@ def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm
     assert nq * nm < 2 or 0 < len(want) < nq * nm
     assert native.screen_int8(qi[:, :3], mi[:, :3], qt, mt, limits["sii"], limits["stt"],
                               0) is None                    # 3 dimensions: torch's GEMMs
+    one = native.screen_int8(qi, mi, None, None, limits["sii"][:1], None, 5)   # q8.hits'
+    assert np.array_equal(one, np.flatnonzero(sums["sii"] > limits["sii"][0]) + 5)
 
 def _pass(precision, cross):
     """Every row mined with the one-space layouts, 40 dimensions (two 16-lane blocks and a
@@ -152,9 +154,11 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     assert calls.get("pair_dots") and calls.get("top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
-    fused = precision == "int8" and not cross and native.vnni()     # the GEMMs and screen in C
-    assert bool(calls.get("screen_int8")) == fused, calls
-    assert bool(calls.get("screen_pairs")) == (precision == "int8" and not fused), calls
+    # int8 GEMMs with their screen in C (VNNI): the joint blocks' without cross-modal vectors,
+    # the one-space blocks' always; else torch's GEMMs, then the C screen
+    vnni = precision == "int8" and native.vnni()
+    assert bool(calls.get("screen_int8")) == vnni, calls
+    assert bool(calls.get("screen_pairs")) == (precision == "int8" and (cross or not vnni)), calls
     monkeypatch.undo()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
