@@ -406,10 +406,17 @@ CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int6
     for (int64_t x = 0; x < n; x++) {
         const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
         rank(by_row + a, len);
-        for (int64_t t = 0; t < k; t++) {
-            idx[x * k + t] = t < len ? by_row[a + t].j : -1;
-            score[x * k + t] = t < len ? by_row[a + t].s : 0.0f;
+        const int64_t m = len < k ? len : k;
+        int64_t *ix = idx + x * k;
+        float *sx = score + x * k;
+        for (int64_t t = 0; t < m; t++) {
+            ix[t] = by_row[a + t].j;
+            sx[t] = by_row[a + t].s;
         }
+        for (int64_t t = m; t < k; t++)          /* the padding: two plain fills */
+            ix[t] = -1;
+        for (int64_t t = m; t < k; t++)
+            sx[t] = 0.0f;
     }
     return -1;
 }
