@@ -494,10 +494,11 @@ def _bias(lay: Layout, device) -> torch.Tensor:
         np.diff(lay.bounds) == 0, -np.inf, ROUTE_SPREAD * spread(lay)).astype(np.float32))
 
 
-def _int8_routing(lay: Layout, x: torch.Tensor) -> tuple:
+def _int8_routing(lay: Layout, x: torch.Tensor, q: Optional[q8.Q8] = None) -> tuple:
     """int8 routing's parts: (int32 sums [n, C], each row's fp32 scale, the bias, the error
-    bound); the scores are fp32(sums) * scale + bias (``_scores``)."""
-    q, c = q8.rows(x), lay.low_means(x.device)
+    bound); the scores are fp32(sums) * scale + bias (``_scores``). q: x's rows already
+    quantized (q8.rows(x): each row's own, so any slice of them is the slice's)."""
+    q, c = q8.rows(x) if q is None else q, lay.low_means(x.device)
     scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
     return (q8.int_mm(q.values, c.values), scale, _bias(lay, x.device),
             q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
@@ -1184,6 +1185,11 @@ def save_layout(dir_: str, lay: Layout) -> None:
 
 def load_layout(dir_: str) -> tuple[Layout, np.ndarray]:
     """The layout (its order memory-mapped) and the sorted position of each global row."""
-    lay = Layout(*(np.load(os.path.join(dir_, f"{f}.npy"), mmap_mode="r" if f == "order" else None)
-                   for f in LAYOUT))
-    return lay, np.load(os.path.join(dir_, "positions.npy"), mmap_mode="r")
+    lay = Layout(*(_npy(os.path.join(dir_, f"{f}.npy"), f == "order") for f in LAYOUT))
+    return lay, _npy(os.path.join(dir_, "positions.npy"), True)
+
+
+def _npy(path: str, mapped: bool) -> np.ndarray:
+    """A saved array, memory-mapped (read-only) as a plain ndarray view where ``mapped``
+    (``mapped``'s reason: cheap slices and fancy indexing)."""
+    return np.asarray(np.load(path, mmap_mode="r")) if mapped else np.load(path)

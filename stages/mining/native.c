@@ -302,7 +302,8 @@ CLONES int64_t top_columns(const float *m, int64_t n, int64_t c, int64_t k, cons
 }
 
 /* top_columns of routing's int8 scores, formed row by row as torch forms them: fp32(sums) *
- * scale[r] + bias, each rounded (no FMA), then +inf at column own[r] (a query's own cluster).
+ * scale[r] + bias, each rounded (no FMA), then +inf at column own[r] (a query's own cluster;
+ * own NULL: none, the one-space layouts' routing).
  * sums: int32 [n, c]. fs: room for 3 c floats. */
 CLONES int64_t route_columns(const int32_t *sums, int64_t n, int64_t c, const float *scale,
                              const float *bias, const int64_t *own, int64_t k,
@@ -320,7 +321,8 @@ CLONES int64_t route_columns(const int32_t *sums, int64_t n, int64_t c, const fl
         }
         for (; j < c; j++)
             x[j] = (float)s[j] * scale[r] + bias[j];
-        x[own[r]] = __builtin_inff();
+        if (own)
+            x[own[r]] = __builtin_inff();
         if (has_nan(x, c))
             return r;
         const float best = row_top(x, c, k, reach, top + r * k, fs, is);
@@ -573,11 +575,12 @@ INLINE void all_masks(const int8_t *qi, int64_t ldi, int64_t d4i, const int8_t *
                       uint16_t *masks) {
     for (int64_t c = 0; c < np; c += CHUNK_PANELS) {
         const int64_t e = c + CHUNK_PANELS < np ? c + CHUNK_PANELS : np;
-        int64_t r = 0;
-        for (; r + MR <= nq; r += MR)
+        for (int64_t b = 0; nq >= MR && b < nq; b += MR) {
+            const int64_t r = b + MR <= nq ? b : nq - MR;   /* the tail: the last MR rows */
             row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
-                      lim + 4 * r, MR, one, masks + r * np);
-        for (; r < nq; r++)
+                      lim + 4 * r, MR, one, masks + r * np);   /* (again: the same masks) */
+        }
+        for (int64_t r = 0; nq < MR && r < nq; r++)          /* under MR rows: one a tile */
             row_block(qi + r * ldi, ldi, d4i, qt + r * ldt, ldt, d4t, pi, pt, c, e, np, nm,
                       lim + 4 * r, 1, one, masks + r * np);
     }

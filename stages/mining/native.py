@@ -255,23 +255,26 @@ def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -
 
 
 def route_columns(sums: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                  own: np.ndarray, k: int, reach: torch.Tensor) -> Optional[tuple]:
+                  own: Optional[np.ndarray], k: int, reach: Optional[torch.Tensor]
+                  ) -> Optional[tuple]:
     """``top_columns`` of routing's int8 scores fp32(sums) * scale[:, None] + bias (int32
     [n, c], fp32 [n] and [c]; each step rounded, as torch does it) with +inf at each row's own
-    column own [n], formed row by row in C (no [n, c] float copy); None without the library, on
-    a GPU, or with a NaN score (the caller forms them in torch)."""
+    column own [n] (None: no own column), formed row by row in C (no [n, c] float copy); None
+    without the library, on a GPU, or with a NaN score (the caller forms them in torch)."""
     lib = library()
     if lib is None or sums.device.type != "cpu" or not 0 < k <= sums.shape[1]:
         return None
-    own = np.ascontiguousarray(own, np.int64)
-    if own.shape != (len(sums),) or (len(own) and not 0 <= own.min() <= own.max()
-                                     < sums.shape[1]):
-        raise IndexError("route_columns: own columns out of range")
+    if own is not None:
+        own = np.ascontiguousarray(own, np.int64)
+        if own.shape != (len(sums),) or (len(own) and not 0 <= own.min() <= own.max()
+                                         < sums.shape[1]):
+            raise IndexError("route_columns: own columns out of range")
     args = (_f32(scale), _f32(bias))
     if args[0].shape != (len(sums),) or args[1].shape != (sums.shape[1],):
         raise ValueError("route_columns: scale or bias of the wrong shape")
     return _selected(lib.route_columns, sums.to(torch.int32).contiguous(), sums.shape, k, reach,
-                     (*(a.data_ptr() for a in args), own.ctypes.data), floats=3)
+                     (*(a.data_ptr() for a in args), None if own is None else own.ctypes.data),
+                     floats=3)
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:

@@ -131,8 +131,9 @@ def add_pairs(r: blocks.PassResult, spaces: list[Space], joint: blocks.Layout,
     with torch.no_grad(), blocks.freed_memory_kept():     # as the joint pass: no fresh pages
         for s, qname, sim, floor in searches(spaces, vec, p):
             x = blocks._take(getattr(vec, qname), pos, device)
-            probe = _probe(s.lay, x, p.space_probe, p.precision)
-            for q, j in _batches(_hits(s, x, probe, floor - MARGIN, p, device)):
+            x8 = q8.rows(x) if p.precision == "int8" else None    # once, for both
+            probe = _probe(s.lay, x, p.space_probe, p.precision, x8)
+            for q, j in _batches(_hits(s, x, probe, floor - MARGIN, p, device, x8)):
                 other = j != pos[q]
                 q, j = q[other], j[other]
                 sims = similarities(vec, pos[q], j, device)
@@ -186,35 +187,44 @@ def _batches(hits):
         yield tuple(np.concatenate(x) for x in zip(*held))
 
 
-def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp32"
-           ) -> np.ndarray:
+def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp32",
+           x8: Optional[q8.Q8] = None) -> np.ndarray:
     """[n, probe] the best non-empty clusters of each query by blocks.mean_scores (<x, mean> +
     ROUTE_SPREAD spread, in ``precision``; equal scores by the lower cluster), ascending (a
-    slice of queries at a time: ~4M scores held, whatever the number of clusters)."""
+    slice of queries at a time: ~4M scores held, whatever the number of clusters). int8: x8
+    (x's rows quantized, q8.rows), the scores formed and selected in C from the GEMM's sums
+    (native.route_columns, as the joint routing's)."""
     step, probe = blocks.route_step(lay), min(probe, lay.n_clusters)
     out = [np.zeros((0, probe), np.int64)]
     for a in range(0, len(x), step):
-        m = blocks.mean_scores(lay, x[a:a + step], precision)
-        out.append(native.top_columns(m, probe)[0])
+        got = None
+        if precision == "int8":
+            sums, scale, bias, _ = blocks._int8_routing(lay, x[a:a + step],
+                                                        None if x8 is None else x8[a:a + step])
+            got = native.route_columns(sums, scale, bias, None, probe, None)
+            m = None if got is not None else blocks._scores(sums, scale, bias)
+        else:
+            m = blocks.mean_scores(lay, x[a:a + step], precision)
+        out.append((got or native.top_columns(m, probe))[0])
     return np.concatenate(out)
 
 
 def _hits(s: Space, x: torch.Tensor, probe: np.ndarray, floor: float, p: blocks.PassParams,
-          device: str):
+          device: str, x8: Optional[q8.Q8] = None):
     """Per block of a unit (a cluster of s x the queries that probe it, query_block x
     block_size at a time): (query index, member joint position) of the pairs <x, m> > floor, a
     superset: each hit is accepted or not on its gathered fp32 dot product. With hpm.precision
     bf16 the blocks are bf16 GEMMs (the queries cast once, each member block as it is read) at
     the floor lowered by the screen's proven margin (screen.py), so no pair above it is
     missed; with int8, int8 GEMMs (the queries quantized once, the members' int8 copy read)
-    against each query's proven threshold (q8.hits)."""
+    against each query's proven threshold (q8.hits; x8: x's rows already quantized)."""
     lay, precision = s.lay, p.precision
     if precision == "bf16":
         x, floor = screen.low({"x": x}, precision)["x"], floor - screen.margin(
             precision, x.shape[1])
     hits = screen.hits
     if precision == "int8":
-        x, hits = q8.rows(x), q8.hits
+        x, hits = q8.rows(x) if x8 is None else x8, q8.hits
     q, c = np.repeat(np.arange(len(x)), probe.shape[1]), probe.ravel()
     o = np.lexsort((q, c))
     q, c = q[o], c[o]

@@ -84,8 +84,9 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
                                             (130, 47, 64, 128)])
 def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt):
     """native.screen_int8 (VNNI GEMMs and the rule in one pass) against torch's int32 sums
-    and q8.rule (and, with one similarity, S_ii above its floor): values at int8's ends (-127, 127, and -128, which q8 never writes), tiles'
-    row and panel tails, thresholds at int32's ends and near the sums, both similarities'
+    and q8.rule (and, with one similarity, S_ii above its floor): values at int8's ends
+    (-127, 127, and -128, which q8 never writes), tiles' row tails (the last 8 rows again)
+    and panel tails, thresholds at int32's ends and near the sums, both similarities'
     clauses; the rows read where they lie (a slice of a larger array, as a stack's)."""
     rng = np.random.default_rng(nq + nm)
     big = [torch.from_numpy(rng.integers(-128, 128, (n + 3, d), dtype=np.int8))
@@ -151,7 +152,9 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     with_c = _pass(precision, cross)
     # the C loops did run: re-score (not fp32's joint blocks) and one-space similarities,
     # the int8 screen, routing
-    assert calls.get("pair_dots") and calls.get("top_columns"), calls
+    # routing's selection: int8's (joint and one-space) from its integer sums, else top_columns
+    assert calls.get("pair_dots") and calls.get(
+        "route_columns" if precision == "int8" else "top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
     # int8 GEMMs with their screen in C (VNNI): the joint blocks' without cross-modal vectors,
@@ -273,8 +276,8 @@ def test_a_nan_score_takes_torch_s_selection_not_the_c_one():
 @pytest.mark.parametrize("c", [5, 37, 3906])
 def test_c_routing_from_int8_sums_equals_torch_s_scores_and_selection(c):
     """route_columns forms fp32(sums) * scale + bias row by row as torch forms the [n, c]
-    scores (each step rounded: the same bits), with +inf at each row's own cluster, and
-    selects as top_columns does: equal to torch's whole path, ties and empty clusters
+    scores (each step rounded: the same bits), with +inf at each row's own cluster (or none),
+    and selects as top_columns does: equal to torch's whole path, ties and empty clusters
     (-inf bias) included; a NaN scale answers None (the caller's torch path)."""
     rng = np.random.default_rng(c)
     sums = torch.from_numpy(rng.integers(-300, 300, (200, c)).astype(np.int32))
@@ -290,6 +293,8 @@ def test_c_routing_from_int8_sums_equals_torch_s_scores_and_selection(c):
         want = native._torch_top(m, k, reach)
         assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
         assert (got[0] == own[:, None]).any(1).all()
+        alone = native.route_columns(sums, scale, bias, None, k, None)   # no own (spaces.py)
+        assert np.array_equal(alone[0], native._torch_top(B._scores(sums, scale, bias), k, None)[0])
     scale[3] = np.nan
     assert native.route_columns(sums, scale, bias, own, 4, reach) is None
     with pytest.raises(IndexError):
