@@ -92,10 +92,16 @@ def _layouts(vec: blocks.Vectors, p: blocks.PassParams, device: str):
 def build(dir_: str, vec: blocks.Vectors, p: blocks.PassParams, device: str) -> None:
     """Each space's layout and sorted vectors on disk, in ``dir_``/space_<name>."""
     for name, lay in _layouts(vec, p, device):
-        sub = os.path.join(dir_, f"space_{name}")
-        blocks.save_layout(sub, lay)
-        blocks.save_vectors(sub, lay, {name: getattr(vec, name)},   # streamed, not in memory
-                            "int8" if p.precision == "int8" else "fp32")
+        save(dir_, name, lay, vec, p.precision)
+
+
+def save(dir_: str, name: str, lay: blocks.Layout, vec: blocks.Vectors, precision: str) -> None:
+    """A space's layout, and its vectors sorted by it (streamed from vec, the joint layout's
+    sorted vectors: not held in memory), in ``dir_``/space_<name>, as ``load`` reads them."""
+    sub = os.path.join(dir_, f"space_{name}")
+    blocks.save_layout(sub, lay)
+    blocks.save_vectors(sub, lay, {name: getattr(vec, name)},
+                        "int8" if precision == "int8" else "fp32")
 
 
 def load(dir_: str, n: int) -> list[Space]:

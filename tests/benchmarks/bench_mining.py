@@ -349,7 +349,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     joint = B.PassResult.concat(parts)
     t_here = t_units      # in this process: what the one-space layouts' time compares with
     if a.procs > 1:
-        t_units = on_workers(lay, img, txt, pos, p, a, joint, t_units)
+        t_units, t_sp_work = on_workers(lay, img, txt, pos, p, a, joint, t_units, vec, sp)
     if sp:                # the same chunks with the one-space layouts' pairs (spaces.py)
         t = time.time()
         parts = [S.mine(lay, vec, sp, pos[c:c + a.chunk], p, dev)
@@ -391,9 +391,13 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
           f"{p.precision} GEMM); "
           f"{2 * per * dims * n / 1e12:.1f} TFLOP for all N", flush=True)
     if sp:        # what the stage runs on a partial pass: the one-space layouts too
-        staged = t_build + t_spaces + us_pass * t_sp / t_here * n / 1e6
-        print(f"with the one-space layouts, as the stage runs a partial pass (their share of a "
-              f"target scaled from this process's ratio): {staged:.1f}s for all N", flush=True)
+        workers = a.procs > 1     # measured on the workers, as the stage's actors mine
+        staged = t_build + t_spaces + (t_sp_work / len(mined) if workers else
+                                       us_pass * t_sp / t_here / 1e6) * n
+        how = (f"mined so on the workers: {1e6 * t_sp_work / len(mined):.0f} us/target"
+               if workers else "their share of a target scaled from this process's ratio")
+        print(f"with the one-space layouts, as the stage runs a partial pass ({how}): "
+              f"{staged:.1f}s for all N", flush=True)
     print(f"on {len(qs)} targets with exact HPM (recall: pairs with a positive score; cert prec: "
           f"certified targets whose top-k equals exact HPM's, nan when none is certified)")
     print(f"certificate: cluster radius (joint space) median {np.median(lay.radius):.3f}, "
@@ -467,30 +471,37 @@ def space_routing_line(spaces, pos: np.ndarray, probe: int, sim: float = 0.905) 
           f"): " + "; ".join(cells), flush=True)
 
 
-def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> float:
+def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float, vec, sp: list
+               ) -> tuple:
     """The same chunks mined as hpm's actors mine them: a.procs processes of 1 torch thread each
     (Ray gives a 1-CPU actor OMP_NUM_THREADS=1), memory-mapping the layout and vectors written
     as the stage writes them, after one untimed chunk each. Their result must equal the
-    in-process one byte for byte (a row's result is its own); returns the mining's wall time
-    in the workers (first chunk's start to last chunk's end, by their clocks)."""
+    in-process one byte for byte (a row's result is its own). Returns the mining's wall time
+    in the workers (first chunk's start to last chunk's end, by their clocks), and with the
+    one-space layouts ``sp`` (saved beside, as the stage saves them) the same chunks' again
+    with their pairs too (None without)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import shutil
     from vlcurate.stages.mining import blocks as B
+    from vlcurate.stages.mining import spaces as S
     d = a.cache / "pass_workers"
     shutil.rmtree(d, ignore_errors=True)
     B.save_layout(str(d), lay)
     B.save_vectors(str(d), lay, {"img": img, "txt": txt}, p.precision)
+    for s in sp:
+        S.save(str(d), s.name, s.lay, vec, p.precision)
     ctx = mp.get_context("spawn")
+    chunks = [pos[c:c + a.chunk] for c in range(0, len(pos), a.chunk)]
     with cf.ProcessPoolExecutor(a.procs, ctx, initializer=_worker_init,
                                 initargs=(str(d), p, a.chunk, ctx.Barrier(a.procs))) as ex:
         list(ex.map(_worker_warm, range(a.procs)))     # one each: they wait for each other
         t = time.time()
-        done = list(ex.map(_worker_mine, [pos[c:c + a.chunk] for c in range(0, len(pos), a.chunk)]))
+        done = list(ex.map(_worker_mine, chunks))
         t_back = time.time() - t
-    parts = [r for r, _, _ in done]
-    t_work = max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)
-    got = B.PassResult.concat(parts)
+        t_sp = _wall(list(ex.map(_worker_mine, chunks, [True] * len(chunks)))) if sp else None
+    t_work = _wall(done)
+    got = B.PassResult.concat([r for r, _, _ in done])
     same = [f for f in ("idx", "support", "offsets", "pair_j", "score", "pair_sii", "pair_stt")
             if np.array_equal(getattr(got, f), getattr(joint, f), equal_nan=True)]
     print(f"{a.procs} worker processes x 1 thread (as hpm's actors, run.intra_op_threads 1): "
@@ -501,9 +512,17 @@ def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float) -> f
           f"against {1e6 * t_alone / len(pos):.0f} in this "
           f"process with {torch.get_num_threads()} threads ({t_alone / t_work:.2f}x); identical to "
           f"it: {', '.join(same) or 'nothing'} (a GEMM's last bits may depend on its threads, "
-          f"which is why run.intra_op_threads is a numerics key)", flush=True)
+          f"which is why run.intra_op_threads is a numerics key)"
+          + (f"; with the one-space layouts' pairs too (spaces.mine, as the stage mines a partial "
+             f"pass): {1e6 * t_sp / len(pos):.0f} us/target ({t_sp / t_work:.2f}x)" if sp else ""),
+          flush=True)
     shutil.rmtree(d, ignore_errors=True)
-    return t_work
+    return t_work, t_sp
+
+
+def _wall(done: list) -> float:
+    """First start to last end of the workers' (result, start, end)."""
+    return max(t1 for _, _, t1 in done) - min(t0 for _, t0, _ in done)
 
 
 _WORKER: dict = {}
@@ -515,23 +534,28 @@ def _worker_init(dir_: str, p, chunk: int, ready) -> None:
 
 
 def _worker_warm(_) -> None:
-    """Load the layout and vectors, mine one untimed chunk of other rows, then wait for the
-    other workers (so that each takes exactly one of these tasks)."""
+    """Load the layout and vectors (and one-space layouts, if saved), mine one untimed chunk of
+    other rows (with them), then wait for the other workers (so that each takes exactly one of
+    these tasks)."""
     from vlcurate.stages.mining import blocks as B
+    from vlcurate.stages.mining import spaces as S
     w = _WORKER
     w["lay"], _ = B.load_layout(w["dir"])
     n = len(w["lay"].order)
     w["vec"] = B.load_vectors(w["dir"], n)
+    w["spaces"] = S.load(w["dir"], n)
     other = np.random.default_rng(1).choice(n, min(w["chunk"], n), replace=False)
-    B.mine(w["lay"], w["vec"], w["lay"].positions()[other], w["p"])
+    S.mine(w["lay"], w["vec"], w["spaces"], w["lay"].positions()[other], w["p"])
     w["ready"].wait()
 
 
-def _worker_mine(pos: np.ndarray) -> tuple:
-    """(the result, when the mining started, when it ended), clock times in the worker."""
-    from vlcurate.stages.mining import blocks as B
+def _worker_mine(pos: np.ndarray, spaces: bool = False) -> tuple:
+    """(the result, when the mining started, when it ended), clock times in the worker; with
+    ``spaces``, the one-space layouts' pairs too."""
+    from vlcurate.stages.mining import spaces as S
+    w = _WORKER
     t = time.time()
-    r = B.mine(_WORKER["lay"], _WORKER["vec"], pos, _WORKER["p"])
+    r = S.mine(w["lay"], w["vec"], w["spaces"] if spaces else [], pos, w["p"])
     return r, t, time.time()
 
 
