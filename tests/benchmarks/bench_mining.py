@@ -12,8 +12,9 @@ for k in 5 10 50 100 500 (the --fasthpm grid below is the legacy FastHPM):
 default measurement is 200k rows; --targets mines a random sample of rows, every cluster.)
 The stage mines on an actor pool of 1-thread actors (run.intra_op_threads 1): --procs P mines
 the same chunks again on P such processes (memory-mapping the layout and vectors as the actors
-do), and the per-target figures are then theirs (one chunk per process at least: --targets
->= P x hpm.chunk_rows):
+do), and the per-target figures are then theirs, timed in the workers (one chunk per process
+at least: --targets >= P x hpm.chunk_rows), the one-space layouts' pass too (as the stage mines
+a partial pass; without --procs, scaled by the in-process ratio):
 
     .venv/bin/python tests/benchmarks/bench_mining.py --set synth --n 1000000 --targets 65536 \
         --procs 2 --precisions fp32 bf16 int8
