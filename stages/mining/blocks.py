@@ -1189,7 +1189,7 @@ def load_layout(dir_: str) -> tuple[Layout, np.ndarray]:
     return lay, _npy(os.path.join(dir_, "positions.npy"), True)
 
 
-def _npy(path: str, mapped: bool) -> np.ndarray:
-    """A saved array, memory-mapped (read-only) as a plain ndarray view where ``mapped``
-    (``mapped``'s reason: cheap slices and fancy indexing)."""
-    return np.asarray(np.load(path, mmap_mode="r")) if mapped else np.load(path)
+def _npy(path: str, as_map: bool) -> np.ndarray:
+    """A saved array: read whole, or memory-mapped (read-only) as a plain ndarray view
+    (``mapped``'s reason: cheap slices)."""
+    return np.asarray(np.load(path, mmap_mode="r")) if as_map else np.load(path)

@@ -27,11 +27,11 @@ target against 77).
 Clusters' scales and bounds are stored beside the int8 copy (``Copy``); blocks quantized on
 the fly (no stored copy) take their own. On a CPU with AVX512-VNNI a block's GEMMs and its
 compares run fused in C (``fused``, ``hits``: native.screen_int8), elsewhere torch's GEMMs,
-then the compares: exact integer sums either way, so the same pairs. The one-space searches screen the same way
-(``hits``: each space's own int8 copy), the layout's k-means and assignment use int8 GEMMs
-without a bound (blocks.nearest: they only decide where rows sit), and routing scores the
-cluster means in int8 (blocks.routing_scores: the means share one scale; each row's ``bound``
-widens the certificate's m_out, as bf16's margin does).
+then the compares: exact integer sums either way, so the same pairs. The one-space searches
+screen the same way (``hits``: each space's own int8 copy), the layout's k-means and
+assignment use int8 GEMMs without a bound (blocks.nearest: they only decide where rows sit),
+and routing scores the cluster means in int8 (blocks.routing_scores: the means share one
+scale; each row's ``bound`` widens the certificate's m_out, as bf16's margin does).
 """
 from __future__ import annotations
 
