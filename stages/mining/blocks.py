@@ -424,16 +424,11 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
     own = lay.cluster_of(pos)
     reach = lay.cached("reach", device, "fp32", lambda: lay.radius - ROUTE_SPREAD * spread(lay))
     # its own cluster first (+inf); the others' best <q, mu_c> + r_c: the certificate's bound
-    if precision == "int8":      # the scores formed row by row in C: no [n, C] float copy
-        sums, scale, bias, err = _int8_routing(lay, x)
-        got = native.route_columns(sums, scale, bias, own, probe, reach)
-        m = None if got is not None else _scores(sums, scale, bias)
+    if precision == "int8":
+        (top, m_out), err = int8_top(lay, x, probe, own, reach)
     else:
-        (m, err), got = routing_scores(lay, x, precision), None
-    if got is None:
-        got = native.top_columns(m.scatter_(1, torch.as_tensor(own, device=device)[:, None],
-                                            math.inf), probe, reach)
-    top, m_out = got
+        m, err = routing_scores(lay, x, precision)
+        top, m_out = native.top_columns(_first(m, own), probe, reach)
     m_out = np.where(np.isfinite(m_out), m_out + (SLACK + err), -np.inf).astype(np.float32)
     return top, m_out
 
@@ -502,6 +497,27 @@ def _int8_routing(lay: Layout, x: torch.Tensor, q: Optional[q8.Q8] = None) -> tu
     scale = torch.as_tensor(q.scale * c.scale[0], dtype=torch.float32, device=x.device)
     return (q8.int_mm(q.values, c.values), scale, _bias(lay, x.device),
             q8.bound(q.err, q.norm, c.err[0], c.norm[0], x.shape[1]))
+
+
+def int8_top(lay: Layout, x: torch.Tensor, probe: int, own: Optional[np.ndarray] = None,
+             reach: Optional[torch.Tensor] = None, q: Optional[q8.Q8] = None) -> tuple:
+    """(native.top_columns' answer on int8 routing scores, the rows' error bound): each row's
+    probe best clusters, own[i] first when given (+inf; None: the one-space layouts'), and
+    with reach the best score + reach over the others. The scores are formed and selected row
+    by row in C from the GEMM's sums (no [n, C] float copy), else in torch: the same answer.
+    q: x's rows already quantized (``_int8_routing``)."""
+    sums, scale, bias, err = _int8_routing(lay, x, q)
+    got = native.route_columns(sums, scale, bias, own, probe, reach)
+    if got is None:
+        got = native.top_columns(_first(_scores(sums, scale, bias), own), probe, reach)
+    return got, err
+
+
+def _first(m: torch.Tensor, own: Optional[np.ndarray]) -> torch.Tensor:
+    """Scores m with +inf at each row's own column (None: m as it is)."""
+    if own is None:
+        return m
+    return m.scatter_(1, torch.as_tensor(own, device=m.device)[:, None], math.inf)
 
 
 def _scores(sums: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

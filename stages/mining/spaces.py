@@ -198,20 +198,15 @@ def _probe(lay: blocks.Layout, x: torch.Tensor, probe: int, precision: str = "fp
     """[n, probe] the best non-empty clusters of each query by blocks.mean_scores (<x, mean> +
     ROUTE_SPREAD spread, in ``precision``; equal scores by the lower cluster), ascending (a
     slice of queries at a time: ~4M scores held, whatever the number of clusters). int8: x8
-    (x's rows quantized, q8.rows), the scores formed and selected in C from the GEMM's sums
-    (native.route_columns, as the joint routing's)."""
+    (x's rows quantized, q8.rows), scored and selected as the joint routing's
+    (blocks.int8_top)."""
     step, probe = blocks.route_step(lay), min(probe, lay.n_clusters)
     out = [np.zeros((0, probe), np.int64)]
     for a in range(0, len(x), step):
-        got = None
-        if precision == "int8":
-            sums, scale, bias, _ = blocks._int8_routing(lay, x[a:a + step],
-                                                        None if x8 is None else x8[a:a + step])
-            got = native.route_columns(sums, scale, bias, None, probe, None)
-            m = None if got is not None else blocks._scores(sums, scale, bias)
-        else:
-            m = blocks.mean_scores(lay, x[a:a + step], precision)
-        out.append((got or native.top_columns(m, probe))[0])
+        xa = x[a:a + step]
+        out.append(blocks.int8_top(lay, xa, probe, q=None if x8 is None else x8[a:a + step])[0][0]
+                   if precision == "int8" else
+                   native.top_columns(blocks.mean_scores(lay, xa, precision), probe)[0])
     return np.concatenate(out)
 
 
