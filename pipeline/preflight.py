@@ -94,8 +94,8 @@ def check_wordnet(config: C.Config, stages: set[str]) -> list[Finding]:
         return []
     from vlcurate.stages.concepts.wordnet import WordNetMissing, open_wordnet
     try:
-        open_wordnet(config.concepts.wordnet_dir)
-        return [Finding(True, f"concepts.wordnet_dir: {config.concepts.wordnet_dir}")]
+        wn = open_wordnet(config.concepts.wordnet_dir)
+        return [Finding(True, f"concepts.wordnet_dir: {wn.label}")]
     except WordNetMissing as e:
         return [Finding(False, f"concepts.wordnet_dir: {e}")]
 
