@@ -63,7 +63,28 @@ def _run(config, executor: str, only=None) -> int:
                   f"{storage.redact(storage.join(root, 'shards'))}\nannotated Parquet: "
                   f"{storage.redact(storage.join(root, 'data'))}\n"
                   f"inspect: vlcurate inspect {storage.redact(config.run.run_dir)}")
-    return 1 if problems(results) else 0
+    if problems(results):
+        return 1
+    return _empty(config, results)
+
+
+def _empty(config, results) -> int:
+    """A run that exported no row: the reasons and their settings, and exit code 2 unless
+    ``run.allow_empty``."""
+    from vlcurate.schemas import F
+    from .guards import empty_export
+    why = empty_export([r.manifest for r in results], config.export.drop)
+    if why is None:
+        return 0
+    print(f"\n{why}")
+    n = results[0].manifest[F.MK.ROWS]
+    if config.run.allow_empty:
+        print(f"\nthe run exported none of its {n} rows (run.allow_empty is true)")
+        return 0
+    print(f"error: the run exported none of its {n} rows (the summary and the reasons above "
+          "say why); change the settings named there, or set run.allow_empty: true to accept an "
+          "empty result", file=sys.stderr)
+    return 2
 
 
 def _limited(config: Any, limit: Optional[int]) -> Any:
@@ -154,6 +175,24 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def user_error(err: Optional[BaseException]) -> Optional[BaseException]:
+    """The user's mistake in ``err`` (a config, source or device error, or the ``DataError`` a
+    stage raised), unwrapped from Ray's errors when a worker raised it; None for anything else."""
+    from .params import ConfigError
+    from vlcurate.stages.ingest import SourceError
+    from vlcurate.stages.models import DeviceUnavailable
+    ray_errors = sys.modules.get("ray.exceptions")
+    wrapper = ray_errors.RayError if ray_errors else ()
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (ConfigError, SourceError, DeviceUnavailable)) and \
+                not isinstance(err, wrapper):
+            return err
+        err = getattr(err, "cause", None) or err.__cause__
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="vlcurate", description="Curate image-text pairs for "
                                 "CLIP-style training on Ray Data.", epilog=EXAMPLES,
@@ -204,13 +243,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     f.set_defaults(fn=cmd_finetune)
     a = p.parse_args(argv)
-    from .config import ConfigError
-    from vlcurate.stages.ingest import SourceError
-    from vlcurate.stages.models import DeviceUnavailable
     try:
         return a.fn(a)
-    except (ConfigError, SourceError, DeviceUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:           # a user's mistake is one line; anything else, a traceback
+        mistake = user_error(err)
+        if mistake is None:
+            raise
+        print(f"error: {' '.join(str(mistake).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: committed parts are kept; rerun the same command to resume",

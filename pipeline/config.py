@@ -33,9 +33,11 @@ class RunConfig(Params):
     stages: tuple[str, ...] = ()
     # a stage that flags more than this share of the rows it saw prints a WARNING naming its top
     # reason and the setting to turn (console and summary)
-    warn_reject_fraction: float = unit(0.9)
+    warn_reject_fraction: float = unit(0.9)   # each filter warns lower (guards.EXPECTED)
     # ... and above this share the run stops after that stage (null: never stop)
     max_reject_fraction: Optional[float] = unit(None)
+    # a run whose export keeps no row exits with code 2, naming the reasons; true: exit 0
+    allow_empty: bool = False
     # per-image results computed image by image (OCR) are kept by image hash in a cache that
     # later runs reuse (stages/cache.py): a changed threshold, overlapping data or a second
     # dataset never recomputes an image already seen. Default folder: <run_dir>/_cache; point

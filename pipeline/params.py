@@ -23,6 +23,12 @@ class ConfigError(ValueError):
     pass
 
 
+class DataError(ConfigError):
+    """What a stage raises when this data and this config cannot go together (a small-data
+    guard, a threshold no row can meet): a sentence naming the key to change. The CLI prints it
+    as one ``error:`` line with exit code 2, from the driver or from a Ray worker alike."""
+
+
 class FrozenMap(dict):
     """A read-only, hashable mapping for free-form option values (e.g. a model's kwargs)."""
 

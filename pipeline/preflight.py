@@ -115,7 +115,8 @@ def _check_one_source(s: Any, key: str) -> list[Finding]:
         with tempfile.TemporaryDirectory(prefix="vlcurate-preflight-") as tmp:
             specs = plan(s, Path(tmp) / "_plan.parquet")
             rows = _planned_rows(specs)
-            columns = _planned_columns(specs)
+            columns = _planned_columns(specs) if s.kind != "folder" else _captions_columns(s)
+            images = _sample_images(s, specs, key, Path(tmp))
     except (SourceError, OSError, ValueError) as e:
         return [Finding(False, f"{key}: {e}")]
     if not specs:
@@ -126,7 +127,53 @@ def _check_one_source(s: Any, key: str) -> list[Finding]:
         out.append(Finding(False, f"{key}.key_column: the source has no column {s.key_column!r} "
                                   f"(columns: {sorted(columns)}); set it to the column that names "
                                   "each record, so that sample_ids do not depend on row order"))
-    return out
+    out += [Finding(False, f"{key}.extra_columns: the source has no column {c!r} (columns: "
+                           f"{sorted(columns)}); remove it from {key}.extra_columns or fix its name")
+            for c in s.extra_columns if columns is not None and c not in columns]
+    return out + images
+
+
+SAMPLE = 32      # the first records whose images and columns preflight looks at
+
+
+def _captions_columns(s: Any) -> "set[str] | None":
+    """A folder source's columns: its CSV/TSV header, or the fields of its first JSONL records."""
+    import itertools
+    from vlcurate.stages.ingest import readers, safe, textfiles
+    path = readers._captions_path(s)
+    with safe.open_regular(path) as fh:
+        if path.suffix == ".jsonl":
+            rows = [r for r, _, _ in itertools.islice(textfiles.read_jsonl(fh), SAMPLE) if r]
+            return set().union(*rows) if rows else None
+        header: list[str] = []
+        next(textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",", header), None)
+        return set(header)
+
+
+def _sample_images(s: Any, specs: list[dict], key: str, tmp: Path) -> list[Finding]:
+    """A folder source's first records, read by its own reader: when none of those that name an
+    image finds it, ``images_dir`` or ``image_column`` is wrong, and every row would be
+    ``ingest.missing_file``."""
+    import pyarrow.parquet as pq
+    from vlcurate.schemas import F
+    from vlcurate.schemas import reasons as R
+    from vlcurate.stages.ingest.readers import read_part, src_path
+    if s.kind != "folder" or not specs:
+        return []
+    first = pq.ParquetFile(specs[0]["plan"]).read_row_group(0).slice(0, SAMPLE)
+    pq.write_table(first, tmp / "_sample.parquet")
+    got = read_part(s, {"part": 0, "plan": str(tmp / "_sample.parquet"), "row_group": 0})
+    named = [(ref, err) for ref, err in zip(got.column(F.IMAGE_REF.name).to_pylist(),
+                                            got.column(F.READ_ERROR.name).to_pylist())
+             if ref and err != R.BAD_RECORD]
+    if not named or any(err != R.MISSING_FILE for _, err in named):
+        return []
+    where = src_path(s.path) / s.images_dir
+    return [Finding(False, f"{key}.images_dir: none of the first {len(named)} records' images is "
+                           f"in {where} (e.g. {named[0][0]!r} is not there); set {key}.images_dir "
+                           f"(relative to {key}.path; \"\" for the folder itself), or "
+                           f"{key}.image_column ({s.image_column!r}) to the column of image "
+                           "file names")]
 
 
 def _planned_rows(specs: list[dict]) -> "int | None":

@@ -38,7 +38,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, at_least, positive, unit, within
+from vlcurate.pipeline.params import DataError, Params, at_least, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import blocks, hpm
@@ -202,7 +202,7 @@ class HpmStage(GlobalStage):
         set_threads(cfg.build_threads)
         meta = collect(read, n_parts, workdir, columns(read, n_parts))
         if 0 < meta.n <= cfg.k:                      # issue 12: no row can have k supporters
-            raise ValueError(small_data_error(cfg.k, meta.n, meta.n - 1))
+            raise DataError(small_data_error(cfg.k, meta.n, meta.n - 1))
         state: dict = {"store": meta, "fast": cfg.method == "fast" and meta.n > 1}
         if state["fast"]:
             state.update(_build_fast(cfg, meta, workdir))

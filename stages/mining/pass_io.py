@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from vlcurate.schemas import embed as E
+from vlcurate.pipeline.params import DataError
 
 from . import blocks, hpm, q8, screen, spaces
 from .store import Store
@@ -107,7 +108,7 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
         np.random.default_rng(p.seed).choice(store.n, GUARD_SAMPLE, replace=False))
     r = miner.mine(rows)
     if not (r.support >= p.k).any():
-        raise ValueError(small_data_error(p.k, store.n, int(r.support.max()),
+        raise DataError(small_data_error(p.k, store.n, int(r.support.max()),
                                           0 if len(rows) == store.n else len(rows)))
     return state
 

@@ -53,7 +53,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
-from vlcurate.pipeline.params import Params, at_least, positive, within
+from vlcurate.pipeline.params import DataError, Params, at_least, positive, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
@@ -339,7 +339,7 @@ class PositivesStage(GlobalStage):
         pairs = bool(n_parts) and (hp is not None or uses_pass(config, meta.names, meta.n))
         problems = floor_problems(config) if pairs else []
         if problems:
-            raise ValueError(problems[0][1])
+            raise DataError(problems[0][1])
         state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
                        "fast": not pairs and use_fast(h, meta.n) and meta.n > 1,
                        "sorted": hp and sorted_source(meta, hp, workdir)}

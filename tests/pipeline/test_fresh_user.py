@@ -1,4 +1,4 @@
-"""A newcomer's own data works on the first run: the eight mistakes a fresh user makes while
+"""A newcomer's own data works on the first run: the mistakes a fresh user makes while
 following only the README, each answered by the ``vlcurate`` CLI (run as a user runs it, in a
 subprocess) with a non-zero exit code (2, the project's convention for a user error), one clear
 line that names the config key or what to do, and never a Python traceback.
@@ -10,7 +10,7 @@ present, else four rendered pictures in the same layout (``images/`` + ``caption
 ``image,caption,caption_idx,flickr8k_split``): the mistakes are about the config, so every case
 runs on a fresh machine too.
 
-The eight mistakes:
+The mistakes:
  1. ``source.key_column`` names a column the captions file lacks (``id``, as in ``coco.yaml``);
  2. ``source.caption_column`` names a column the captions file lacks;
  3. missing model weights: the README's DINO image encoder with no weights offline; preflight
@@ -29,7 +29,14 @@ The eight mistakes:
     the stop names the reason and its knob (``ingest.max_caption_chars``);
  8. ``cuda`` asked for on a machine without a GPU (``embed.image_model.device``,
     ``finetune.model.device``): the preflight (and finetune's check before torchrun) names the
-    key. Skipped on a machine with a GPU.
+    key. Skipped on a machine with a GPU;
+ 9. a typo in ``source.images_dir`` (or an image column that names no file): the preflight reads
+    the first records and stops before any stage runs;
+10. an ``extra_columns`` entry the captions file lacks: the preflight names it;
+11. ``hpm.k`` above the rows kept for mining: the stage's small-data guard (a ``DataError``) is
+    one line, also when a Ray worker raised it;
+12. a run that exports no row: exit 2, the funnel and the reasons with their settings;
+    ``run.allow_empty: true`` accepts it.
 """
 from __future__ import annotations
 
@@ -247,18 +254,23 @@ def test_6_finetune_rerun_with_another_loss_is_refused(demo_run, tmp_path):  # n
 # --- 7: run.max_reject_fraction -------------------------------------------------------------
 def test_7_max_reject_fraction_names_the_top_reason_and_the_knob(user_data, tmp_path):
     """The user's photos are in ``photos/``, not ``images/``: every row is
-    ``ingest.missing_file`` and the run stops after ingest, naming the settings to check."""
+    ``ingest.missing_file`` and the run stops after ingest, naming the settings to check. (Here
+    only the first picture is in ``images/``: the preflight finds it, so the run starts.)"""
     import shutil
     data = tmp_path / "pairs"
     shutil.copytree(user_data / "images", data / "photos")
     shutil.copy(user_data / "captions.csv", data / "captions.csv")
-    n = len(_captions(data))
+    rows = _captions(data)
+    (data / "images").mkdir()
+    shutil.copy(data / "photos" / rows[0]["image"], data / "images")
+    n, missing = len(rows), sum(r["image"] != rows[0]["image"] for r in rows)
     conf = user_config(tmp_path, data, run={"max_reject_fraction": 0.5})
     res = vlc("run", conf, "--executor", "local")
     failed(res)
     assert res.stderr == (
-        f"error: ingest flagged {n} of the {n} rows it saw (100%); top reason ingest.missing_file "
-        f"({n} rows): check source.path / source.images_dir / source.image_column. The run stops "
+        f"error: ingest flagged {missing} of the {n} rows it saw ({missing / n:.0%}); top reason "
+        f"ingest.missing_file ({missing} rows): check source.path / source.images_dir / "
+        "source.image_column. The run stops "
         "here because run.max_reject_fraction is 0.5; committed stages are kept, rerun after "
         "changing the setting\n")
     assert (tmp_path / "run" / "ingest" / "_manifest.json").exists()
@@ -313,3 +325,90 @@ def test_8b_finetune_cuda_without_a_gpu_names_the_key(no_gpu, demo_run, tmp_path
     failed(res)
     assert res.stderr.startswith("error: finetune.model.device is 'cuda' but torch sees no CUDA "
                                  "GPU") and res.stderr.count("\n") == 1
+
+
+# --- 9, 10: a source misread, found before anything runs -------------------------------------
+def test_9_typo_in_images_dir_stops_before_any_stage(user_data, tmp_path):
+    """``images_dir: image`` (for ``images``): every row would be ``ingest.missing_file``; the
+    preflight reads the first records as the run would and stops."""
+    conf = user_config(tmp_path, user_data, source={"images_dir": "image"})
+    res = vlc("run", conf, "--executor", "local")
+    failed(res)
+    first = _captions(user_data)[0]["image"]
+    assert res.stderr == (
+        "preflight found problems; nothing has run yet:\n"
+        f"  - source.images_dir: none of the first {min(32, len(_captions(user_data)))} records' "
+        f"images is in {user_data / 'image'} (e.g. {first!r} is not there); set "
+        "source.images_dir (relative to source.path; \"\" for the folder itself), or "
+        "source.image_column ('image') to the column of image file names\n")
+    assert not (tmp_path / "run").exists()
+    # the image column pointing at the captions: the same finding
+    text = failed(vlc("check", conf, "--set", "source.images_dir=images",
+                      "--set", "source.image_column=caption"))
+    bad = problem_lines(text)
+    assert len(bad) == 1 and bad[0].startswith("PROBLEM  source.images_dir: none of the first")
+
+
+def test_10_missing_extra_column_stops_before_any_stage(user_data, tmp_path):
+    conf = user_config(tmp_path, user_data, source={"extra_columns": ["flickr8k_split", "url"]})
+    res = vlc("run", conf, "--executor", "local")
+    failed(res)
+    assert res.stderr == (
+        "preflight found problems; nothing has run yet:\n"
+        "  - source.extra_columns: the source has no column 'url' (columns: ['caption', "
+        "'caption_idx', 'flickr8k_split', 'image']); remove it from source.extra_columns or fix "
+        "its name\n")
+    assert not (tmp_path / "run").exists()
+
+
+# --- 11: a stage's small-data guard ----------------------------------------------------------
+def test_11_hpm_small_data_guard_is_one_line(user_data, tmp_path):
+    """HELIP's noise rule with hpm.k above the rows kept for mining: the stage raises its
+    DataError in its global step; the CLI prints it as one line naming hpm.k."""
+    conf = user_config(tmp_path, user_data, hpm={"k": 500}, cat={"require_action": False,
+                                                                  "min_complexity": -1})
+    res = vlc("run", conf, "--executor", "local")
+    failed(res)
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith("error: hpm.k = 500 cannot be supported by the "), \
+        res.stderr
+    assert "Set hpm.k to at most" in line
+
+
+def test_11b_a_stage_error_raised_in_a_ray_worker_is_unwrapped():
+    """Under Ray the global step's error arrives wrapped (RayTaskError, with the worker's
+    traceback in its text); the CLI finds the user's error inside and prints only it."""
+    from ray.exceptions import RayTaskError
+    from vlcurate.pipeline.cli import user_error
+    from vlcurate.pipeline.params import DataError
+    cause = DataError("hpm.k = 500 cannot be supported by the 8 rows kept for mining")
+    wrapped = RayTaskError("prepare_step", "Traceback (most recent call last):\n  ...", cause)
+    for err in (wrapped, wrapped.as_instanceof_cause()):
+        assert user_error(err) is cause
+    try:
+        raise RuntimeError("a map task failed") from wrapped.as_instanceof_cause()
+    except RuntimeError as chained:                # Ray Data: the user's error as the cause
+        assert user_error(chained) is cause
+    assert user_error(RuntimeError("a bug")) is None   # a bug keeps its traceback
+
+
+# --- 12: no silent empty result --------------------------------------------------------------
+def test_12_a_run_that_exports_nothing_exits_2_naming_the_reasons(user_data, tmp_path):
+    conf = user_config(tmp_path, user_data, lang={"keep": ["fr"]})
+    n = len(_captions(user_data))
+    res = vlc("run", conf, "--executor", "local")
+    failed(res)
+    assert res.stderr.endswith(
+        f"error: the run exported none of its {n} rows (the summary and the reasons above say "
+        "why); change the settings named there, or set run.allow_empty: true to accept an "
+        "empty result\n")
+    assert res.stderr.count("error:") == 1
+    out = res.stdout
+    assert "rows in = rows kept + rows rejected" in out                  # the funnel
+    assert "the reasons that dropped the rows (a row may have several):" in out
+    assert f"  lang.other: {n} rows; check lang.keep" in out and "lang.min_prob" in out
+    assert "export.drop is ['ingest.*', 'lang.*', 'cat.*', 'hpm.*']" in out
+    assert "[lang] WARNING: lang flagged" in out                          # its own guard too
+    ok = vlc("run", conf, "--executor", "local", "--set", "run.allow_empty=true")
+    assert ok.returncode == 0 and "Traceback" not in ok.stderr, ok.stderr[-2000:]
+    assert f"the run exported none of its {n} rows (run.allow_empty is true)" in ok.stdout

@@ -18,15 +18,52 @@ def _m(stage, rows_in, rejected, reasons):
 
 def test_warning_names_the_top_reason_and_the_knob():
     m = _m("hpm", 40, 38, {"hpm.noise_pair": 38})
-    assert warning(m, 0.9) == ("hpm flagged 38 of the 40 rows it saw (95%); top reason "
-                               "hpm.noise_pair (38 rows): check hpm.k (a row needs k supporting "
-                               "pairs: a small set needs a small k), or hpm.noise_action=mark to "
-                               "keep the rows and only mark them")
-    assert warning(_m("hpm", 40, 36, {"hpm.noise_pair": 36}), 0.9) is None    # 90%: not above
+    assert warning(m, 0.9) == ("hpm flagged 38 of the 40 rows it saw (95%; expected at most 50%); "
+                               "top reason hpm.noise_pair (38 rows): check hpm.k (a row needs k "
+                               "supporting pairs: a small set needs a small k), hpm.tau_image / "
+                               "hpm.tau_text (similarities at or below them count as 0), or "
+                               "hpm.noise_action=mark to keep the rows and only mark them")
+    assert warning(_m("hpm", 40, 20, {"hpm.noise_pair": 20}), 0.9) is None    # 50%: not above
     assert warning(_m("hpm", 0, 0, {}), 0.9) is None
     assert warning(_m("export", 40, 40, {"cat.no_action": 40}), 0.9) is None  # export applies policy
-    assert knob("ingest.zero_byte").startswith("the source settings")
-    assert knob("someplugin.thing") == "this stage's thresholds"
+    assert knob("ingest.zero_byte").startswith("the source settings (source.path")
+
+
+def test_each_filter_warns_above_its_own_expected_share():
+    """Language ID above 20% of a set (the grocery photos: 45% of product names read as another
+    language) warns, where the old single 90% guard was silent; a plug-in stage without an
+    expected share keeps run.warn_reject_fraction."""
+    lang = warning(_m("lang", 100, 45, {"lang.other": 45}), 0.9)
+    assert lang.startswith("lang flagged 45 of the 100 rows it saw (45%; expected at most 20%)")
+    assert "lang.keep" in lang and "lang.min_prob" in lang
+    assert warning(_m("lang", 100, 19, {"lang.other": 19}), 0.9) is None
+    assert warning(_m("dedup", 100, 94, {"dedup.near_duplicate": 94}), 0.9).endswith(
+        "check hpm.dup_threshold (S_ii or S_tt above it is a duplicate), positives.duplicates="
+        "false, or export.drop without dedup.near_duplicate to export every copy")
+    assert warning(_m("myplugin", 100, 80, {"myplugin.blurry": 80}), 0.9) is None
+    plug = warning(_m("myplugin", 100, 95, {"myplugin.blurry": 95}), 0.9)
+    assert plug.endswith("check the myplugin.* settings, or export.drop without myplugin.blurry "
+                         "to export these rows")
+    assert warning(_m("lang", 100, 15, {"lang.other": 15}), 0.1) is not None  # a lower global one
+
+
+@pytest.mark.parametrize("reason, settings", [
+    ("cat.low_complexity", ["cat.min_complexity", "cat.title_case"]),
+    ("cat.no_action", ["cat.require_action", "cat.title_case", "cat.participle_actions"]),
+    ("hpm.noise_pair", ["hpm.k", "hpm.tau_image", "hpm.tau_text", "hpm.noise_action"]),
+    ("dedup.near_duplicate", ["hpm.dup_threshold", "positives.duplicates", "export.drop"]),
+    ("lang.other", ["lang.keep", "lang.min_prob"]),
+    ("cat.text_spotted", ["textspot.min_chars", "textspot.min_conf"]),
+])
+def test_every_warning_names_every_setting_that_changes_its_decision(reason, settings):
+    from vlcurate.pipeline import config as C
+    text = knob(reason)
+    assert "this stage's thresholds" not in text
+    cfg = C.load(None, {})
+    for key in settings:             # each named setting is a real key of the config
+        assert key in text, (reason, key)
+        section, name = key.split(".")
+        assert hasattr(cfg.section(section), name), key
 
 
 @pytest.fixture(scope="module")
