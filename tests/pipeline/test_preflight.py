@@ -134,3 +134,50 @@ def test_fff_thresholds_below_the_hpm_floors_are_refused(tmp_path):
                  "positives") == []
     assert found(c.replace(**{"hpm.method": "fast"}), "hpm", "positives") == []  # own search
     assert found(c, "positives") == []                     # no hpm stage: its own search
+
+
+def _jsonl_source(root: Path, images: bool) -> Path:
+    from PIL import Image
+    import json
+    (root / "images").mkdir(parents=True)
+    recs = [{"image": f"{i}.jpg", "caption": f"a dog number {i} runs", "split": "train"}
+            for i in range(40)]
+    (root / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    for i in (range(40) if images else ()):
+        Image.new("RGB", (16, 16), "red").save(root / "images" / f"{i}.jpg")
+    return root
+
+
+def test_extra_columns_and_images_are_checked_on_the_first_records(tmp_path):
+    """A JSONL folder source: an extra column that none of the first records has, and an
+    images_dir where none of their images is, are found before anything runs; the same source
+    read right passes, and a source whose first image alone is there passes too (some missing
+    files are the data's, reported per row)."""
+    src = _jsonl_source(tmp_path / "src", images=True)
+    c = C.load(None, {"source.path": str(src), "run.run_dir": str(tmp_path / "r"),
+                      "source.extra_columns": ["split"]})
+    assert found(c, "ingest") == []
+    bad = found(c.replace(**{"source.extra_columns": ["split", "url"],
+                             "source.images_dir": "imgs"}), "ingest")
+    assert bad[0] == ("source.extra_columns: the source has no column 'url' (columns: "
+                      "['caption', 'image', 'split']); remove it from source.extra_columns or "
+                      "fix its name")
+    assert bad[1].startswith(f"source.images_dir: none of the first 32 records' images is in "
+                             f"{src / 'imgs'} (e.g. '0.jpg' is not there)")
+    assert len(bad) == 2
+    for i in range(1, 40):
+        (src / "images" / f"{i}.jpg").unlink()
+    assert found(c, "ingest") == []
+
+
+def test_a_parquet_source_checks_its_extra_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"image": [b"x"], "caption": ["a cat"], "url": ["u"]}),
+                   tmp_path / "pq" / "a.parquet")
+    c = C.load(None, {"source.kind": "parquet", "source.path": str(tmp_path / "pq"),
+                      "run.run_dir": str(tmp_path / "r"), "source.extra_columns": ["url", "lic"]})
+    assert found(c, "ingest") == [
+        "source.extra_columns: the source has no column 'lic' (columns: ['caption', 'image', "
+        "'url']); remove it from source.extra_columns or fix its name"]
