@@ -128,7 +128,8 @@ def _check_one_source(s: Any, key: str) -> list[Finding]:
                                   f"(columns: {sorted(columns)}); set it to the column that names "
                                   "each record, so that sample_ids do not depend on row order"))
     out += [Finding(False, f"{key}.extra_columns: the source has no column {c!r} (columns: "
-                           f"{sorted(columns)}); remove it from {key}.extra_columns or fix its name")
+                           f"{sorted(columns)}); remove it from {key}.extra_columns or fix its "
+                           "name")
             for c in s.extra_columns if columns is not None and c not in columns]
     return out + images
 

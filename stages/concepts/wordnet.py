@@ -123,7 +123,8 @@ class Tables:
         return self._sections.get(name, [])
 
     def index(self, pos: str) -> dict[str, list[int]]:
-        return {f[0]: [int(o) for o in f[1:]] for f in map(str.split, self._section(f"index {pos}"))}
+        lines = self._section(f"index {pos}")
+        return {f[0]: [int(o) for o in f[1:]] for f in map(str.split, lines)}
 
     def exceptions(self, pos: str) -> dict[str, list[str]]:
         return {f[0]: f[1:] for f in map(str.split, self._section(f"exc {pos}"))}

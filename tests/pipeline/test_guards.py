@@ -25,7 +25,7 @@ def test_warning_names_the_top_reason_and_the_knob():
                                "hpm.noise_action=mark to keep the rows and only mark them")
     assert warning(_m("hpm", 40, 20, {"hpm.noise_pair": 20}), 0.9) is None    # 50%: not above
     assert warning(_m("hpm", 0, 0, {}), 0.9) is None
-    assert warning(_m("export", 40, 40, {"cat.no_action": 40}), 0.9) is None  # export applies policy
+    assert warning(_m("export", 40, 40, {"cat.no_action": 40}), 0.9) is None  # export: the policy
     assert knob("ingest.zero_byte").startswith("the source settings (source.path")
 
 

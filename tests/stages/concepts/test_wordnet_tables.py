@@ -27,7 +27,7 @@ def test_tables_hold_every_index_exception_and_record_of_the_files(stores, pos):
     assert tables.exceptions(pos) == files.exceptions(pos)
     offsets = sorted({o for offs in index.values() for o in offs})
     assert [tables.record(pos, o) for o in offsets] == [files.record(pos, o) for o in offsets]
-    for _, _, _, ptrs in map(lambda o: tables.record(pos, o), offsets):   # closed under hypernyms
+    for _, _, _, ptrs in (tables.record(pos, o) for o in offsets):   # closed under hypernyms
         assert all(tables.record(q, o) for _, o, q in ptrs)
 
 
