@@ -13,7 +13,7 @@ from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import Params, positive, unit, within
 from vlcurate.stages.base import Resources, SourceStage
 
-from . import captions, images, readers, sources
+from . import captions, images, keys, readers, sources
 from .sources import sample_id
 
 
@@ -83,8 +83,8 @@ class IngestParams(Params):
 
 class IngestStage(SourceStage):
     name = "ingest"
-    version = "3"                    # 2: the source-level contract of issue 11 (new reasons)
-    #                                  3: image_hash
+    version = "4"                    # 2: the source-level contract of issue 11 (new reasons)
+    #                                  3: image_hash; 4: invented keys apart (key_invented)
     Params = IngestParams
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
@@ -142,7 +142,8 @@ class IngestStage(SourceStage):
                     details.insert(0, img.detail)
                     img = None
             row = {F.SAMPLE_ID.name: sample_id(source, key), F.SOURCE.name: source,
-                   F.KEY.name: key, F.IMAGE_REF.name: cols[F.IMAGE_REF.name][i],
+                   F.KEY.name: key, F.KEY_INVENTED.name: keys.invented(key),
+                   F.IMAGE_REF.name: cols[F.IMAGE_REF.name][i],
                    F.CAPTION.name: caption, F.EXTRA.name: cols[F.EXTRA.name][i],
                    F.REASONS.name: reasons, F.REASON_DETAIL.name: "; ".join(details) or None,
                    F.IMAGE.name: img.data if img else None,
