@@ -111,7 +111,7 @@ def _with_error(extra: Optional[str], error: str) -> str:
 
 
 # --- a folder of images with a captions CSV/TSV/JSONL -------------------------------------------
-def _captions_path(cfg: Any) -> Path | ObjPath:
+def captions_path(cfg: Any) -> Path | ObjPath:
     root = src_path(cfg.path)
     if cfg.captions_file:
         p = src_path(cfg.captions_file, cfg.path)
@@ -176,7 +176,7 @@ def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]
 
 
 def _plan_folder(cfg: Any, plan_uri: str) -> list[dict]:
-    path = _captions_path(cfg)
+    path = captions_path(cfg)
     try:
         out, columns = _folder_rows(cfg, path)
     except OSError as e:
@@ -520,7 +520,7 @@ def _i2d_shard_dir(p: Path) -> bool:
         or (p.parent / f"{p.name}_stats.json").exists()
 
 
-def _img2dataset_layout(root: Path) -> str:
+def img2dataset_layout(root: Path) -> str:
     if _files(root, TAR_SUFFIXES):
         return "tar"
     if any(_i2d_shard_dir(p) for p in root.iterdir()):
@@ -572,7 +572,7 @@ def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
         return _plan_folder(cfg, str(plan_path))
     if cfg.kind == "parquet":
         return _plan_parquet(cfg)
-    layout = "tar" if cfg.kind == "webdataset" else _img2dataset_layout(root)
+    layout = "tar" if cfg.kind == "webdataset" else img2dataset_layout(root)
     if layout == "tar":
         return _plan_tars(cfg, root)
     if layout == "files":
@@ -611,7 +611,7 @@ def signature(cfg: Any) -> str:
     forget_listings()
     root = _root(cfg)
     if cfg.kind == "folder":
-        files = [_captions_path(cfg)]
+        files = [captions_path(cfg)]
     elif root.is_file():
         files = [root]
     elif isinstance(root, ObjPath):   # an object store has no folder mtimes: every object

@@ -8,12 +8,13 @@ from typing import Any, Iterable, Literal, Optional
 
 import pyarrow as pa
 
+from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import Params, positive, unit, within
 from vlcurate.stages.base import Resources, SourceStage
 
-from . import captions, images, keys, readers, sources
+from . import captions, census, images, keys, readers, sources
 from .sources import sample_id
 
 
@@ -109,6 +110,12 @@ class IngestStage(SourceStage):
     @classmethod
     def notes(cls, config: Any) -> list[str]:
         return sources.notes(config.source)
+
+    @classmethod
+    def finalize(cls, cfg: Any, ctx: Any) -> dict:
+        """The books: every part's rows against the sources' second count (``census``)."""
+        books = json.loads(storage.read_bytes(ctx.uri(sources.CENSUS)))
+        return {"second_count": census.check(books, [c[F.MK.ROWS] for c in ctx.counts])}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         cfg = self.config.ingest
