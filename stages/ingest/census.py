@@ -196,16 +196,13 @@ def _member_names(b: _Blocks, limit: int, names: list[str]) -> bool:
     """Appends the names of the non-directory members to ``names``, in order; True if the tar
     is damaged."""
     pending: dict[str, Any] = {}
-    first = True
     while True:
         block = b.read(BLOCK)
-        if block == ZERO and not first:          # end of an archive: another may follow
-            block = ZERO
+        if block == ZERO:                        # end of an archive: another may follow
             while block == ZERO:
                 block = b.read(BLOCK)
             if not block.strip(b"\0"):
                 return False
-        first = False
         if len(block) < BLOCK or not _checksum_ok(block):
             return True
         kind, size = block[156:157], _number(block[124:136])
