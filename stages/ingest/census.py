@@ -141,9 +141,9 @@ def _checksum_ok(block: bytes) -> bool:
         stored = _number(block[148:156])
     except ValueError:
         return False
-    plain = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = sum(b - 256 if b > 127 else b for b in block[:148] + block[156:]) + 8 * 32
-    return stored in (plain, signed)
+    rest = block[:148] + block[156:]
+    plain = sum(rest) + 8 * 32
+    return stored == plain or stored == plain - 256 * sum(b > 127 for b in rest)   # (signed)
 
 
 def _name(block: bytes) -> str:
@@ -168,18 +168,25 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 class _Blocks:
-    """A tar's bytes read block by block (a gzip stream decompressed as it goes)."""
+    """A tar's bytes read block by block (a gzip stream decompressed as it goes). A local plain
+    tar's member data is seeked over, not read; a gzip or remote one's is read and dropped
+    (one pass: no request per member)."""
 
-    def __init__(self, fh: IO[bytes]) -> None:
+    def __init__(self, fh: IO[bytes], local: bool) -> None:
         gz = fh.read(2) == b"\x1f\x8b"
         fh.seek(0)
         self.f = gzip.GzipFile(fileobj=fh) if gz else fh
+        self.size = os.fstat(fh.fileno()).st_size if local and not gz else None
 
     def read(self, n: int) -> bytes:
         return self.f.read(n)
 
     def skip(self, n: int) -> bool:
         """Skip ``n`` bytes; False if the file ends first."""
+        if self.size is not None:
+            at = self.f.tell() + n
+            self.f.seek(min(at, self.size))
+            return at <= self.size
         while n > 0:
             got = len(self.f.read(min(n, 1 << 20)))
             if not got:
@@ -258,7 +265,7 @@ def tar_keys(path: Path | ObjPath, limit: int) -> tuple[list[str], bool]:
     names: list[str] = []
     try:
         with open_regular(path) as fh:
-            damaged = _member_names(_Blocks(fh), limit, names)
+            damaged = _member_names(_Blocks(fh, not isinstance(path, ObjPath)), limit, names)
     except (OSError, EOFError, zlib.error, ValueError, OverflowError):
         damaged = True     # (what was listed before the damage still counts)
     return records_of(names), damaged
@@ -276,7 +283,7 @@ def _key_text(v: Any) -> Optional[str]:
     if v is None or isinstance(v, str):
         return v
     if isinstance(v, bytes):
-        return clean_text(v.decode("utf-8", "surrogateescape"))
+        return v.decode("utf-8", "surrogateescape")
     return json.dumps(v, default=str)
 
 

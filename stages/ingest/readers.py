@@ -372,8 +372,24 @@ def _read_parquet(cfg: Any, spec: dict) -> pa.Table:
         if len(rows) != spec["rows"]:
             raise ValueError(f"read {len(rows)} rows, the footer says {spec['rows']}")
     except Exception as e:  # a corrupt page: every record of the row group is a reject
-        rows = [_reject(keys.invent(k), k, R.BAD_RECORD, safe.detail(e)) for k in where]
+        named = _row_group_keys(cfg, spec)          # (under its own key, if that column reads)
+        rows = [_reject(keys.real(k) or keys.invent(w), w, R.BAD_RECORD, safe.detail(e))
+                for k, w in zip(named, where)]
     return _records(cfg, rows)
+
+
+def _row_group_keys(cfg: Any, spec: dict) -> list:
+    """The key column of a row group whose other columns cannot be read (Nones if it cannot
+    be read either, or there is none)."""
+    if spec["key"]:
+        try:
+            with safe.open_regular(src_path(spec["file"], cfg.path)) as fh:
+                t = pq.ParquetFile(fh).read_row_group(spec["row_group"], columns=[spec["key"]])
+            if t.num_rows == spec["rows"]:
+                return [_text(k) for k in t.column(0).to_pylist()]
+        except Exception:
+            pass
+    return [None] * spec["rows"]
 
 
 # --- WebDataset tars (and img2dataset's webdataset / files output) --------------------------------

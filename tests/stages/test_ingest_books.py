@@ -17,7 +17,7 @@ from .hostile import good
 from vlcurate.pipeline.cli import main
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.ingest import readers
+from vlcurate.stages.ingest import census, readers, sources
 from vlcurate.stages.ingest.keys import invent
 
 pytestmark = pytest.mark.timeout(180)
@@ -111,3 +111,25 @@ def test_a_record_the_reader_loses_fails_the_run_naming_the_file(tmp_path, capsy
     assert "no row lost: NO" in out, out
     assert f"ingest: {tmp_path / 'i2d' / '00000.parquet'}: 4 rows in, the second count says 5" \
         in out, out
+
+
+def test_img2dataset_files_layout_every_status_row_is_a_row(tmp_path):
+    """The files layout (a folder per shard): the same rules as the tar layout."""
+    root = tmp_path / "src"
+    (root / "00000").mkdir(parents=True)
+    for key in ("a0", "x9"):
+        (root / "00000" / f"{key}.jpg").write_bytes(corpus.jpeg(16, 16, seed=1))
+        (root / "00000" / f"{key}.txt").write_bytes(b"a caption")
+    _status(root / "00000.parquet", [("a0", "success"), ("a2", "success"), ("a3", "failed")])
+    _status(root / "00001.parquet", [("b0", "success"), (None, "failed")])   # no 00001/
+    cfg = corpus.config(root, "img2dataset").source
+    specs = sources.plan(cfg, str(tmp_path / "_plan.parquet"))
+    parts = [sources.read_part(cfg, s).to_pylist() for s in specs]
+    got = {r[F.KEY.name]: r[F.READ_ERROR.name] for p in parts for r in p}
+    assert got == {"a0": None, "x9": None, "a2": R.MISSING_FILE, "a3": R.DOWNLOAD_FAILED,
+                   "b0": R.MISSING_FILE, invent("00001.parquet:1"): R.DOWNLOAD_FAILED}
+    books = json.loads((tmp_path / sources.CENSUS).read_text())
+    assert census.check(books, [len(p) for p in parts])["lost"] == []
+    assert census.check(books, [len(p) - 1 for p in parts])["lost"] == [   # a lost row: named
+        f"{root / '00000.parquet'}: 3 rows in, the second count says 4",
+        f"{root / '00001.parquet'}: 1 rows in, the second count says 2"]
