@@ -25,10 +25,11 @@ LOOKS_INVENTED = invent("captions.csv:4")      # a real key equal to the one inv
 
 
 def _status(path: Path, rows: list[tuple[str, str]]) -> None:
-    pq.write_table(pa.table({"key": [k for k, _ in rows], "url": [f"http://x/{k}" for k, _ in rows],
+    keys = [k for k, _ in rows]
+    pq.write_table(pa.table({"key": keys, "url": [f"http://x/{k}" for k in keys],
                              "caption": ["c"] * len(rows), "status": [s for _, s in rows],
-                             "error_message": [None if s == "success" else "404" for _, s in rows]}),
-                   path)
+                             "error_message": [None if s == "success" else "404"
+                                               for _, s in rows]}), path)
 
 
 def _i2d(root: Path) -> None:
