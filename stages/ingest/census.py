@@ -1,7 +1,9 @@
 """The second count: how many records a source holds, counted without the readers.
 
 "No row lost" compares it, file by file, with the rows the ingest stage wrote (kept +
-rejected). It walks the source on its own and shares no parsing with ``readers``:
+rejected). The source's files are listed when ingest plans (``record``, beside the plan) and
+counted after its parts ran (``count_all``: the executor's tasks, a few dozen files each). It
+shares no parsing with ``readers``:
 
 - Parquet: each file's footer ``num_rows`` (a file whose footer cannot be read: 1, its
   ``bad_file`` row).
@@ -305,45 +307,67 @@ def shard_records(samples: list[str], statuses: Path | ObjPath) -> int:
     return len(rows) + extra
 
 
-def _i2d_units(root: Path | ObjPath, limit: int, layout: str) -> dict[str, Count]:
+def _i2d_tasks(root: Path | ObjPath, layout: str) -> dict[str, list]:
     """Per shard (keyed by its status file's path), in the tar or files ``layout``."""
-    units, shards = {}, _walk(root, TARS)
-    if shards:
-        for t in shards:
-            keys, damaged = tar_keys(t, limit)
-            n = shard_records(keys, status_file(t)) + damaged
-            prev = units.get(str(status_file(t)))
-            units[str(status_file(t))] = exact(n + (prev.low if prev else 0))
+    units: dict[str, list] = {}
+    if layout == "tar":
+        for t in _walk(root, TARS):          # (00000.tar and 00000.tar.gz share a status file)
+            units.setdefault(str(status_file(t)), ["shard", [], str(status_file(t))])[1] \
+                .append(str(t))
     elif layout == "files":
         for d in sorted(p for p in root.iterdir() if p.is_dir()):
-            units[str(status_file(d))] = exact(shard_records(dir_keys(d), status_file(d)))
-    if not units:                                    # img2dataset's parquet output
-        return {str(p): exact(parquet_rows(p)) for p in _walk(root, (".parquet",))}
-    for p in _walk(root, (".parquet",)):             # a status file without its shard
-        units.setdefault(str(p), exact(parquet_rows(p)))
+            units[str(status_file(d))] = ["files", str(d), str(status_file(d))]
+    for p in _walk(root, (".parquet",)):     # a status file without its shard; parquet layout
+        units.setdefault(str(p), ["parquet", str(p)])
     return units
 
 
 # --- a source ----------------------------------------------------------------------------------
-def count(cfg: Any, captions: Optional[Path | ObjPath] = None,
-          layout: str = "") -> dict[str, Count]:
-    """{unit: Count} for one source (``captions``: a folder source's captions file; ``layout``:
-    an img2dataset source's, as the reader found it: tar, files or parquet)."""
+def tasks(cfg: Any, captions: Optional[Path | ObjPath] = None,
+          layout: str = "") -> dict[str, list]:
+    """{unit: how to count it} for one source, from a listing of its files (``captions``: a
+    folder source's captions file; ``layout``: an img2dataset source's, as the reader found
+    it: tar, files or parquet). Counting is ``count_task``'s, unit by unit."""
     root = src_path(cfg.path)
     if cfg.kind == "folder":
-        with open_regular(captions) as fh:
-            if captions.name.endswith(".jsonl"):
-                return {str(captions): exact(jsonl_records(fh))}
-            return {str(captions): table_records(fh, "\t" if captions.suffix == ".tsv" else ",")}
+        fmt = "jsonl" if captions.name.endswith(".jsonl") else \
+            "\t" if captions.name.endswith(".tsv") else ","
+        return {str(captions): ["text", str(captions), fmt]}
     if cfg.kind == "parquet":
-        return {str(p): exact(parquet_rows(p)) for p in _walk(root, (".parquet",))}
+        return {str(p): ["parquet", str(p)] for p in _walk(root, (".parquet",))}
     if cfg.kind == "webdataset":
-        out = {}
-        for t in _walk(root, TARS):
-            keys, damaged = tar_keys(t, cfg.max_image_bytes)
-            out[str(t)] = exact(len(keys) + damaged)
-        return out
-    return _i2d_units(root, cfg.max_image_bytes, layout)
+        return {str(t): ["tar", str(t)] for t in _walk(root, TARS)}
+    return _i2d_tasks(root, layout)
+
+
+def count_task(root: str, limit: int, task: list) -> Count:
+    """The records of one unit (``tasks``); ``root``: the source's path, ``limit``: its
+    max_image_bytes."""
+    kind = task[0]
+    path = src_path(task[1], root) if isinstance(task[1], str) else None
+    if kind == "text":
+        with open_regular(path) as fh:
+            return exact(jsonl_records(fh)) if task[2] == "jsonl" else table_records(fh, task[2])
+    if kind == "parquet":
+        return exact(parquet_rows(path))
+    if kind == "tar":
+        keys, damaged = tar_keys(path, limit)
+        return exact(len(keys) + damaged)
+    statuses = src_path(task[2], root)
+    if kind == "files":
+        return exact(shard_records(dir_keys(path), statuses))
+    n = 0
+    for t in task[1]:
+        keys, damaged = tar_keys(src_path(t, root), limit)
+        n += shard_records(keys, statuses) + damaged
+    return exact(n)
+
+
+def count(cfg: Any, captions: Optional[Path | ObjPath] = None,
+          layout: str = "") -> dict[str, Count]:
+    """{unit: Count} for one source, counted here (``tasks``, then ``count_task`` each)."""
+    return {u: count_task(cfg.path, cfg.max_image_bytes, t)
+            for u, t in tasks(cfg, captions, layout).items()}
 
 
 def unit_of(cfg: Any, spec: dict, captions: Optional[Path | ObjPath] = None) -> str:
@@ -362,20 +386,49 @@ def unit_of(cfg: Any, spec: dict, captions: Optional[Path | ObjPath] = None) -> 
 
 # --- the books ------------------------------------------------------------------------------------
 def record(src: Any, specs: list[dict], name: str) -> dict:
-    """What ``check`` needs of one source, written when it is planned: each unit's count,
-    each part's unit, and what narrows the source (then only its total can be checked)."""
+    """What ``count_all`` and ``check`` need of one source, written when it is planned: how to
+    count each unit (a listing only), each part's unit, and what narrows the source (then only
+    its total can be checked)."""
     from . import readers
     captions = readers.captions_path(src) if src.kind == "folder" else None
     layout = readers.img2dataset_layout(src_path(src.path)) if src.kind == "img2dataset" else ""
     try:
-        units = {u: [c.low, c.high, c.note] for u, c in count(src, captions, layout).items()}
-        error = None
+        units, error = tasks(src, captions, layout), None
     except Exception as e:     # the check then says so: never a silent yes
         units, error = {}, f"{type(e).__name__}: {e}"
-    return {"source": name, "units": units, "error": error,
-            "parts": [unit_of(src, s, captions) for s in specs],
+    return {"source": name, "root": src.path, "max_image_bytes": src.max_image_bytes,
+            "units": units, "error": error, "parts": [unit_of(src, s, captions) for s in specs],
             "limit": src.limit, "sample": src.sample,
             "capped": src.kind == "folder" and src.max_captions_per_image is not None}
+
+
+UNITS_PER_TASK = 64     # units counted by one item of count_all's map
+
+
+def _count_units(item: tuple) -> list:
+    root, limit, units = item
+    out = []
+    for unit, task in units:
+        try:
+            c = count_task(root, limit, task)
+            out.append([unit, c.low, c.high, c.note])
+        except Exception as e:   # (a file gone since the plan): said, never a silent yes
+            out.append([unit, 0, 0, f"not counted: {type(e).__name__}: {e}"])
+    return out
+
+
+def count_all(records: list[dict], map_fn: Any = None) -> list[dict]:
+    """Each record with its units' ``counts`` ([low, high, note]), counted by ``map_fn(fn,
+    items)`` (in a run, the executor's map: Ray tasks over the cluster), UNITS_PER_TASK units
+    an item."""
+    items = []
+    for rec in records:
+        units = sorted(rec["units"].items())
+        items += [(rec["root"], rec["max_image_bytes"], units[i:i + UNITS_PER_TASK])
+                  for i in range(0, len(units), UNITS_PER_TASK)]
+    found = (map_fn or (lambda f, xs: [f(x) for x in xs]))(_count_units, items)
+    counts = {u: c for chunk in found for u, *c in chunk}
+    return [dict(rec, counts={u: counts[u] for u in rec["units"]}) for rec in records]
 
 
 def _within(n: int, low: int, high: int) -> bool:
@@ -392,7 +445,7 @@ def _source_problems(rec: dict, rows: list[int]) -> list[str]:
     got: dict[str, int] = {}
     for unit, n in zip(rec["parts"], rows):
         got[unit] = got.get(unit, 0) + n
-    units = rec["units"]
+    units = rec["counts"]
     if rec["limit"] is not None or rec["capped"]:   # narrowed: the source's total only
         low = sum(u[0] for u in units.values())
         high = sum(u[1] for u in units.values())
@@ -411,15 +464,16 @@ def _source_problems(rec: dict, rows: list[int]) -> list[str]:
 
 
 def check(records: list[dict], rows: list[int]) -> dict:
-    """The ingest rows of each part (in plan order) against each source's second count: what
-    the run summary says (``second_count``) and every unit that does not balance (``lost``)."""
+    """The ingest rows of each part (in plan order) against each source's second count
+    (records from ``count_all``): what the run summary says (``second_count``) and every unit
+    that does not balance (``lost``)."""
     out: dict = {"units": 0, "records": 0, "bounded": 0, "unchecked": [], "lost": []}
     at = 0
     for rec in records:
         part_rows, at = rows[at:at + len(rec["parts"])], at + len(rec["parts"])
-        out["units"] += len(rec["units"])
-        out["records"] += sum(u[0] for u in rec["units"].values() if u[0] == u[1])
-        out["bounded"] += sum(u[0] != u[1] for u in rec["units"].values())
+        out["units"] += len(rec["counts"])
+        out["records"] += sum(u[0] for u in rec["counts"].values() if u[0] == u[1])
+        out["bounded"] += sum(u[0] != u[1] for u in rec["counts"].values())
         if rec["sample"] is not None and rec["sample"] < 1:
             out["unchecked"].append(rec["source"])
             continue

@@ -93,7 +93,7 @@ def test_every_record_is_a_row_with_its_reason_and_the_books_balance(tmp_path, c
     assert len({r[F.SAMPLE_ID.name] for r in rows.values()}) == len(rows) == 12
     # the second count, written beside the plan, says the same and the summary says so
     books = json.loads((tmp_path / "run" / "ingest" / "_census.json").read_text())
-    counts = {Path(u).name: c[:2] for b in books for u, c in b["units"].items()}
+    counts = {Path(u).name: c[:2] for b in books for u, c in b["counts"].items()}
     # (an unbalanced quote: Python's csv cannot parse the file, so the count is a bound)
     assert counts == {"00000.parquet": [5, 5], "00001.parquet": [2, 2], "captions.csv": [1, 5]}
     assert "for every stage, no row lost: yes\n  (ingest's rows checked against the sources' " \
@@ -129,7 +129,7 @@ def test_img2dataset_files_layout_every_status_row_is_a_row(tmp_path):
     got = {r[F.KEY.name]: r[F.READ_ERROR.name] for p in parts for r in p}
     assert got == {"a0": None, "x9": None, "a2": R.MISSING_FILE, "a3": R.DOWNLOAD_FAILED,
                    "b0": R.MISSING_FILE, invent("00001.parquet:1"): R.DOWNLOAD_FAILED}
-    books = json.loads((tmp_path / sources.CENSUS).read_text())
+    books = census.count_all(json.loads((tmp_path / sources.CENSUS).read_text()))
     assert census.check(books, [len(p) for p in parts])["lost"] == []
     assert census.check(books, [len(p) - 1 for p in parts])["lost"] == [   # a lost row: named
         f"{root / '00000.parquet'}: 3 rows in, the second count says 4",

@@ -187,7 +187,8 @@ def ingest_balanced(cfg, tmp: Path) -> list[dict]:
         assert out.column(F.KEY.name).to_pylist() == raw.column(F.KEY.name).to_pylist()
         rows += out.to_pylist()
         per_part.append(out.num_rows)
-    books = census.check([census.record(cfg.source, specs, "src")], per_part)   # second count
+    books = census.count_all([census.record(cfg.source, specs, "src")])     # the second count
+    books = census.check(books, per_part)
     assert books["lost"] == [], books
     for r in rows:
         reasons = r[F.REASONS.name]
