@@ -201,46 +201,67 @@ def _padded(n: int) -> int:
     return -(-n // BLOCK) * BLOCK
 
 
+META = (b"L", b"K", b"x", b"g")     # GNU long name / link, PAX headers: the next member's
+NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")   # links, devices, directories, FIFOs
+
+
+def _header(b: _Blocks) -> Optional[bytes]:
+    """The next header block (short if the tar ends early); None at a clean end. Zero blocks
+    end an archive; another may follow them (``cat a.tar b.tar``)."""
+    block = b.read(BLOCK)
+    if block != ZERO:
+        return block
+    while block == ZERO:
+        block = b.read(BLOCK)
+    return block if block.strip(b"\0") else None
+
+
+def _meta(b: _Blocks, kind: bytes, size: int, limit: int, pending: dict) -> bool:
+    """Read a long-name or PAX header's data into ``pending``; False if the tar is damaged."""
+    if size > max(limit, 1 << 20):
+        return False
+    data = b.read(_padded(size))
+    if len(data) < _padded(size):
+        return False
+    if kind == b"L":
+        pending["name"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    elif kind == b"x":
+        pax = _pax(data[:size])
+        pending.update({k: pax[v] for k, v in (("name", "path"), ("size", "size")) if v in pax})
+    return True
+
+
+def _member(b: _Blocks, block: bytes, pending: dict, names: list[str]) -> bool:
+    """Skip a member's data, adding its name unless it is a directory or its data is cut
+    short; False if the tar is damaged."""
+    kind = block[156:157]
+    name = pending.pop("name", None) or _name(block)
+    size = int(pending.pop("size", _number(block[124:136])))
+    if kind == b"S" and block[482]:          # GNU sparse: more map blocks follow
+        ext = b.read(BLOCK)
+        while len(ext) == BLOCK and ext[504]:
+            ext = b.read(BLOCK)
+    size = 0 if kind in NO_DATA else size
+    if not b.skip(size):
+        return False
+    if kind != b"5" and not (kind in (b"0", b"\0") and name.endswith("/")):
+        names.append(clean_text(name))
+    return b.skip(_padded(size) - size)
+
+
 def _member_names(b: _Blocks, limit: int, names: list[str]) -> bool:
     """Appends the names of the non-directory members to ``names``, in order; True if the tar
-    is damaged."""
+    is damaged (it ends early, or a header is not one)."""
     pending: dict[str, Any] = {}
-    while True:
-        block = b.read(BLOCK)
-        if block == ZERO:                        # end of an archive: another may follow
-            while block == ZERO:
-                block = b.read(BLOCK)
-            if not block.strip(b"\0"):
-                return False
+    while (block := _header(b)) is not None:
         if len(block) < BLOCK or not _checksum_ok(block):
             return True
-        kind, size = block[156:157], _number(block[124:136])
-        if kind in (b"L", b"K", b"x", b"g"):     # long name / link, PAX: the next member's
-            if size > max(limit, 1 << 20):
-                return True
-            data = b.read(_padded(size))
-            if len(data) < _padded(size):
-                return True
-            if kind == b"L":
-                pending["name"] = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif kind == b"x":
-                pax = _pax(data[:size])
-                pending.update({k: pax[v] for k, v in (("name", "path"), ("size", "size"))
-                                if v in pax})
-            continue
-        name = pending.pop("name", None) or _name(block)
-        size = int(pending.pop("size", size))
-        if kind == b"S" and block[482]:          # GNU sparse: more map blocks follow
-            ext = b.read(BLOCK)
-            while len(ext) == BLOCK and ext[504]:
-                ext = b.read(BLOCK)
-        data_size = 0 if kind in (b"1", b"2", b"3", b"4", b"5", b"6") else size
-        if not b.skip(data_size):                # its data cut short: not a member
+        kind = block[156:157]
+        ok = _meta(b, kind, _number(block[124:136]), limit, pending) if kind in META \
+            else _member(b, block, pending, names)
+        if not ok:
             return True
-        if kind != b"5" and not (kind in (b"0", b"\0") and name.endswith("/")):
-            names.append(clean_text(name))
-        if not b.skip(_padded(data_size) - data_size):
-            return True
+    return False
 
 
 def records_of(names: Iterable[str]) -> list[str]:

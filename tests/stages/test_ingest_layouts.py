@@ -9,10 +9,13 @@ higher, and ``VLCURATE_LAYOUT_SEED``, for a longer search: a failure names its s
 """
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import random
 import shutil
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +25,7 @@ import pytest
 
 from . import corpus, hostile
 from vlcurate.schemas import F
-from vlcurate.stages.ingest import census, keys, readers, sources
+from vlcurate.stages.ingest import census, keys, sources, tars
 
 CASES = int(os.environ.get("VLCURATE_LAYOUT_CASES", "600"))
 SEED = int(os.environ.get("VLCURATE_LAYOUT_SEED", "0"))
@@ -206,3 +209,32 @@ def test_keyless_records_never_take_a_real_key(fmt, tmp_path):
         repeated = {k for k, n in Counter(r[F.KEY.name] for r in rows).items() if n > 1}
         assert all(not keys.invented(k) for k in repeated), where     # only real keys repeat
         assert len(set(ids)) == len(set(r[F.KEY.name] for r in rows)), where
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("gz", [False, True])
+def test_the_tar_walk_finds_the_readers_records(fmt, gz, tmp_path):
+    """Long names (GNU long-name and PAX headers, ustar prefixes), non-ASCII names, directory
+    and link members, concatenated archives, gzip: the census's own header walk finds the same
+    records, with the same keys, as the reader."""
+    deep = "d" * 60 + "/" + "e" * 60
+    names = [f"{deep}/k0.jpg", f"{deep}/k0.txt", "caf\u00e9/k1.jpg", "k1.txt", "k2.jpg"]
+    path = tmp_path / ("x.tar.gz" if gz else "x.tar")
+    buf = io.BytesIO()
+    for part in (names[:3], names[3:]):             # two archives, one after the other
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+            if part[0] == names[3]:
+                tf.addfile(tarfile.TarInfo("a-directory/"))
+            for n in part:
+                info = tarfile.TarInfo(n)
+                info.size = 3
+                tf.addfile(info, io.BytesIO(b"abc"))
+            link = tarfile.TarInfo("k2.json")
+            link.type, link.linkname = tarfile.SYMTYPE, "elsewhere"
+            tf.addfile(link)
+    path.write_bytes(gzip.compress(buf.getvalue()) if gz else buf.getvalue())
+    end = tars.TarEnd()
+    read = [g.key for g in tars.groups(tars.read(str(path), 1 << 20, end))]
+    assert end.error is None
+    assert census.tar_keys(path, 1 << 20) == (read, False)
+    assert read == [f"{deep}/k0", "caf\u00e9/k1", "k2", "k1", "k2"]
