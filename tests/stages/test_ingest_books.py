@@ -55,14 +55,28 @@ def _captions(root: Path) -> None:
         b'q6,g1.jpg,"an unbalanced quote\n')
 
 
+def _keyless(root: Path) -> None:
+    """A tar with a keyless sample (``.jpg``) beside one keyed ``∅x``; a Parquet file whose
+    row 0 has a real key equal to the one invented for its keyless row 1."""
+    hostile.write_tar(root / "wds" / "00000.tar", hostile.tar_members(
+        [good(b"", 3), good("\u2205x", 4)]))
+    pq.write_table(pa.table({"key": [invent("pq.parquet:1"), None],
+                             "image": [corpus.jpeg(16, 16, seed=5)] * 2, "caption": ["c"] * 2}),
+                   root / "pq.parquet")
+
+
 def _run(tmp_path: Path, capsys) -> tuple[int, str, dict]:
     (tmp_path / "i2d").mkdir()
     _i2d(tmp_path / "i2d")
     _captions(tmp_path / "csv")
+    _keyless(tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
         "sources": [{"kind": "img2dataset", "path": str(tmp_path / "i2d"), "name": "i2d"},
                     {"kind": "folder", "path": str(tmp_path / "csv"), "name": "csv",
+                     "key_column": "key"},
+                    {"kind": "webdataset", "path": str(tmp_path / "wds"), "name": "wds"},
+                    {"kind": "parquet", "path": str(tmp_path / "pq.parquet"), "name": "pq",
                      "key_column": "key"}],
         "run": {"run_dir": str(tmp_path / "run"), "progress": False, "stages": ["ids"],
                 "max_reject_fraction": 1.0}}))
@@ -83,21 +97,25 @@ def test_every_record_is_a_row_with_its_reason_and_the_books_balance(tmp_path, c
         ("i2d", "b0"): missing, ("i2d", "b1"): failed,              # 00001.tar is missing
         ("csv", "\u2205" + LOOKS_INVENTED): [], ("csv", "g1"): [], ("csv", LOOKS_INVENTED): [],
         ("csv", "r5"): [R.BAD_RECORD, R.MISSING_CAPTION],
-        ("csv", "q6"): [R.BAD_RECORD, R.MISSING_CAPTION]}
+        ("csv", "q6"): [R.BAD_RECORD, R.MISSING_CAPTION],
+        ("wds", invent("00000.tar:0")): [], ("wds", "\u2205\u2205x"): [],
+        ("pq", "\u2205" + invent("pq.parquet:1")): [], ("pq", invent("pq.parquet:1")): []}
     assert "no sample in 00000.tar" in rows[("i2d", "a2")][F.REASON_DETAIL.name]
     assert "no sample in 00001.tar" in rows[("i2d", "b0")][F.REASON_DETAIL.name]
     assert "2 fields, the header has 3" not in rows[("csv", "r5")][F.REASON_DETAIL.name]
     assert "4 fields, the header has 3" in rows[("csv", "r5")][F.REASON_DETAIL.name]
-    invented = {k: r[F.KEY_INVENTED.name] for k, r in rows.items() if k[0] == "csv"}
-    assert [k for k, v in invented.items() if v] == [("csv", LOOKS_INVENTED)]
-    assert len({r[F.SAMPLE_ID.name] for r in rows.values()}) == len(rows) == 12
+    invented = sorted(k for k, r in rows.items() if r[F.KEY_INVENTED.name])
+    assert invented == [("csv", LOOKS_INVENTED), ("pq", invent("pq.parquet:1")),
+                        ("wds", invent("00000.tar:0"))]
+    assert len({r[F.SAMPLE_ID.name] for r in rows.values()}) == len(rows) == 16
     # the second count, written beside the plan, says the same and the summary says so
     books = json.loads((tmp_path / "run" / "ingest" / "_census.json").read_text())
     counts = {Path(u).name: c[:2] for b in books for u, c in b["counts"].items()}
     # (an unbalanced quote: Python's csv cannot parse the file, so the count is a bound)
-    assert counts == {"00000.parquet": [5, 5], "00001.parquet": [2, 2], "captions.csv": [1, 5]}
+    assert counts == {"00000.parquet": [5, 5], "00001.parquet": [2, 2], "captions.csv": [1, 5],
+                      "00000.tar": [2, 2], "pq.parquet": [2, 2]}
     assert "for every stage, no row lost: yes\n  (ingest's rows checked against the sources' " \
-           "second count: 7 records in 2 files; 1 malformed file(s) within bounds)" in out, out
+           "second count: 11 records in 4 files; 1 malformed file(s) within bounds)" in out, out
 
 
 def test_a_record_the_reader_loses_fails_the_run_naming_the_file(tmp_path, capsys, monkeypatch):
