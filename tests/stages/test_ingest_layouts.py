@@ -50,10 +50,15 @@ def _base(rng: random.Random, i2d: bool) -> list[dict]:
     return shards
 
 
-def _mutate(rng: random.Random, shards: list[dict], i2d: bool) -> None:
+OPS = ("delete a member", "duplicate a member", "rename a member", "duplicate the tar",
+       "delete the tar", "delete the status file", "rename the tar", "rename the status file")
+
+
+def _mutate(rng: random.Random, shards: list[dict], i2d: bool, seen: Counter) -> None:
     for _ in range(rng.randint(1, 4)):
         sh = rng.choice(shards)
         op = rng.randrange(8 if i2d else 5)
+        seen[OPS[op]] += 1
         members = sh["tar"]
         if op == 0 and members:                                     # delete a member
             del members[rng.randrange(len(members))]
@@ -157,7 +162,7 @@ def test_random_layouts_balance_against_the_second_count(kind, tmp_path):
     seen = Counter()
     for case in range(CASES):
         shards = _base(rng, i2d)
-        _mutate(rng, shards, i2d)
+        _mutate(rng, shards, i2d, seen)
         if not any(sh["tar"] for sh in shards):
             shards[0]["tar"] = [("k9.jpg", IMAGE)]
         _write(root, shards)
@@ -174,6 +179,7 @@ def test_random_layouts_balance_against_the_second_count(kind, tmp_path):
         assert_keys_apart(rows, real)
         seen["rows"] += len(rows)
         seen["invented"] += sum(keys.invented(r[F.KEY.name]) for r in rows)
+        seen["real keys that look invented"] += sum(k.startswith("\u2205") for k in real if k)
     print(kind, dict(seen))
     assert seen["invented"] and seen["rows"] > seen["invented"]
 
@@ -197,6 +203,7 @@ def test_keyless_records_never_take_a_real_key(fmt, tmp_path):
     root = tmp_path / "src"
     hostile._image_files(root, [hostile.good("g", 1)])
     cfg = hostile.config(fmt, root)
+    seen: Counter = Counter()
     for case in range(CASES):
         data, real = _captions(rng, fmt)
         (root / f"captions.{fmt}").write_bytes(data)
@@ -209,6 +216,11 @@ def test_keyless_records_never_take_a_real_key(fmt, tmp_path):
         repeated = {k for k, n in Counter(r[F.KEY.name] for r in rows).items() if n > 1}
         assert all(not keys.invented(k) for k in repeated), where     # only real keys repeat
         assert len(set(ids)) == len(set(r[F.KEY.name] for r in rows)), where
+        seen["rows"] += len(rows)
+        seen["invented"] += sum(keys.invented(r[F.KEY.name]) for r in rows)
+        seen["real keys that look invented"] += sum(bool(k) and k[0] == "\u2205" for k in real)
+    print(fmt, dict(seen))
+    assert seen["invented"] and seen["real keys that look invented"]
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
