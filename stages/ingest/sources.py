@@ -15,6 +15,10 @@
 
 Records left out by sample or limit are not ingested: they are neither rows nor rejects, and
 the run's summary says how the source was narrowed (``notes``).
+
+- **The second count.** ``plan`` also lists every source's files for ``census`` (in
+  ``_census.json`` beside the plan), with the unit each part's rows count towards; the stage
+  counts them after its parts ran and checks the books (``IngestStage.finalize``).
 """
 from __future__ import annotations
 
