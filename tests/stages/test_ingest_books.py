@@ -152,3 +152,19 @@ def test_img2dataset_files_layout_every_status_row_is_a_row(tmp_path):
     assert census.check(books, [len(p) - 1 for p in parts])["lost"] == [   # a lost row: named
         f"{root / '00000.parquet'}: 3 rows in, the second count says 4",
         f"{root / '00001.parquet'}: 1 rows in, the second count says 2"]
+
+
+@pytest.mark.parametrize("narrow,checked", [({"source__limit": 3}, True),
+                                            ({"source__max_captions_per_image": 1}, True),
+                                            ({"source__sample": 0.5}, False)])
+def test_a_narrowed_source_is_checked_as_a_whole_or_said_unchecked(narrow, checked, tmp_path):
+    src = corpus.folder(tmp_path / "s", [("a.jpg", f"caption {i}") for i in range(5)])
+    cfg = corpus.config(src, **narrow).source
+    specs = sources.plan(cfg, str(tmp_path / "_plan.parquet"))
+    rows = [sources.read_part(cfg, s).num_rows for s in specs]
+    books = census.count_all(json.loads((tmp_path / sources.CENSUS).read_text()))
+    got = census.check(books, rows)
+    assert got["lost"] == [] and got["unchecked"] == ([] if checked else ["s"])
+    lost = census.check(books, [rows[0] + 9] + rows[1:])["lost"]      # rows the source never had
+    assert lost == ([f"source 's': {sum(rows) + 9} rows in, the second count says "
+                     + ("3" if "source__limit" in narrow else "0 to 5")] if checked else [])
