@@ -1,11 +1,12 @@
-"""Property test: random deletions, duplications and renames of tars, status parquets and tar
-members (WebDataset and img2dataset), and captions files whose keys are empty, null or look
-invented. Every case balances three ways: the rows the readers give, the second count
-(``census``) and this test's own model of the layout agree, unit by unit; an invented key never
-equals a real one, and no real key is lost.
+"""Property test: random deletions, duplications and renames of tars (or img2dataset's shard
+folders), status parquets and members (WebDataset and img2dataset), and captions files whose
+keys are empty, null or look invented. Every case balances three ways: the rows the readers
+give, the second count (``census``) and this test's own model of the layout agree, unit by
+unit; an invented key never equals a real one, and no real key is lost.
 
-The default suite runs ``VLCURATE_LAYOUT_CASES`` (600) cases per test, 2400 in all; set it
-higher, and ``VLCURATE_LAYOUT_SEED``, for a longer search: a failure names its seed and case.
+The default suite runs ``VLCURATE_LAYOUT_CASES`` (600) cases per test (300 for the files
+layout), 2,700 in all; set it higher, and ``VLCURATE_LAYOUT_SEED``, for a longer search: a
+failure names its seed and case.
 """
 from __future__ import annotations
 
@@ -83,11 +84,16 @@ def _mutate(rng: random.Random, shards: list[dict], i2d: bool, seen: Counter) ->
             sh["statuses"] = None
 
 
-def _write(root: Path, shards: list[dict]) -> None:
+def _write(root: Path, shards: list[dict], files: bool) -> None:
+    """Each shard as a tar, or (``files``) as a folder of its members, and its status file."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for sh in shards:
-        if sh["tar"] is not None:
+        if sh["tar"] is not None and files:
+            (root / sh["stem"]).mkdir()
+            for n, d in sh["tar"]:
+                (root / sh["stem"] / n).write_bytes(d)
+        elif sh["tar"] is not None:
             hostile.write_tar(root / f"{sh['stem']}.tar",
                               [(n.encode(), d, "") for n, d in sh["tar"]])
         if sh["statuses"] is not None:
@@ -110,12 +116,13 @@ def _groups(members: list) -> list[str]:
     return out
 
 
-def expected(shards: list[dict], i2d: bool) -> dict[str, int]:
+def expected(shards: list[dict], i2d: bool, files: bool) -> dict[str, int]:
     """Rows per unit: a tar's records; for img2dataset a shard's status rows plus its samples
-    beyond the success rows of their key."""
+    beyond the success rows of their key (a folder's members: its files, by name)."""
     out = {}
     for sh in shards:
-        samples = _groups(sh["tar"]) if sh["tar"] is not None else []
+        members = sorted(dict(sh["tar"]).items()) if files and sh["tar"] else sh["tar"]
+        samples = _groups(members) if sh["tar"] is not None else []
         if not i2d:
             if sh["tar"] is not None:
                 out[f"{sh['stem']}.tar"] = len(samples)
@@ -154,24 +161,25 @@ def assert_keys_apart(rows: list[dict], real: list) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", ["webdataset", "img2dataset"])
+@pytest.mark.parametrize("kind", ["webdataset", "img2dataset", "img2dataset-files"])
 def test_random_layouts_balance_against_the_second_count(kind, tmp_path):
-    i2d = kind == "img2dataset"
+    i2d, files = kind.startswith("img2dataset"), kind.endswith("files")
     rng = random.Random(f"{SEED}:{kind}")
-    root, cfg = tmp_path / "src", corpus.config(tmp_path / "src", kind)
+    root, cfg = tmp_path / "src", corpus.config(tmp_path / "src", kind.removesuffix("-files"))
     seen = Counter()
-    for case in range(CASES):
+    for case in range(CASES // (2 if files else 1)):
         shards = _base(rng, i2d)
         _mutate(rng, shards, i2d, seen)
-        if not any(sh["tar"] for sh in shards):
-            shards[0]["tar"] = [("k9.jpg", IMAGE)]
-        _write(root, shards)
+        if not any(n.lower().endswith(".jpg") and n[0] != "." for sh in shards
+                   for n, _ in sh["tar"] or []):   # (a folder of images: the files layout)
+            shards[0]["tar"] = (shards[0]["tar"] or []) + [("k9.jpg", IMAGE)]
+        _write(root, shards, files)
         try:
             rows, per_unit, books = ingest(cfg, tmp_path)
         except Exception as e:
             raise AssertionError(f"{kind}: seed {SEED} case {case} raised {e!r}") from e
         where = f"{kind}: seed {SEED} case {case}: {shards}"
-        want = {u: n for u, n in expected(shards, i2d).items() if n or u in per_unit}
+        want = {u: n for u, n in expected(shards, i2d, files).items() if n or u in per_unit}
         assert per_unit == want, where
         assert books["lost"] == [] and books["records"] == len(rows), (where, books)
         real = [n.partition(".")[0] for sh in shards for n, _ in sh["tar"] or []]
