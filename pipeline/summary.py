@@ -23,11 +23,27 @@ def problems(results: list) -> list[str]:
         if ms and m[F.MK.ROWS] != ms[0][F.MK.ROWS]:
             out.append(f"{m['stage']}: {m[F.MK.ROWS]} rows but the source gave {ms[0][F.MK.ROWS]}")
     for r in results:
+        books = r.info.get("second_count") if isinstance(r.info, dict) else None
+        out += [f"{r.manifest['stage']}: {lost}" for lost in (books or {}).get("lost", [])]
         shards = r.info.get("samples") if isinstance(r.info, dict) else None
         if shards is not None and shards != r.manifest[F.MK.ROWS_KEPT]:
             out.append(f"{r.manifest['stage']}: {shards} samples in shards but "
                        f"{r.manifest[F.MK.ROWS_KEPT]} kept")
     return out
+
+
+def _second_count(results: list) -> list[str]:
+    """What the sources' second count (counted without the readers) covered."""
+    books = next((r.info["second_count"] for r in results
+                  if isinstance(r.info, dict) and "second_count" in r.info), None)
+    if books is None:
+        return []
+    said = f"  (ingest's rows checked against the sources' second count: {books['records']} " \
+           f"records in {books['units'] - books['bounded']} files"
+    said += f"; {books['bounded']} malformed file(s) within bounds" if books["bounded"] else ""
+    if books["unchecked"]:
+        said += f"; sampled sources not checked: {', '.join(books['unchecked'])}"
+    return [said + ")"]
 
 
 def format_summary(results: Iterable) -> str:
@@ -50,5 +66,6 @@ def format_summary(results: Iterable) -> str:
     bad = problems(results)
     lines.append("rows in = rows kept + rows rejected for every stage, no row lost: "
                  + ("yes" if not bad else "NO (a bug: please report it)"))
+    lines += _second_count(results)
     lines += [f"  ! {p}" for p in bad]
     return "\n".join(lines)

@@ -22,6 +22,9 @@ SOURCE = pa.field("source", pa.string(), nullable=False,
                   metadata={"doc": "source name from config (default: the source folder name)"})
 KEY = pa.field("key", pa.string(), nullable=False,
                metadata={"doc": "the record's key inside its source (file name, tar key, row key)"})
+KEY_INVENTED = pa.field("key_invented", pa.bool_(), metadata={
+    "doc": "true when the source gave the record no key and one was made from its place in the "
+           "source ('\u2205:' + file:position; a real key never starts so)"})
 
 # --- ingest: image ----------------------------------------------------------------------------
 IMAGE = pa.field("image", pa.binary(), metadata={"doc": "RGB image bytes (JPEG unless passthrough)"})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 # ingest: the row has no usable image or caption; always dropped by export.
-MISSING_FILE = "ingest.missing_file"
+MISSING_FILE = "ingest.missing_file"            # also: img2dataset success, no sample in its shard
 MISSING_IMAGE = "ingest.missing_image"          # a record (tar / parquet row) with no image bytes
 ZERO_BYTE = "ingest.zero_byte"
 UNDECODABLE = "ingest.undecodable_image"

@@ -18,8 +18,9 @@ RAW_RECORDS = pa.schema([F.SOURCE, F.KEY, F.IMAGE_REF, F.RAW_IMAGE, F.RAW_CAPTIO
                          F.READ_ERROR])
 
 # The ingest table: one row per source record, rejected rows included (image null, reasons set).
-SAMPLES = stage_table(F.SOURCE, F.KEY, F.IMAGE_REF, F.CAPTION, F.IMAGE, F.IMAGE_HASH, F.WIDTH,
-                      F.HEIGHT, F.IMAGE_FORMAT, F.IMAGE_MODE, F.IMAGE_REENCODED, F.EXTRA)
+SAMPLES = stage_table(F.SOURCE, F.KEY, F.KEY_INVENTED, F.IMAGE_REF, F.CAPTION, F.IMAGE,
+                      F.IMAGE_HASH, F.WIDTH, F.HEIGHT, F.IMAGE_FORMAT, F.IMAGE_MODE,
+                      F.IMAGE_REENCODED, F.EXTRA)
 
 # Duplicate-id check over the whole ingest table (a global step).
 IDS = stage_table()

@@ -12,6 +12,7 @@ A row's ``extra`` JSON says what was wrong (``{"error": ...}``) when the reader 
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 
-from . import safe, tars, textfiles
+from . import keys, safe, tars, textfiles
 from .objpath import ObjPath, forget_listings, src_path
 from .safe import clean_text
 
@@ -110,7 +111,7 @@ def _with_error(extra: Optional[str], error: str) -> str:
 
 
 # --- a folder of images with a captions CSV/TSV/JSONL -------------------------------------------
-def _captions_path(cfg: Any) -> Path | ObjPath:
+def captions_path(cfg: Any) -> Path | ObjPath:
     root = src_path(cfg.path)
     if cfg.captions_file:
         p = src_path(cfg.captions_file, cfg.path)
@@ -139,15 +140,17 @@ def _image_name(v: Any) -> tuple[str, Optional[bytes], Optional[str], str]:
         return v, None, R.MISSING_FILE, "image name is not a valid file name"
 
 
-def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], i: int, n: int) -> dict:
+def _folder_row(cfg: Any, row: Optional[dict], error: Optional[str], where: str, n: int) -> dict:
+    """A plan row. A bad line (``error``) keeps its key when its key cell could be read."""
     row = row or {}
     image, path, err, detail = _image_name(row.get(cfg.image_column)) if error is None \
         else ("", None, R.BAD_RECORD, error)
-    caption, ok = caption_bytes(row.get(cfg.caption_column))
+    caption, ok = caption_bytes(row.get(cfg.caption_column)) if error is None else (None, True)
     if not ok and err is None:
         err, detail = R.BAD_CAPTION, f"caption is a {type(row[cfg.caption_column]).__name__}"
     key = _text(row.get(cfg.key_column)) if cfg.key_column else (f"{image}#{n}" if image else None)
-    return {F.KEY.name: key or f"row{i}", F.IMAGE_REF.name: image, F.RAW_CAPTION.name: caption,
+    return {F.KEY.name: keys.real(key) or keys.invent(where), F.IMAGE_REF.name: image,
+            F.RAW_CAPTION.name: caption,
             F.EXTRA.name: _extra({c: _text(row.get(c)) for c in cfg.extra_columns}),
             F.READ_ERROR.name: err, F.PLAN_IMAGE_PATH.name: path, F.PLAN_ERROR.name: detail or None}
 
@@ -158,22 +161,22 @@ def _folder_rows(cfg: Any, path: Path) -> tuple[list[dict], Optional[list[str]]]
     with safe.open_regular(path) as fh:
         rows = textfiles.read_jsonl(fh) if path.suffix == ".jsonl" else \
             textfiles.read_table(fh, b"\t" if path.suffix == ".tsv" else b",", header)
-        for i, (row, error, _line) in enumerate(rows):
-            if row is not None:  # a JSONL record may lack a key (a bad row): checked by plan
+        for row, error, line in rows:
+            if row is not None and error is None:  # (a bad line's row: the cells it could read)
                 columns.update(row)
-            image = _text((row or {}).get(cfg.image_column)) or ""
+            image = _text((row or {}).get(cfg.image_column)) or "" if error is None else ""
             n = seen[image] = seen.get(image, -1) + 1
             # the cap is per image; rows with no image name (bad lines, empty cells): never capped
             if image and cfg.max_captions_per_image is not None and n >= cfg.max_captions_per_image:
                 continue
-            out.append(_folder_row(cfg, row, error, i, n))
+            out.append(_folder_row(cfg, row, error, f"{path.name}:{line}", n))
     if path.suffix != ".jsonl":
         return out, sorted(header)
     return out, sorted(columns) if columns else None
 
 
 def _plan_folder(cfg: Any, plan_uri: str) -> list[dict]:
-    path = _captions_path(cfg)
+    path = captions_path(cfg)
     try:
         out, columns = _folder_rows(cfg, path)
     except OSError as e:
@@ -346,7 +349,7 @@ def _parquet_record(cfg: Any, spec: dict, f: Path, i: int, r: dict) -> dict:
         extra["error_message"] = r["error_message"]
     if detail:
         extra[F.EXTRA_ERROR_KEY] = detail
-    return {F.KEY.name: key or f"{f.stem}:{spec['offset'] + i}",
+    return {F.KEY.name: keys.real(key) or keys.invent(f"{f.name}:{spec['offset'] + i}"),
             F.IMAGE_REF.name: ref or f"{f.name}:{spec['offset'] + i}",
             F.RAW_IMAGE.name: data, F.RAW_CAPTION.name: caption,
             F.EXTRA.name: _extra(extra), F.READ_ERROR.name: err}
@@ -355,26 +358,42 @@ def _parquet_record(cfg: Any, spec: dict, f: Path, i: int, r: dict) -> dict:
 def _read_parquet(cfg: Any, spec: dict) -> pa.Table:
     f = src_path(spec["file"], cfg.path)
     if "bad_file" in spec:
-        return _records(cfg, [_reject(f"{f.name}:<bad_file>", f.name, spec["reason"],
-                                      spec["bad_file"])])
-    keys = [f"{f.stem}:{spec['offset'] + i}" for i in range(spec["rows"])]
+        return _records(cfg, [_reject(keys.invent(f"{f.name}:<bad_file>"), f.name,
+                                      spec["reason"], spec["bad_file"])])
+    where = [f"{f.name}:{spec['offset'] + i}" for i in range(spec["rows"])]
     over = spec["declared"] > spec["rows"] * cfg.max_image_bytes + (1 << 20)
     if over or safe.bomb(spec["declared"], spec["disk"]):   # never read
         why = (f"row group {spec['row_group']} declares {spec['declared']} bytes for "
                f"{spec['rows']} rows in a {spec['disk']}-byte file "
                f"({'> max_image_bytes per row' if over else 'a compression bomb'})")
-        return _records(cfg, [_reject(k, k, R.FILE_TOO_LARGE, why) for k in keys])
+        return _records(cfg, [_reject(keys.invent(k), k, R.FILE_TOO_LARGE, why) for k in where])
     try:
         rows = [_parquet_record(cfg, spec, f, i, r) for i, r in enumerate(_parquet_rows(cfg, spec))]
         if len(rows) != spec["rows"]:
             raise ValueError(f"read {len(rows)} rows, the footer says {spec['rows']}")
     except Exception as e:  # a corrupt page: every record of the row group is a reject
-        rows = [_reject(k, k, R.BAD_RECORD, safe.detail(e)) for k in keys]
+        named = _row_group_keys(cfg, spec)          # (under its own key, if that column reads)
+        rows = [_reject(keys.real(k) or keys.invent(w), w, R.BAD_RECORD, safe.detail(e))
+                for k, w in zip(named, where)]
     return _records(cfg, rows)
 
 
+def _row_group_keys(cfg: Any, spec: dict) -> list:
+    """The key column of a row group whose other columns cannot be read (Nones if it cannot
+    be read either, or there is none)."""
+    if spec["key"]:
+        try:
+            with safe.open_regular(src_path(spec["file"], cfg.path)) as fh:
+                t = pq.ParquetFile(fh).read_row_group(spec["row_group"], columns=[spec["key"]])
+            if t.num_rows == spec["rows"]:
+                return [_text(k) for k in t.column(0).to_pylist()]
+        except Exception:
+            pass
+    return [None] * spec["rows"]
+
+
 # --- WebDataset tars (and img2dataset's webdataset / files output) --------------------------------
-def _record_from_group(g: tars.Group, ref_prefix: str) -> dict:
+def _record_from_group(g: tars.Group, ref_prefix: str, where: str) -> dict:
     ext = next((e for e in IMAGE_EXTS if g.fields.get(e) is not None), None)
     meta: Any = {}
     if g.fields.get("json") is not None:
@@ -387,50 +406,94 @@ def _record_from_group(g: tars.Group, ref_prefix: str) -> dict:
         caption, ok = caption_bytes(meta.get("caption"))
     err = g.error or (None if ext else R.MISSING_IMAGE) or (None if ok else R.BAD_CAPTION)
     extra = g.fields["json"].decode("utf-8", "replace") if g.fields.get("json") else None
-    return {F.KEY.name: g.key, F.IMAGE_REF.name: f"{ref_prefix}{g.key}.{ext or '?'}",
+    return {F.KEY.name: keys.real(g.key) or keys.invent(where),
+            F.IMAGE_REF.name: f"{ref_prefix}{g.key}.{ext or '?'}",
             F.RAW_IMAGE.name: g.fields.get(ext) if ext and not g.error else None,
             F.RAW_CAPTION.name: caption,
             F.EXTRA.name: _with_error(extra, g.detail) if g.error else extra,
             F.READ_ERROR.name: err}
 
 
-def _failed_downloads(parquet: Path) -> list[dict]:
-    """img2dataset writes every attempted row, failures included, to a parquet beside the tar."""
+def _group_rows(groups: Iterable[tars.Group], prefix: str) -> tuple[list[dict], list[str]]:
+    """(records, each one's key as its shard names it: the member names' stem)."""
+    rows, names = [], []
+    for i, g in enumerate(groups):
+        rows.append(_record_from_group(g, prefix, f"{prefix}{i}"))
+        names.append(g.key)
+    return rows, names
+
+
+STATUS_COLUMNS = ("key", "url", "caption", "status", "error_message")
+
+
+def read_statuses(parquet: Path | ObjPath) -> Optional[list[dict]]:
+    """img2dataset's status rows for one shard (every attempted download: key, url, caption,
+    status, error_message); None when there is no such file. Raises when it is not Parquet."""
     if not parquet.exists():
-        return []
+        return None
+    with safe.open_regular(parquet) as fh:
+        pf = pq.ParquetFile(fh)
+        want = [c for c in STATUS_COLUMNS if c in pf.schema_arrow.names]
+        return pf.read(columns=want).to_pylist()
+
+
+def _status_reject(r: dict, where: str, reason: str, error: Optional[str]) -> dict:
+    caption, _ = caption_bytes(r.get("caption"))
+    extra = {"error_message": r.get("error_message")} if reason == R.DOWNLOAD_FAILED else \
+        {F.EXTRA_ERROR_KEY: error}
+    return {F.KEY.name: keys.real(_text(r.get("key"))) or keys.invent(where),
+            F.IMAGE_REF.name: _text(r.get("url")) or where, F.RAW_CAPTION.name: caption,
+            F.EXTRA.name: _extra(extra), F.READ_ERROR.name: reason}
+
+
+def _with_statuses(rows: list[dict], names: list[str], parquet: Path | ObjPath,
+                   shard: str) -> list[dict]:
+    """A shard's records: its samples, then a reject for each status row no sample stands for.
+    A success row stands for one sample of its key; a success row left over (its sample is not
+    in the shard, or the shard is missing) is ``missing_file``, a failed one
+    ``download_failed``; a sample that no success row names is kept as it is."""
     try:
-        with safe.open_regular(parquet) as fh:
-            pf = pq.ParquetFile(fh)
-            names = pf.schema_arrow.names
-            if "status" not in names:
-                return []
-            want = [c for c in ("key", "url", "caption", "status", "error_message") if c in names]
-            t = pf.read(columns=want)
+        statuses = read_statuses(parquet)
     except Exception as e:
-        return [_reject(f"{parquet.name}:<bad_file>", parquet.name, R.BAD_FILE, safe.detail(e))]
-    rows = []
-    for r in t.to_pylist():
-        if r.get("status") != "success":
-            caption, _ = caption_bytes(r.get("caption"))
-            rows.append({F.KEY.name: str(r.get("key")), F.IMAGE_REF.name: str(r.get("url")),
-                         F.RAW_CAPTION.name: caption,
-                         F.EXTRA.name: _extra({"error_message": r.get("error_message")}),
-                         F.READ_ERROR.name: R.DOWNLOAD_FAILED})
+        return rows + [_reject(keys.invent(f"{parquet.name}:<bad_file>"), parquet.name,
+                               R.BAD_FILE, safe.detail(e))]
+    have = collections.Counter(names)
+    for i, r in enumerate(statuses or []):
+        where, key = f"{parquet.name}:{i}", _text(r.get("key"))
+        if r.get("status") not in (None, "success"):
+            rows.append(_status_reject(r, where, R.DOWNLOAD_FAILED, None))
+        elif have[key] > 0:
+            have[key] -= 1
+        else:
+            rows.append(_status_reject(r, where, R.MISSING_FILE,
+                                       f"status success in {parquet.name}, no sample in {shard}"))
     return rows
+
+
+def shard_parquet(path: Path | ObjPath) -> Path | ObjPath:
+    """img2dataset's status file of a shard (00000.tar, 00000.tar.gz or the folder 00000)."""
+    name = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
+    return path.parent / f"{name}.parquet"
 
 
 def _read_tar(cfg: Any, spec: dict) -> pa.Table:
     path = src_path(spec["file"], cfg.path)
     end = tars.TarEnd()
-    rows = [_record_from_group(g, f"{path.name}:")
-            for g in tars.groups(tars.read(path if isinstance(path, ObjPath) else spec["file"],
-                                           cfg.max_image_bytes, end))]
+    rows, names = _group_rows(tars.groups(tars.read(
+        path if isinstance(path, ObjPath) else spec["file"], cfg.max_image_bytes, end)),
+        f"{path.name}:")
     if end.error:  # a truncated or corrupt tar: keep what was read, and say what was not
-        rows.append(_reject(f"{path.name}:<unreadable>", path.name, end.error, end.detail))
+        rows.append(_reject(keys.invent(f"{path.name}:<unreadable>"), path.name, end.error,
+                            end.detail))
     if spec.get("statuses"):
-        rows.extend(_failed_downloads(src_path(str(path).removesuffix(".gz").removesuffix(".tgz"),
-                                               cfg.path).with_suffix(".parquet")))
+        rows = _with_statuses(rows, names, shard_parquet(path), path.name)
     return _records(cfg, rows)
+
+
+def _read_orphan_statuses(cfg: Any, spec: dict) -> pa.Table:
+    """An img2dataset status file whose shard is missing: every row is a reject."""
+    path = src_path(spec["statuses_only"], cfg.path)
+    return _records(cfg, _with_statuses([], [], path, spec["shard"]))
 
 
 def _dir_members(cfg: Any, d: Path | ObjPath) -> Iterable[tars.Member]:
@@ -446,9 +509,8 @@ def _dir_members(cfg: Any, d: Path | ObjPath) -> Iterable[tars.Member]:
 
 def _read_files_dir(cfg: Any, spec: dict) -> pa.Table:
     d = src_path(spec["dir"], cfg.path)
-    rows = [_record_from_group(g, f"{d.name}/") for g in tars.groups(_dir_members(cfg, d))]
-    rows.extend(_failed_downloads(d.with_suffix(".parquet")))
-    return _records(cfg, rows)
+    rows, names = _group_rows(tars.groups(_dir_members(cfg, d)), f"{d.name}/")
+    return _records(cfg, _with_statuses(rows, names, shard_parquet(d), f"{d.name}/"))
 
 
 # --- dispatch -------------------------------------------------------------------------------------
@@ -474,7 +536,7 @@ def _i2d_shard_dir(p: Path) -> bool:
         or (p.parent / f"{p.name}_stats.json").exists()
 
 
-def _img2dataset_layout(root: Path) -> str:
+def img2dataset_layout(root: Path) -> str:
     if _files(root, TAR_SUFFIXES):
         return "tar"
     if any(_i2d_shard_dir(p) for p in root.iterdir()):
@@ -496,10 +558,19 @@ def _plan_tars(cfg: Any, root: Path) -> list[dict]:
     shards = _files(root, TAR_SUFFIXES)
     if not shards:
         raise SourceError(f"no .tar / .tar.gz / .tgz shards in {root}{_hint(root, 'webdataset')}")
-    if all(_empty_tar(f) for f in shards):
+    i2d = cfg.kind == "img2dataset"
+    orphans = _orphan_statuses(root, shards) if i2d else []
+    if not orphans and all(_empty_tar(f) for f in shards):
         raise SourceError(f"{root}: no records (every tar shard is an empty archive)")
-    return [{"part": i, "file": str(f), "statuses": cfg.kind == "img2dataset"}
-            for i, f in enumerate(shards)]
+    specs = [{"file": str(f), "statuses": i2d} for f in shards] + orphans
+    return [dict(s, part=i) for i, s in enumerate(specs)]
+
+
+def _orphan_statuses(root: Path, shards: list) -> list[dict]:
+    """img2dataset status files whose shard (a tar, or a folder of files) is missing."""
+    named = {str(shard_parquet(p)) for p in shards}
+    return [{"statuses_only": str(p), "shard": f"{p.stem}.tar"}
+            for p in _files(root, (".parquet",)) if str(p) not in named]
 
 
 def _empty_tar(path: Path) -> bool:
@@ -517,12 +588,15 @@ def plan(cfg: Any, plan_path: str | Path) -> list[dict]:
         return _plan_folder(cfg, str(plan_path))
     if cfg.kind == "parquet":
         return _plan_parquet(cfg)
-    layout = "tar" if cfg.kind == "webdataset" else _img2dataset_layout(root)
+    layout = "tar" if cfg.kind == "webdataset" else img2dataset_layout(root)
     if layout == "tar":
         return _plan_tars(cfg, root)
     if layout == "files":
         dirs = sorted(p for p in root.iterdir() if p.is_dir())
-        return [{"part": i, "dir": str(d)} for i, d in enumerate(dirs)]
+        specs = [{"dir": str(d)} for d in dirs] + [
+            dict(o, shard=o["shard"].removesuffix(".tar") + "/")
+            for o in _orphan_statuses(root, dirs)]
+        return [dict(s, part=i) for i, s in enumerate(specs)]
     return _plan_parquet(cfg, i2d=True)
 
 
@@ -531,6 +605,8 @@ def read_part(cfg: Any, spec: dict) -> pa.Table:
         return _read_folder(cfg, spec)
     if "dir" in spec:
         return _read_files_dir(cfg, spec)
+    if "statuses_only" in spec:
+        return _read_orphan_statuses(cfg, spec)
     if spec.get("file", "").endswith(TAR_SUFFIXES):
         return _read_tar(cfg, spec)
     return _read_parquet(cfg, spec)
@@ -551,7 +627,7 @@ def signature(cfg: Any) -> str:
     forget_listings()
     root = _root(cfg)
     if cfg.kind == "folder":
-        files = [_captions_path(cfg)]
+        files = [captions_path(cfg)]
     elif root.is_file():
         files = [root]
     elif isinstance(root, ObjPath):   # an object store has no folder mtimes: every object

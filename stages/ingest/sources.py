@@ -15,11 +15,16 @@
 
 Records left out by sample or limit are not ingested: they are neither rows nor rejects, and
 the run's summary says how the source was narrowed (``notes``).
+
+- **The second count.** ``plan`` also lists every source's files for ``census`` (in
+  ``_census.json`` beside the plan), with the unit each part's rows count towards; the stage
+  counts them after its parts ran and checks the books (``IngestStage.finalize``).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -28,9 +33,10 @@ import pyarrow.parquet as pq
 from vlcurate.pipeline import storage
 from vlcurate.schemas import F
 
-from . import readers
+from . import census, readers
 
 SOURCE_KEY = "source"        # a spec's index into all_sources(...)
+CENSUS = "_census.json"
 
 
 def sample_id(source: str, key: str) -> str:
@@ -87,11 +93,22 @@ def _limited(src: Any, specs: list[dict]) -> list[dict]:
 
 
 def plan(cfg: Any, plan_uri: str) -> list[dict]:
-    specs = []
+    """Every source's parts, and its second count (``census``) beside the plan."""
+    specs, books = [], []
     for i, src in enumerate(all_sources(cfg)):
-        for spec in _limited(src, readers.plan(src, _plan_uri(plan_uri, i))):
+        mine = _limited(src, readers.plan(src, _plan_uri(plan_uri, i)))
+        books.append(census.record(src, mine, readers.source_name(src)))
+        for spec in mine:
             specs.append(dict(spec, part=len(specs), **({SOURCE_KEY: i} if i else {})))
+    storage.write_bytes(census_uri(plan_uri), json.dumps(books).encode())
     return specs
+
+
+def census_uri(plan_uri: str) -> str:
+    """The second count's file, beside the plan (``<run>/ingest/_census.json``)."""
+    path, q, query = str(plan_uri).partition("?")
+    folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+    return f"{folder}{CENSUS}{q}{query}"
 
 
 def read_part(cfg: Any, spec: dict) -> pa.Table:

@@ -8,12 +8,13 @@ from typing import Any, Iterable, Literal, Optional
 
 import pyarrow as pa
 
+from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import Params, positive, unit, within
 from vlcurate.stages.base import Resources, SourceStage
 
-from . import captions, images, readers, sources
+from . import captions, census, images, keys, readers, sources
 from .sources import sample_id
 
 
@@ -83,8 +84,8 @@ class IngestParams(Params):
 
 class IngestStage(SourceStage):
     name = "ingest"
-    version = "3"                    # 2: the source-level contract of issue 11 (new reasons)
-    #                                  3: image_hash
+    version = "4"                    # 2: the source-level contract of issue 11 (new reasons)
+    #                                  3: image_hash; 4: invented keys apart (key_invented)
     Params = IngestParams
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
@@ -109,6 +110,15 @@ class IngestStage(SourceStage):
     @classmethod
     def notes(cls, config: Any) -> list[str]:
         return sources.notes(config.source)
+
+    @classmethod
+    def finalize(cls, cfg: Any, ctx: Any) -> dict:
+        """The books: every part's rows against the sources' second count (``census``),
+        counted now in parallel tasks (``ctx.map``) and kept beside the plan's listing."""
+        books = census.count_all(json.loads(storage.read_bytes(ctx.uri(sources.CENSUS))),
+                                 ctx.map)
+        ctx.write_bytes(sources.CENSUS, json.dumps(books).encode())
+        return {"second_count": census.check(books, [c[F.MK.ROWS] for c in ctx.counts])}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         cfg = self.config.ingest
@@ -142,7 +152,8 @@ class IngestStage(SourceStage):
                     details.insert(0, img.detail)
                     img = None
             row = {F.SAMPLE_ID.name: sample_id(source, key), F.SOURCE.name: source,
-                   F.KEY.name: key, F.IMAGE_REF.name: cols[F.IMAGE_REF.name][i],
+                   F.KEY.name: key, F.KEY_INVENTED.name: keys.invented(key),
+                   F.IMAGE_REF.name: cols[F.IMAGE_REF.name][i],
                    F.CAPTION.name: caption, F.EXTRA.name: cols[F.EXTRA.name][i],
                    F.REASONS.name: reasons, F.REASON_DETAIL.name: "; ".join(details) or None,
                    F.IMAGE.name: img.data if img else None,

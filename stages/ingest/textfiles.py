@@ -23,7 +23,8 @@ _FIELD = {d: re.compile(rb'"((?:[^"]|"")*)"|([^"%s\n][^%s\n]*|)' % (re.escape(d)
 _LENIENT = {d: re.compile(rb'"((?:[^"]|"")*)"([^%s\n]*)|([^%s\n]*)' % ((re.escape(d),) * 2))
             for d in (b",", b"\t")}
 
-# (record or None, error or None, first line number)
+# (record, error or None, first line number); a bad line's record holds the cells that could
+# be read (its key, say), or is None
 Row = tuple[Optional[dict], Optional[str], int]
 
 
@@ -107,10 +108,17 @@ def _record(buf: collections.deque, header: list[str], delim: bytes) -> Row:
         buf.popleft()
         why = ("unbalanced or misplaced quote" if fields is None
                else f"{len(fields)} fields, the header has {len(header)}")
-        return None, f"line {n}: {why}", n
+        return dict(zip(header, fields or _leading(line, delim))), f"line {n}: {why}", n
     for _ in range(used):
         buf.popleft()
     return dict(zip(header, fields)), None, n
+
+
+def _leading(line: bytes, delim: bytes) -> list[bytes]:
+    """The fields of a malformed line that can still be read: those before its first quote
+    (the quoted field and everything after it are lost)."""
+    head = line.split(b'"', 1)[0]
+    return head.split(delim)[:-1] if b'"' in line else head.split(delim)
 
 
 def _span(buf: collections.deque, delim: bytes) -> tuple[Optional[list[bytes]], int]:

@@ -19,6 +19,7 @@ from . import corpus, hostile
 from .hostile import FOLDER, FORMATS, TARS, good
 from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F
+from vlcurate.stages.ingest.keys import invent as inv
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ids import find_duplicates
 from vlcurate.stages.ingest import IngestStage, readers
@@ -116,14 +117,14 @@ def test_csv_tsv_ragged_rows_stray_cr_and_unbalanced_quotes_never_swallow_record
         hostile._folder_table(root, recs, fmt, lines)
         rows = run_ingest(hostile.config(fmt, root), tmp_path / f"{fmt}_run")
         bad = [R.BAD_RECORD, R.MISSING_CAPTION]
-        check(rows, [("g0", []), ("g1", []), ("row2", bad), ("row3", bad), ("cr", []),
-                     ("row5", bad), ("g6", []), ("g7", []), ("ml", []), ("x9", [])])
+        check(rows, [("g0", []), ("g1", []), ("r2", bad), ("r3", bad), ("cr", []),
+                     ("q5", bad), ("g6", []), ("g7", []), ("ml", []), ("x9", [])])
         by = {r[F.KEY.name]: r for r in rows}
         assert by["cr"][F.CAPTION.name] == "a caption with a CR"
         assert by["ml"][F.CAPTION.name] == "two lines"
         assert by["g7"][F.CAPTION.name] == ("a quoted, caption" if fmt == "csv"
                                              else "a quoted caption")   # (a tab is whitespace)
-        assert "line 4" in by["row2"][F.REASON_DETAIL.name]
+        assert "line 4" in by["r2"][F.REASON_DETAIL.name]
         assert by["x9"][F.CAPTION.name] == "closedthen text"   # as Python's csv and Arrow read it
 
 
@@ -135,7 +136,7 @@ def test_unclosed_quote_at_the_end_and_a_long_quoted_span(tmp_path):
     hostile._image_files(tmp_path / "s", recs)
     hostile._folder_table(tmp_path / "s", recs, "csv", lines)
     rows = run_ingest(hostile.config("csv", tmp_path / "s"), tmp_path)
-    check(rows, [("g0", []), ("row1", [R.BAD_RECORD, R.MISSING_CAPTION])]
+    check(rows, [("g0", []), ("q1", [R.BAD_RECORD, R.MISSING_CAPTION])]
           + [(f"k{i}", []) for i in range(200)])
 
 
@@ -149,8 +150,9 @@ def test_jsonl_broken_lines(tmp_path):
         fh.write(b'{"key": "cut", "image": "g0.jp')          # a last line with no newline
     bad = [R.BAD_RECORD, R.MISSING_CAPTION]
     rows = run_ingest(hostile.config("jsonl", root), tmp_path)
-    check(rows, [("g0", []), ("g1", []), ("row2", bad), ("row3", bad), ("row4", bad),
-                 ("Infinity", []), ("row6", bad), ("g3", []), ("row8", bad)])
+    line = [(inv(f"captions.jsonl:{n}"), bad) for n in range(10)]   # no key: by its line
+    check(rows, [("g0", []), ("g1", []), line[3], line[4], line[5], ("Infinity", []), line[7],
+                 ("g3", []), line[9]])
 
 
 def test_parquet_corrupt_row_group_rejects_its_rows_and_keeps_the_rest(tmp_path):
@@ -166,7 +168,7 @@ def test_parquet_corrupt_row_group_rejects_its_rows_and_keeps_the_rest(tmp_path)
     (root / "data.parquet").write_bytes(bytes(data))
     rows = run_ingest(hostile.config("parquet", root), tmp_path)
     bad = [R.BAD_RECORD, R.MISSING_CAPTION]
-    check(rows, [("g0", []), ("g1", []), ("data:2", bad), ("data:3", bad)])
+    check(rows, [("g0", []), ("g1", []), ("g2", bad), ("g3", bad)])   # keys read on their own
 
 
 @pytest.mark.parametrize("fmt", TARS)
@@ -182,8 +184,8 @@ def test_truncated_and_garbled_tars_keep_what_was_read(fmt, tmp_path):
     (root / "00001.tar").write_bytes(full[:at] + b"garbage!" * 64 + full[at + 512:])
     bad = [R.BAD_RECORD, R.MISSING_CAPTION]
     rows = run_ingest(hostile.config(fmt, root), tmp_path)
-    check(rows, [("g0", []), ("00000.tar:<unreadable>", bad), ("h0", []),
-                 ("00001.tar:<unreadable>", bad)])
+    check(rows, [("g0", []), (inv("00000.tar:<unreadable>"), bad), ("h0", []),
+                 (inv("00001.tar:<unreadable>"), bad)])
 
 
 # --- files that are not what their name says ------------------------------------------------------
@@ -196,14 +198,14 @@ def test_bad_files_beside_good_ones_and_no_file_bytes_in_details(fmt, tmp_path):
     if fmt == "parquet":
         (root / "zz.parquet").write_bytes(SECRET * 50)
         (root / "empty.parquet").write_bytes(b"")
-        expected += [("zz.parquet:<bad_file>", bad), ("empty.parquet:<bad_file>", bad)]
+        expected += [(inv("zz.parquet:<bad_file>"), bad), (inv("empty.parquet:<bad_file>"), bad)]
     elif fmt in TARS:
         (root / "00001.tar").write_bytes(SECRET * 50)
         (root / "00002.tar").write_bytes(b"")
-        expected += [("00001.tar:<unreadable>", bad), ("00002.tar:<unreadable>", bad)]
+        expected += [(inv("00001.tar:<unreadable>"), bad), (inv("00002.tar:<unreadable>"), bad)]
         if fmt == "img2dataset":
             (root / "00001.parquet").write_bytes(SECRET * 50)
-            expected += [("00001.parquet:<bad_file>", bad)]
+            expected += [(inv("00001.parquet:<bad_file>"), bad)]
     rows = run_ingest(hostile.config(fmt, root), tmp_path)
     check(rows, expected)
     for r in rows:
@@ -235,7 +237,7 @@ def test_parquet_row_group_declaring_more_than_the_limit_is_not_read(tmp_path):
     root = hostile.write("parquet", tmp_path / "src", recs)
     assert (root / "data.parquet").stat().st_size < 500_000
     rows = run_ingest(hostile.config("parquet", root, source__max_image_bytes=LIMIT), tmp_path)
-    check(rows, [("data:0", [R.FILE_TOO_LARGE, R.MISSING_CAPTION])])
+    check(rows, [(inv("data.parquet:0"), [R.FILE_TOO_LARGE, R.MISSING_CAPTION])])
     assert "declares" in rows[0][F.REASON_DETAIL.name]
 
 
@@ -260,7 +262,7 @@ def test_fifos_devices_and_links_are_never_opened(fmt, tmp_path):
     if fmt in TARS or fmt == "parquet":   # a FIFO where a shard / parquet file should be
         name = "00009.tar" if fmt in TARS else "zz.parquet"
         os.mkfifo(root / name)
-        key = f"{name}:<unreadable>" if fmt in TARS else f"{name}:<bad_file>"
+        key = inv(f"{name}:<unreadable>" if fmt in TARS else f"{name}:<bad_file>")
         expected.append((key, [R.SPECIAL_FILE, R.MISSING_CAPTION]))
     cfg = hostile.config(fmt, root, source__allow_outside_source=fmt == "parquet")
     check(run_ingest(cfg, tmp_path), expected)
@@ -309,7 +311,7 @@ def test_concatenated_and_gzip_tars_are_read(fmt, tmp_path):
     rows = run_ingest(hostile.config(fmt, root), tmp_path)
     check(rows, [("a0", []), ("a1", []), ("b0", []), ("c0", []), ("d0", []), ("d1", []),
                  ("a0", []), ("a1", []),
-                 ("00003.tar:<unreadable>", [R.BAD_RECORD, R.MISSING_CAPTION])])
+                 (inv("00003.tar:<unreadable>"), [R.BAD_RECORD, R.MISSING_CAPTION])])
 
 
 # --- captions -------------------------------------------------------------------------------------
@@ -430,7 +432,7 @@ def test_compression_bombs_under_the_size_limit_are_never_expanded(fmt, tmp_path
         pq.write_table(pa.table({"key": ["z"], "image": pa.array([zeros], pa.binary()),
                                  "caption": ["zeros"]}), root / "data.parquet",
                        compression="zstd", use_dictionary=False)
-        expected = [("data:0", [R.FILE_TOO_LARGE, R.MISSING_CAPTION])]
+        expected = [(inv("data.parquet:0"), [R.FILE_TOO_LARGE, R.MISSING_CAPTION])]
     else:
         tar = hostile.write_tar(tmp_path / "z.tar", hostile.tar_members(
             [dict(good("z", 0), image=zeros), good("g1", 1)]))
@@ -494,6 +496,6 @@ def test_img2dataset_files_and_parquet_layouts(tmp_path):
                              "error_message": [None] * 4 + ["404"]}), par / "00000.parquet")
     (par / "00001.parquet").write_bytes(SECRET * 30)
     expected = [e for e in expected if e[0] != "fifo"] + [
-        ("00001.parquet:<bad_file>", [R.BAD_FILE, R.MISSING_CAPTION])]
+        (inv("00001.parquet:<bad_file>"), [R.BAD_FILE, R.MISSING_CAPTION])]
     check(run_ingest(corpus.config(par, "img2dataset", source__max_image_bytes=LIMIT),
                      tmp_path / "p"), expected)

@@ -63,7 +63,7 @@ def test_a_hostile_folder_through_the_runner_balances_every_stage(tmp_path):
            or r[F.IMAGE_REF.name] == "g0-again.jpg"}
     assert got["fifo"] == [R.SPECIAL_FILE] and got["esc"] == [R.OUTSIDE_SOURCE]
     assert got["big"] == [R.FILE_TOO_LARGE] and got["zw"] == [R.EMPTY_CAPTION]
-    assert got["row9"] == got["row10"] == [R.BAD_RECORD, R.MISSING_CAPTION]
+    assert got["q"] == got["r"] == [R.BAD_RECORD, R.MISSING_CAPTION]   # their own keys
     assert got["after"] == []
     ids = ds.dataset(tmp_path / "run" / "ids" / "data", format="parquet").to_table()
     assert ids.column(F.REASONS.name).to_pylist().count([R.DUPLICATE_ID]) == 1

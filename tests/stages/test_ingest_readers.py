@@ -14,6 +14,7 @@ from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.ingest import IngestStage, readers
+from vlcurate.stages.ingest.keys import invent as inv
 from vlcurate.stages.ingest.readers import SourceError
 
 
@@ -69,7 +70,7 @@ def test_configurable_columns_and_extra_json(tmp_path):
     cfg = corpus.config(root, source__image_column="file", source__caption_column="text",
                         source__key_column="id", source__extra_columns=["license", "id"])
     rows = rows_of(cfg, tmp_path)
-    assert col(rows, F.KEY) == ["x1", "x2", "row2"]     # an empty key cell falls back to the row
+    assert col(rows, F.KEY) == ["x1", "x2", inv("captions.csv:4")]   # no key: invented from the line
     assert col(rows, F.RAW_CAPTION) == [b"first", b"second", b"no id"]
     assert [json.loads(e) for e in col(rows, F.EXTRA)] == [
         {"id": "x1", "license": "cc-by"}, {"id": "x2", "license": ""}, {"id": "", "license": "cc0"}]
@@ -140,7 +141,7 @@ def test_missing_image_files(tmp_path):
                         images={"a.jpg": corpus.jpeg()})
     (src / "images" / "subdir").mkdir()
     rows = rows_of(corpus.config(src), tmp_path)
-    assert col(rows, F.KEY) == ["a.jpg#0", "gone.jpg#0", "subdir#0", "row3"]
+    assert col(rows, F.KEY) == ["a.jpg#0", "gone.jpg#0", "subdir#0", inv("captions.csv:5")]
     assert col(rows, F.READ_ERROR) == [None, R.MISSING_FILE, R.MISSING_FILE, R.MISSING_FILE]
     assert [r[F.RAW_IMAGE.name] is None for r in rows] == [False, True, True, True]
     assert col(rows, F.RAW_CAPTION) == [b"ok", b"missing", b"a directory", b"no name"]
@@ -162,7 +163,8 @@ def test_folder_jsonl_with_bad_lines(tmp_path):
         {"image": "b.jpg"},                   # no caption: the ingest stage rejects it
     ])
     rows = rows_of(corpus.config(root, source__extra_columns=["score"]), tmp_path)
-    assert col(rows, F.KEY) == ["a.jpg#0", "row1", "row2", "row3", "b.jpg#0", "b.jpg#1"]
+    assert col(rows, F.KEY) == ["a.jpg#0", *(inv(f"captions.jsonl:{n}") for n in (3, 4, 5)),
+                               "b.jpg#0", "b.jpg#1"]
     assert col(rows, F.READ_ERROR) == [None, R.BAD_RECORD, R.BAD_RECORD, R.BAD_RECORD, None, None]
     assert col(rows, F.RAW_CAPTION) == [b"first", None, None, None, b"last", None]
     assert json.loads(rows[0][F.EXTRA.name]) == {"score": "0.5"}
@@ -183,7 +185,7 @@ def test_jsonl_record_without_an_image_key_is_a_bad_row_not_a_bad_source(tmp_pat
     corpus.write_jsonl(src / "captions.jsonl", [{"caption": "no image key"},
                                                 {"image": "a.jpg", "caption": "fine"}])
     rows = rows_of(corpus.config(src), tmp_path)
-    assert col(rows, F.KEY) == ["row0", "a.jpg#0"]
+    assert col(rows, F.KEY) == [inv("captions.jsonl:1"), "a.jpg#0"]
     assert col(rows, F.READ_ERROR) == [R.MISSING_FILE, None]
     # ... but when no record has the configured key, the config is wrong: say so
     corpus.write_jsonl(src / "captions.jsonl", [{"image": "a.jpg", "text": "x"}, b"{broken"])
@@ -196,7 +198,7 @@ def test_max_captions_per_image_never_drops_rows_without_an_image_name(tmp_path)
     src = corpus.folder(tmp_path / "s", [("a.jpg", "one"), ("a.jpg", "two"), ("", "no image"),
                                           ("", "no image either")])
     rows = rows_of(corpus.config(src, source__max_captions_per_image=1), tmp_path)
-    assert col(rows, F.KEY) == ["a.jpg#0", "row2", "row3"]
+    assert col(rows, F.KEY) == ["a.jpg#0", inv("captions.csv:4"), inv("captions.csv:5")]
     assert col(rows, F.READ_ERROR) == [None, R.MISSING_FILE, R.MISSING_FILE]
 
 
@@ -264,7 +266,8 @@ def test_parquet_with_image_bytes_and_row_groups(tmp_path):
     specs, parts = read_all(cfg, tmp_path)
     assert len(specs) == 3 and [p.num_rows for p in parts] == [2, 2, 1]
     rows = [r for p in parts for r in p.to_pylist()]
-    assert col(rows, F.KEY) == [f"data:{i}" for i in range(5)]   # offsets run across row groups
+    # offsets run across row groups
+    assert col(rows, F.KEY) == [inv(f"data.parquet:{i}") for i in range(5)]
     assert col(rows, F.IMAGE_REF) == [f"data.parquet:{i}" for i in range(5)]
     assert col(rows, F.RAW_IMAGE) == imgs
     assert col(rows, F.READ_ERROR) == [None, None, None, R.MISSING_IMAGE, None]
@@ -284,7 +287,8 @@ def test_parquet_folder_with_several_files(tmp_path):
         pq.write_table(pa.table({"image": [corpus.jpeg()], "caption": [n]}), root / f"{n}.parquet")
     specs, parts = read_all(corpus.config(root, "parquet"), tmp_path)
     assert [Path(s["file"]).name for s in specs] == ["a.parquet", "b.parquet"]
-    assert [p.column(F.KEY.name).to_pylist() for p in parts] == [["a:0"], ["b:0"]]
+    assert [p.column(F.KEY.name).to_pylist() for p in parts] == [[inv("a.parquet:0")],
+                                                                   [inv("b.parquet:0")]]
 
 
 def test_parquet_with_relative_and_absolute_image_paths(tmp_path):
@@ -407,7 +411,7 @@ def test_truncated_or_corrupt_tar_keeps_what_was_read_plus_one_bad_record(tmp_pa
     cfg = corpus.config(root, "webdataset")
     _, parts = read_all(cfg, tmp_path)
     rows = parts[0].to_pylist()
-    assert col(rows, F.KEY) == kept + ["x.tar:<unreadable>"]
+    assert col(rows, F.KEY) == kept + [inv("x.tar:<unreadable>")]
     assert col(rows, F.READ_ERROR) == [None] * len(kept) + [R.BAD_RECORD]
     assert rows[0][F.RAW_CAPTION.name] == b"caption 1" and rows[0][F.RAW_IMAGE.name]
     assert json.loads(rows[-1][F.EXTRA.name])["error"].startswith(
@@ -424,7 +428,7 @@ def test_a_file_that_is_not_a_tar_is_one_bad_file_row(tmp_path, data):
     (tmp_path / "wds").mkdir()
     (tmp_path / "wds" / "bad.tar").write_bytes(data)
     rows = rows_of(corpus.config(tmp_path / "wds", "webdataset"), tmp_path)
-    assert col(rows, F.KEY) == ["bad.tar:<unreadable>"]
+    assert col(rows, F.KEY) == [inv("bad.tar:<unreadable>")]
     assert col(rows, F.READ_ERROR) == [R.BAD_FILE]
 
 

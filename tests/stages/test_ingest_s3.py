@@ -3,13 +3,15 @@ same source in a local folder, in every format, hostile records included: the sa
 same reasons, the same image bytes; images over the limit are never fetched."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vlcurate.pipeline import storage
 from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.ingest import IngestStage, readers
+from vlcurate.stages.ingest import IngestStage, census, readers, sources
 from vlcurate.stages.ingest.objpath import forget_listings
 
 from . import hostile
@@ -56,6 +58,20 @@ def test_a_bucket_source_reads_as_the_local_one(fmt, s3, tmp_path):
     assert reasons["big"] == (R.FILE_TOO_LARGE,) and reasons["g0"] == ()
     sig = readers.signature(hostile.config(fmt, root).replace(**{"source.path": uri}).source)
     assert isinstance(sig, str) and len(sig) == 16
+    # the second count walks the bucket as it walks the folder, and both balance
+    assert second_count(hostile.config(fmt, root, **over).replace(**{"source.path": uri}),
+                        tmp_path / "books-s3") == \
+        second_count(hostile.config(fmt, root, **over), tmp_path / "books-local")
+
+
+def second_count(cfg, plan_dir) -> dict:
+    """{file name: [low, high, note]} of the source's second count, once its rows balanced."""
+    plan_dir.mkdir()
+    specs = sources.plan(cfg.source, str(plan_dir / "_plan.parquet"))
+    rows = [sources.read_part(cfg.source, s).num_rows for s in specs]
+    books = census.count_all(json.loads((plan_dir / sources.CENSUS).read_text()))
+    assert census.check(books, rows)["lost"] == []
+    return {u.rsplit("/", 1)[-1]: c for u, c in books[0]["counts"].items()}
 
 
 def test_an_image_path_outside_the_bucket_prefix_is_rejected(s3, tmp_path):
