@@ -28,6 +28,10 @@ IMAGE = pa.field("image", pa.binary(), metadata={"doc": "RGB image bytes (JPEG u
 IMAGE_HASH = pa.field("image_hash", pa.string(), metadata={
     "doc": "blake2b-128 of the stored image bytes, hex: rows with equal hashes show the same image "
            "(COCO and Flickr give five captions per image), and per-image work is done once"})
+IMAGE_GROUP = pa.field("image_group", pa.string(), metadata={
+    "doc": "the row's image group: its image_hash (every caption of one image shares it), or its "
+           "own sample_id when it has no image; null on rows ingest rejected. Another caption of "
+           "the same image is a relation of its own, never a near-duplicate to drop"})
 IMAGE_REF = pa.field("image_ref", pa.string(),
                      metadata={"doc": "where the image came from (path or tar member)"})
 WIDTH = pa.field("width", pa.int32())

@@ -21,8 +21,8 @@ RAW_RECORDS = pa.schema([F.SOURCE, F.KEY, F.IMAGE_REF, F.RAW_IMAGE, F.RAW_CAPTIO
 SAMPLES = stage_table(F.SOURCE, F.KEY, F.IMAGE_REF, F.CAPTION, F.IMAGE, F.IMAGE_HASH, F.WIDTH,
                       F.HEIGHT, F.IMAGE_FORMAT, F.IMAGE_MODE, F.IMAGE_REENCODED, F.EXTRA)
 
-# Duplicate-id check over the whole ingest table (a global step).
-IDS = stage_table()
+# Duplicate-id check over the whole ingest table (a global step), and each row's image group.
+IDS = stage_table(F.IMAGE_GROUP)
 
 # Rows a stage flagged, one row each (written beside every stage table, under rejects/).
 REJECTS = pa.schema([F.SAMPLE_ID, F.STAGE, F.REASONS, F.REASON_DETAIL])
