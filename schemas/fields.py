@@ -71,6 +71,9 @@ ROW = pa.field("_row", pa.int64(), nullable=False)
 PART_ROWS = pa.field("_part_rows", pa.int64(), nullable=False)
 # the row is still kept (no upstream stage flagged it): the runner computes only these
 ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
+# the row itself is still kept (ACTIVE may add, for a per-image stage, the other rows of a kept
+# row's image group: computed and joined, but neither counted nor flagged by the stage)
+WANTED = pa.field("_wanted", pa.bool_(), nullable=False)
 # how far a row is flagged after the stages so far (pipeline/parts.py): 0 kept, 1 flagged, 2
 # flagged by a mandatory (ingest) reason; committed per part in each stage's commit record
 FLAG_LEVEL = pa.field("_flag_level", pa.int8(), nullable=False)
