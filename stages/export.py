@@ -29,7 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import concepts as CO
+from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
+from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline import storage
 from vlcurate.pipeline.params import Params, positive
 from vlcurate.stages.base import Resources, SinkStage
@@ -67,7 +70,7 @@ class ExportParams(Params):
 
 class ExportStage(SinkStage):
     name = "export"
-    version = "2"   # 2: embeddings are no longer copied into the annotated table
+    version = "3"   # 3: json without vectors or mining candidates; image groups in the index
     Params = ExportParams
     resources = Resources(num_cpus=0.5, batch_size=0)
 
@@ -136,11 +139,25 @@ def plan_shards(kept_per_part: list[int], per_shard: int, prefix: str = "shard")
     return [ShardSpec(f"{prefix}-{i:06d}.tar", tuple(s)) for i, s in enumerate(specs)]
 
 
+def in_json(field: pa.Field) -> bool:
+    """A column the ``{key}.json`` holds: an annotation, but no vector in disguise (a list of
+    float vectors: the recaptions' embeddings) and no mining candidates (``hpm_pair_*``: the
+    positives stage's inputs, kilobytes a row, which no trainer reads). They stay in the annotated
+    Parquet table."""
+    t = field.type
+    nested = pa.types.is_list(t) and (pa.types.is_list(t.value_type)
+                                      or pa.types.is_fixed_size_list(t.value_type))
+    return is_annotation(field) and not nested and not field.name.startswith(JSON_OMITS)
+
+
+JSON_OMITS = ("hpm_pair_",)       # name prefixes left out of the shard json
+
+
 def annotation(row: dict, schema: pa.Schema) -> dict:
     """The ``{key}.json`` of a sample: every JSON-friendly annotation (no embeddings, no bytes)."""
     out = {}
     for f in schema:
-        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name) or not is_annotation(f):
+        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name) or not in_json(f):
             continue
         out[f.name] = row.get(f.name)
     if isinstance(out.get(F.EXTRA.name), str):
@@ -169,6 +186,7 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
     storage.ensure_parent(fs, out_path)
     n, first, last = 0, None, None
     index: dict[str, list] = {f.name: [] for f in tables.SHARD_INDEX}
+    missing = Missing()
     # streamed: a shard is never held whole in memory (an object store uploads it in parts and
     # shows it only once complete)
     with fs.open_output_stream(out_path) as fh, \
@@ -180,8 +198,10 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
             img = read("ingest", part, [F.SAMPLE_ID.name, F.IMAGE.name]).filter(keep).slice(lo, hi - lo)
             if not img.column(F.SAMPLE_ID.name).equals(ann.column(F.SAMPLE_ID.name)):
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
+            missing.add(ann)
             for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
                 key = row[F.SAMPLE_ID.name]
+                index[F.IMAGE_GROUP.name].append(row.get(F.IMAGE_GROUP.name) or key)
                 jpg, txt, js = F.SHARD_MEMBERS
                 members = {jpg: image, txt: row[F.CAPTION.name].encode("utf-8"),
                            js: json.dumps(annotation(row, ann.schema), ensure_ascii=False,
@@ -202,14 +222,63 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
                         buf.getvalue().to_pybytes())
     return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n,
             F.SH_BYTES.name: storage.size(out_uri),
-            F.SH_FIRST.name: first, F.SH_LAST.name: last}
+            F.SH_FIRST.name: first, F.SH_LAST.name: last, MISSING: missing.counts}
+
+
+MISSING = "missing"      # manifest.json: {annotation: {"rows": n, "why": {reasons: n}}}
+
+
+class Missing:
+    """The kept rows that lack an annotation (a null), per column, and why: the reasons the row
+    carries (a heavy stage skips a row an earlier filter flagged, and the policy kept it), or
+    none (the stage did not compute it: a per-image result of an image none of whose rows was
+    still kept, or a stage that did not run on it)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict] = {}
+
+    def add(self, ann: pa.Table) -> None:
+        reasons = None
+        for f in ann.schema:
+            if f.name not in TRAINED_ON:
+                continue
+            nulls = ann.column(f.name).is_null().to_numpy(zero_copy_only=False)
+            if not nulls.any():
+                continue
+            if reasons is None:
+                reasons = ann.column(F.ALL_REASONS.name).to_pylist()
+            c = self.counts.setdefault(f.name, {"rows": 0, "why": {}})
+            c["rows"] += int(nulls.sum())
+            for i in nulls.nonzero()[0]:
+                why = ", ".join(sorted(set(reasons[i]))) or "no reason: not computed for it"
+                c["why"][why] = c["why"].get(why, 0) + 1
+
+
+# the annotations a loss of the trainer reads (trainer/fields.py): each kept row lacking one is
+# counted in the manifest, and the trainer refuses them unless finetune.allow_missing
+TRAINED_ON = frozenset(f.name for f in (
+    MI.HARD_IDS, MI.POSITIVE_IDS, MI.POSITIVE_RELATIONS, RC.RECAPTIONS, CO.CONCEPT_OBJECT_IDS,
+    CO.CONCEPT_OBJECT_PROBS, CO.CONCEPT_ATTRIBUTE_IDS, CO.CONCEPT_ATTRIBUTE_PROBS))
+
+
+def _merge_missing(rows: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for r in rows:
+        for col, c in (r.pop(MISSING, None) or {}).items():
+            o = out.setdefault(col, {"rows": 0, "why": {}})
+            o["rows"] += c["rows"]
+            for why, n in c["why"].items():
+                o["why"][why] = o["why"].get(why, 0) + n
+    return dict(sorted(out.items()))
 
 
 def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
     """Write sizes.json, then manifest.json (last: it makes the shards visible); the summary."""
+    missing = _merge_missing(rows)
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
-               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop}}
+               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop},
+               MISSING: missing}
     storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
         {r[F.SH_NAME.name]: r[F.SH_SAMPLES.name] for r in rows}, indent=1).encode())
     storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(
