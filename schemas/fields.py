@@ -138,6 +138,9 @@ SH_TXT_OFFSET = pa.field("txt_offset", pa.int64(), nullable=False)
 SH_TXT_SIZE = pa.field("txt_size", pa.int64(), nullable=False)
 SH_JSON_OFFSET = pa.field("json_offset", pa.int64(), nullable=False)
 SH_JSON_SIZE = pa.field("json_size", pa.int64(), nullable=False)
+SH_CAPTION = pa.field("caption_index", pa.int32(), metadata={
+    "doc": "export.layout image: the row's position in its image sample's json `captions`; null "
+           "in the pair layout (one sample per row)"})
 # member extension -> (offset field, size field)
 SH_RANGES = {"jpg": (SH_JPG_OFFSET, SH_JPG_SIZE), "txt": (SH_TXT_OFFSET, SH_TXT_SIZE),
              "json": (SH_JSON_OFFSET, SH_JSON_SIZE)}

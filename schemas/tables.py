@@ -42,7 +42,7 @@ SHARDS = pa.schema([F.SH_NAME, F.SH_SAMPLES, F.SH_BYTES, F.SH_FIRST, F.SH_LAST])
 # shards/index/*.parquet: byte offsets of every sample's members inside its tar (random access)
 SHARD_INDEX = pa.schema([F.SAMPLE_ID, F.SH_NAME,
                          *(f for ext in F.SHARD_MEMBERS for f in F.SH_RANGES[ext]),
-                         F.IMAGE_GROUP])
+                         F.IMAGE_GROUP, F.SH_CAPTION])
 
 ALL = {"raw_records": RAW_RECORDS, "samples": SAMPLES, "ids": IDS, "rejects": REJECTS,
        "manifest": MANIFEST, "shards": SHARDS, "shard_index": SHARD_INDEX}

@@ -23,7 +23,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,6 +36,7 @@ from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline import storage
 from vlcurate.pipeline.params import Params, positive
 from vlcurate.stages.base import Resources, SinkStage
+from vlcurate.stages.layout import samples
 
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
 
@@ -64,6 +65,9 @@ class ExportParams(Params):
     samples_per_shard: int = positive(10_000)
     shard_prefix: str = "shard"
     exclude_columns: tuple[str, ...] = ()  # left out of the annotated table and the shard json
+    # image: one sample per image (its bytes once, every kept caption in its json); pair: one
+    # sample per row (open_clip's one .txt per sample). See stages/layout.py
+    layout: Literal["image", "pair"] = "pair"
     out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
     resources: Resources = Resources()
 
@@ -109,9 +113,10 @@ class ExportStage(SinkStage):
         else:                          # no rename on an object store: see publish_in_place
             out = final
             storage.delete(storage.join(final, "manifest.json"))
-        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out), specs)
+        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out,
+                                         layout=config.export.layout), specs)
         publish = publish_shards if storage.is_local(final) else publish_in_place
-        return publish(out, final, rows, list(config.export.drop))
+        return publish(out, final, rows, list(config.export.drop), config.export.layout)
 
 
 # --- shards ---------------------------------------------------------------------------------------
@@ -179,8 +184,9 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> int:
 
 
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
-                out_dir: str) -> dict:
-    """Write one shard from the kept rows of the parts it covers; returns its manifest row."""
+                out_dir: str, layout: str = "pair") -> dict:
+    """Write one shard from the kept rows of the parts it covers, in ``layout``
+    (``stages/layout.py``); returns its manifest row."""
     out_uri = storage.join(out_dir, spec.name)
     fs, out_path = storage.resolve(out_uri)
     storage.ensure_parent(fs, out_path)
@@ -199,19 +205,19 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
             if not img.column(F.SAMPLE_ID.name).equals(ann.column(F.SAMPLE_ID.name)):
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
             missing.add(ann)
-            for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
-                key = row[F.SAMPLE_ID.name]
-                index[F.IMAGE_GROUP.name].append(row.get(F.IMAGE_GROUP.name) or key)
-                jpg, txt, js = F.SHARD_MEMBERS
-                members = {jpg: image, txt: row[F.CAPTION.name].encode("utf-8"),
-                           js: json.dumps(annotation(row, ann.schema), ensure_ascii=False,
-                                              sort_keys=True, default=str).encode("utf-8")}
-                index[F.SAMPLE_ID.name].append(key)
-                index[F.SH_NAME.name].append(spec.name)
-                for ext, data in members.items():
-                    at, size = F.SH_RANGES[ext]
-                    index[at.name].append(_add(tf, f"{key}.{ext}", data))
-                    index[size.name].append(len(data))
+            rows = ann.to_pylist()
+            metas = [annotation(r, ann.schema) for r in rows]
+            for key, members, entries in samples(layout, rows, img.column(F.IMAGE.name)
+                                                 .to_pylist(), metas):
+                at = {ext: _add(tf, f"{key}.{ext}", data) for ext, data in members.items()}
+                for sid, group, k in entries:
+                    index[F.SAMPLE_ID.name].append(sid)
+                    index[F.SH_NAME.name].append(spec.name)
+                    index[F.IMAGE_GROUP.name].append(group)
+                    index[F.SH_CAPTION.name].append(k)
+                    for ext, data in members.items():
+                        index[F.SH_RANGES[ext][0].name].append(at[ext])
+                        index[F.SH_RANGES[ext][1].name].append(len(data))
                 first = first or key
                 last = key
                 n += 1
@@ -272,12 +278,13 @@ def _merge_missing(rows: list[dict]) -> dict:
     return dict(sorted(out.items()))
 
 
-def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
+def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str) -> dict:
     """Write sizes.json, then manifest.json (last: it makes the shards visible); the summary."""
     missing = _merge_missing(rows)
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
                "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop},
+               "layout": layout,
                MISSING: missing}
     storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
         {r[F.SH_NAME.name]: r[F.SH_SAMPLES.name] for r in rows}, indent=1).encode())
@@ -286,11 +293,12 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
     return summary
 
 
-def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
+                     layout: str = "pair") -> dict:
     """On an object store the shards were written under their final names (the old manifest
     removed first, so no reader pairs it with new shards); the manifest goes last, then the
     shards and index files of an earlier export that it does not list are deleted."""
-    summary = _shard_files(final, rows, drop)
+    summary = _shard_files(final, rows, drop, layout)
     keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json"}
     keep |= {n.replace(".tar", ".parquet") for n in keep if n.endswith(".tar")}
     for info in storage.list_files(final):
@@ -299,9 +307,10 @@ def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str])
     return summary
 
 
-def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str],
+                   layout: str = "pair") -> dict:
     """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
-    summary = _shard_files(tmp, rows, drop)
+    summary = _shard_files(tmp, rows, drop, layout)
     tmp, final = Path(storage.local_path(tmp)), Path(storage.local_path(final))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

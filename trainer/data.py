@@ -36,6 +36,8 @@ import torch
 
 from vlcurate.pipeline import storage
 
+from vlcurate.stages.layout import read_sample
+
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
 from .index import MANIFEST, PARTS, ShardIndex, id_hash
 
@@ -130,9 +132,12 @@ class ShardSet:
         yield from read_ahead(self.sample, (r for n, r in enumerate(order) if n >= skip))
 
     def sample(self, row: int) -> Sample:
+        """One row: its image, caption and annotations, in either export layout (in the image
+        layout, its caption of its image's sample: ``stages/layout.py``)."""
         parts = self.index.read(row)
-        return Sample(self.index.ids[row].as_py(), parts[JPG], parts[TXT].decode("utf-8"),
-                      json.loads(parts[JSON]), int(self.index.group_hash[row]))
+        caption, meta = read_sample(parts, int(self.index.caption[row]))
+        return Sample(self.index.ids[row].as_py(), parts[JPG], caption, meta,
+                      int(self.index.group_hash[row]))
 
     def group_of(self, sample_id: str) -> Optional[int]:
         """The image-group hash of an exported sample (None: export did not write it)."""
@@ -152,7 +157,7 @@ class ShardSet:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
             raise ValueError(f"{storage.redact(self.uri)}: the shards hold no sample")
-        return json.loads(self.index.read(0, (JSON,))[JSON])
+        return read_sample(self.index.read(0), int(self.index.caption[0]))[1]
 
     # --- random access -------------------------------------------------------------------------
     def fetch(self, sample_id: str) -> Optional[Sample]:

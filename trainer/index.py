@@ -42,8 +42,9 @@ MANIFEST, INDEX_DIR = "manifest.json", "index"      # export's files beside the 
 # the columns of the mapped cache file (the trainer's own, not export's): the shard's position in
 # the metadata list, the id hash, and the hash-sorted lookup
 _CODE, _HASH, _BY_HASH, _SORTED = "code", "id_hash", "by_hash", "hash_sorted"
-CACHE_FORMAT = b"2"         # 2: group_hash (a new format, a new cache file)
-_GROUP = "group_hash"      # the hash of the sample's image group (its own id before groups)
+CACHE_FORMAT = b"2"         # 2: group_hash, caption_index (a new format, a new cache file)
+_GROUP = "group_hash"
+_CAP = F.SH_CAPTION.name      # the hash of the sample's image group (its own id before groups)
 
 
 def id_hash(sample_id: str) -> int:
@@ -71,7 +72,7 @@ def build(shard_uri: str, dest: Path) -> None:
     fs, path = storage.resolve(storage.join(shard_uri, INDEX_DIR))
     d = ds.dataset(path, format="parquet", filesystem=fs)
     grouped = F.IMAGE_GROUP.name in d.schema.names     # an export from before image groups: none
-    t = d.to_table(columns=[_SID, _SHARD, *_NUM, *([F.IMAGE_GROUP.name] if grouped else [])])
+    t = d.to_table(columns=[_SID, _SHARD, *_NUM, *([F.IMAGE_GROUP.name, _CAP] if grouped else [])])
     t = t.take(pc.sort_indices(t, [(_SHARD, "ascending"), (F.SH_JPG_OFFSET.name, "ascending")]))
     names = sorted(set(pc.unique(t.column(_SHARD)).to_pylist()))
     codes = pc.index_in(t.column(_SHARD), value_set=pa.array(names)).cast(pa.int32())
@@ -79,7 +80,10 @@ def build(shard_uri: str, dest: Path) -> None:
     by_hash = np.argsort(hashes, kind="stable")
     groups = np.fromiter((id_hash(g) for g in t.column(F.IMAGE_GROUP.name).to_pylist()),
                          np.uint64, len(t)) if grouped else hashes
+    caps = t.column(_CAP).fill_null(-1).cast(pa.int32()).combine_chunks() if grouped else \
+        pa.array(np.full(len(t), -1, np.int32))
     out = pa.table({_SID: t.column(_SID).combine_chunks(), _CODE: codes.combine_chunks(),
+                    _CAP: caps,
                     **{c: t.column(c).combine_chunks() for c in _NUM},
                     _HASH: hashes, _GROUP: groups, _BY_HASH: by_hash.astype(np.int64),
                     _SORTED: hashes[by_hash]})
@@ -112,6 +116,8 @@ class ShardIndex:
         self.num = {c: col(c).to_numpy(zero_copy_only=True) for c in _NUM}
         self.id_hash = col(_HASH).to_numpy(zero_copy_only=True)
         self.group_hash = col(_GROUP).to_numpy(zero_copy_only=True)
+        # export.layout image: the row's caption in its image sample's json (-1: pair layout)
+        self.caption = col(_CAP).to_numpy(zero_copy_only=True)
         self._by_hash = col(_BY_HASH).to_numpy(zero_copy_only=True)
         self._sorted = col(_SORTED).to_numpy(zero_copy_only=True)
         self._files: dict[int, Any] = {}
