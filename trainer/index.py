@@ -71,8 +71,10 @@ def build(shard_uri: str, dest: Path) -> None:
     import pyarrow.dataset as ds
     fs, path = storage.resolve(storage.join(shard_uri, INDEX_DIR))
     d = ds.dataset(path, format="parquet", filesystem=fs)
-    grouped = F.IMAGE_GROUP.name in d.schema.names     # an export from before image groups: none
-    t = d.to_table(columns=[_SID, _SHARD, *_NUM, *([F.IMAGE_GROUP.name, _CAP] if grouped else [])])
+    names = d.schema.names          # an export from before image groups or layouts lacks them
+    grouped, captioned = F.IMAGE_GROUP.name in names, _CAP in names
+    t = d.to_table(columns=[_SID, _SHARD, *_NUM, *([F.IMAGE_GROUP.name] if grouped else []),
+                            *([_CAP] if captioned else [])])
     t = t.take(pc.sort_indices(t, [(_SHARD, "ascending"), (F.SH_JPG_OFFSET.name, "ascending")]))
     names = sorted(set(pc.unique(t.column(_SHARD)).to_pylist()))
     codes = pc.index_in(t.column(_SHARD), value_set=pa.array(names)).cast(pa.int32())
@@ -80,7 +82,7 @@ def build(shard_uri: str, dest: Path) -> None:
     by_hash = np.argsort(hashes, kind="stable")
     groups = np.fromiter((id_hash(g) for g in t.column(F.IMAGE_GROUP.name).to_pylist()),
                          np.uint64, len(t)) if grouped else hashes
-    caps = t.column(_CAP).fill_null(-1).cast(pa.int32()).combine_chunks() if grouped else \
+    caps = t.column(_CAP).fill_null(-1).cast(pa.int32()).combine_chunks() if captioned else \
         pa.array(np.full(len(t), -1, np.int32))
     out = pa.table({_SID: t.column(_SID).combine_chunks(), _CODE: codes.combine_chunks(),
                     _CAP: caps,

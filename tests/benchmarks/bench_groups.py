@@ -1,10 +1,12 @@
 """Image groups on real COCO (five captions per image): the README's small offline config over
 ``../shared/data/coco_mini``, in-process. Prints wall time, model calls per distinct image
 (OCR, teacher, recaptioner: counted where each stage computes, ``stages.base.once_per_image``),
-the kept rows of multi-caption images that lack concept targets or recaptions, and the shard
-bytes (images, JSON, total) per ``export.layout``.
+the kept rows of multi-caption images that lack concept targets or recaptions, the shard bytes
+(images, JSON, total), the trainer's read rate and what open_clip sees per ``export.layout``,
+and (``--finetune``) whether the tiny fine-tune's heldout.parquet shares an image with training.
 
-    .venv/bin/python tests/benchmarks/bench_groups.py [--out /tmp/vlc-groups]
+    .venv/bin/python tests/benchmarks/bench_groups.py [--out /tmp/vlc-groups] [--finetune]
+                                                      [--report-only]
 """
 from __future__ import annotations
 
@@ -62,6 +64,55 @@ def shard_bytes(shards: Path) -> dict:
     return dict(out)
 
 
+def layouts(cfg, run_dir: Path, names: list[str]) -> None:
+    """Re-export in each layout; bytes, the trainer's read rate, what open_clip sees."""
+    from vlcurate.pipeline.runner import run
+    from vlcurate.trainer.data import ShardSet
+    for layout in names:
+        out = run_dir.parent / f"export-{layout}"
+        run(cfg.replace(**{"export.layout": layout, "export.out_dir": str(out)}),
+            executor="local", log=lambda _: None, only={"export"})
+        shards = ShardSet(out / "shards")
+        b = shard_bytes(out / "shards")
+        ix = shards.index
+        distinct = {}
+        for g, size in zip(ix.group_hash.tolist(), ix.num["jpg_size"].tolist()):
+            distinct[g] = size
+        kept_images = sum(distinct.values())
+        t0 = time.perf_counter()
+        for row in range(len(shards)):
+            shards.sample(row)
+        rate = len(shards) / (time.perf_counter() - t0)
+        samples = json.loads((out / "shards" / "manifest.json").read_text())["samples"]
+        print(f"  layout {layout}: {samples} tar samples for {len(shards)} rows; total "
+              f"{b['total'] / 1e6:.1f} MB = {b['total'] / kept_images:.2f}x the distinct kept "
+              f"images ({kept_images / 1e6:.1f} MB); jpg {b['image'] / 1e6:.1f} MB, json "
+              f"{b['json'] / 1e6:.2f} MB ({100 * b['json'] / kept_images:.1f}% of the distinct "
+              f"images, {100 * b['json'] / b['image']:.1f}% of the jpg members), txt "
+              f"{b['txt'] / 1e3:.0f} kB; trainer reads {rate:.0f} rows/s (load "
+              f"{os.getloadavg()[0]:.2f}); open_clip sees {samples} (jpg, txt) pairs")
+
+
+def heldout(cfg, run_dir: Path, out: Path) -> None:
+    """The tiny fine-tune: its heldout.parquet shares no image with the training rows."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+    from vlcurate.pipeline.finetune import launch
+    from vlcurate.schemas import F
+    c = cfg.replace(**{"finetune.model": {"id": "tiny", "random_init": True},
+                       "finetune.steps": 4, "finetune.batch_size": 16, "finetune.progress": False,
+                       "finetune.eval_fraction": 0.1, "finetune.out_dir": str(out)})
+    assert launch(c, nproc=1) == 0
+    held = set(pq.read_table(out / "heldout.parquet").column(F.SAMPLE_ID.name).to_pylist())
+    t = ds.dataset(run_dir / "export" / "data", format="parquet").to_table(
+        columns=[F.SAMPLE_ID.name, F.IMAGE_GROUP.name, F.KEEP.name]).to_pylist()
+    kept = [r for r in t if r[F.KEEP.name]]
+    h = {r[F.IMAGE_GROUP.name] for r in kept if r[F.SAMPLE_ID.name] in held}
+    tr = {r[F.IMAGE_GROUP.name] for r in kept if r[F.SAMPLE_ID.name] not in held}
+    print(f"  finetune: {len(held)} held-out rows of {len(h)} images; {len(tr)} training "
+          f"images; shared: {len(h & tr)}")
+
+
 def coverage(export_dir: Path) -> dict:
     import pyarrow.dataset as ds
     from vlcurate.schemas import F
@@ -87,6 +138,7 @@ def main() -> int:
     ap.add_argument("--layouts", default="image,pair")
     ap.add_argument("--tag", default="")
     ap.add_argument("--report-only", action="store_true", help="figures of a finished run")
+    ap.add_argument("--finetune", action="store_true", help="a tiny fine-tune: heldout check")
     a = ap.parse_args()
     if not DATA.exists():
         print(f"skipped: {DATA} not found")
@@ -99,7 +151,9 @@ def main() -> int:
     images = len(list((DATA / "images").glob("*.jpg")))
     if a.report_only:
         print("  coverage", json.dumps(coverage(run_dir / "export")))
-        print("  shards", json.dumps(shard_bytes(run_dir / "export" / "shards")))
+        layouts(cfg, run_dir, a.layouts.split(",") if a.layouts else [])
+        if a.finetune:
+            heldout(cfg, run_dir, Path(a.out) / "finetune")
         return 0
     calls = counting()
     t0 = time.perf_counter()
@@ -111,6 +165,9 @@ def main() -> int:
     exp = run_dir / "export"
     print("  coverage", json.dumps(coverage(exp)))
     print("  shards (default layout)", json.dumps(shard_bytes(exp / "shards")))
+    layouts(cfg, run_dir, a.layouts.split(",") if a.layouts else [])
+    if a.finetune:
+        heldout(cfg, run_dir, Path(a.out) / "finetune")
     return 0
 
 
