@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import concepts as CO
+from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
 from vlcurate.schemas import recaption as RC
@@ -38,6 +39,7 @@ from vlcurate.pipeline.params import Params, positive
 from vlcurate.stages.base import Resources, SinkStage
 from vlcurate.stages.layout import samples
 
+EMBEDDINGS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME, E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
 
 
@@ -68,6 +70,14 @@ class ExportParams(Params):
     # image: one sample per image (its bytes once, every kept caption in its json); pair: one
     # sample per row (open_clip's one .txt per sample). See stages/layout.py
     layout: Literal["image", "pair"] = "pair"
+    # embed's vectors to add to each sample as binary members ({key}.{name}.npy: one vector, or
+    # in the image layout the captions' vectors stacked), e.g. [image_emb, cross_image_emb]
+    embeddings: tuple[str, ...] = ()
+
+    def check(self) -> Iterable[tuple[str, str]]:
+        bad = sorted(set(self.embeddings) - set(EMBEDDINGS))
+        if bad:
+            yield ("embeddings", f"unknown embedding(s) {bad}; embed writes {list(EMBEDDINGS)}")
     out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
     resources: Resources = Resources()
 
@@ -114,7 +124,8 @@ class ExportStage(SinkStage):
             out = final
             storage.delete(storage.join(final, "manifest.json"))
         rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out,
-                                         layout=config.export.layout), specs)
+                                         layout=config.export.layout,
+                                         embeddings=tuple(config.export.embeddings)), specs)
         publish = publish_shards if storage.is_local(final) else publish_in_place
         return publish(out, final, rows, list(config.export.drop), config.export.layout)
 
@@ -183,8 +194,32 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> int:
     return start
 
 
+def _vectors(read: Callable, part: int, keep: pa.ChunkedArray, lo: int, hi: int,
+             names: tuple[str, ...]) -> dict:
+    """{name: [rows, d] array} of embed's vectors for the kept rows [lo, hi) of a part."""
+    if not names:
+        return {}
+    import numpy as np
+    t = read("embed", part, list(names)).filter(keep).slice(lo, hi - lo)
+    out = {}
+    for n in names:
+        typ = t.schema.field(n).type
+        dtype = np.float16 if typ.value_type == pa.float16() else np.float32
+        out[n] = np.array([np.full(typ.list_size, np.nan) if v is None else v
+                           for v in t.column(n).to_pylist()], dtype).reshape(-1, typ.list_size)
+    return out   # a row embed did not compute: NaNs
+
+
+def _npy(array) -> bytes:
+    """One array as ``.npy`` bytes (numpy's own format: dtype and shape in its header)."""
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
-                out_dir: str, layout: str = "pair") -> dict:
+                out_dir: str, layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
     """Write one shard from the kept rows of the parts it covers, in ``layout``
     (``stages/layout.py``); returns its manifest row."""
     out_uri = storage.join(out_dir, spec.name)
@@ -204,12 +239,18 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
             img = read("ingest", part, [F.SAMPLE_ID.name, F.IMAGE.name]).filter(keep).slice(lo, hi - lo)
             if not img.column(F.SAMPLE_ID.name).equals(ann.column(F.SAMPLE_ID.name)):
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
+            positions = {sid: i for i, sid in enumerate(ann.column(F.SAMPLE_ID.name).to_pylist())}
             missing.add(ann)
             rows = ann.to_pylist()
             metas = [annotation(r, ann.schema) for r in rows]
+            vectors = _vectors(read, part, keep, lo, hi, embeddings)
             for key, members, entries in samples(layout, rows, img.column(F.IMAGE.name)
                                                  .to_pylist(), metas):
                 at = {ext: _add(tf, f"{key}.{ext}", data) for ext, data in members.items()}
+                for name, vec in vectors.items():
+                    rows_of = [positions[sid] for sid, _, _ in entries]
+                    _add(tf, f"{key}.{name}.npy", _npy(vec[rows_of[0]] if layout == "pair"
+                                                       else vec[rows_of]))
                 for sid, group, k in entries:
                     index[F.SAMPLE_ID.name].append(sid)
                     index[F.SH_NAME.name].append(spec.name)

@@ -139,6 +139,8 @@ def main() -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--report-only", action="store_true", help="figures of a finished run")
     ap.add_argument("--finetune", action="store_true", help="a tiny fine-tune: heldout check")
+    ap.add_argument("--skip-ocr", action="store_true",
+                    help="run every stage but textspot (OCR: the same code before and after)")
     a = ap.parse_args()
     if not DATA.exists():
         print(f"skipped: {DATA} not found")
@@ -147,6 +149,9 @@ def main() -> int:
     from vlcurate.pipeline.runner import run
     run_dir = Path(a.out) / "run"
     sets = {**COCO, "run.run_dir": str(run_dir), "run.image_cache": False}
+    if a.skip_ocr:
+        sets["run.stages"] = ["ids", "lang", "cat", "embed", "hpm", "recaption",
+                              "recaption_embed", "positives", "dedup", "teacher", "concepts"]
     cfg = C.load(str(ROOT / "pipeline/configs/small.yaml"), sets)
     images = len(list((DATA / "images").glob("*.jpg")))
     if a.report_only:

@@ -98,3 +98,35 @@ def test_the_image_layout_stores_each_image_once(exports):
     assert len([m for m in names if m.endswith(".txt")]) == len(jpgs)
     assert sum(1 for m in _members(pair) if m.endswith(".jpg")) == len(pair)
     assert F.IMAGE_GROUP.name in image.sample(0).meta
+
+
+def test_embeddings_go_in_only_when_asked_as_binary_members(tmp_path):
+    """export.embeddings adds embed's vectors as .npy members (never JSON numbers); without it
+    a sample holds jpg, txt and json only."""
+    import io
+
+    import pyarrow.dataset as ds
+    data = make_demo(tmp_path / "data", n=12, seed=4)
+    captions_together(data, 3)
+    cfg = C.load(None, {**demo_overrides(data, tmp_path / "run"), "run.progress": False,
+                        "run.stages": ["ids", "embed"], "export.layout": "image",
+                        "export.embeddings": ["image_emb", "text_emb"]})
+    run(cfg, executor="local", log=lambda _: None)
+    emb = ds.dataset(tmp_path / "run" / "embed" / "data", format="parquet").to_table()
+    by_id = dict(zip(emb.column(F.SAMPLE_ID.name).to_pylist(),
+                     emb.column("text_emb").to_pylist()))
+    shards = ShardSet(tmp_path / "run" / "export" / "shards")
+    tars = sorted((tmp_path / "run" / "export" / "shards").glob("*.tar"))
+    with tarfile.open(tars[0]) as tf:
+        names = [m.name for m in tf.getmembers()]
+        key = names[0].split(".")[0]
+        text = np.load(io.BytesIO(tf.extractfile(f"{key}.text_emb.npy").read()))
+        image = np.load(io.BytesIO(tf.extractfile(f"{key}.image_emb.npy").read()))
+    rows = [r for r in range(len(shards)) if shards.index.ids[r].as_py() and
+            shards.sample(r).meta[F.IMAGE_GROUP.name] == key]
+    ids = [shards.index.ids[r].as_py() for r in rows]
+    assert text.shape == (len(ids), len(by_id[ids[0]])) and image.shape[0] == len(ids)
+    assert np.allclose(text, np.array([by_id[i] for i in ids], np.float32))
+    assert not any("emb" in k for k in shards.sample(rows[0]).meta)    # never in the json
+    assert {n.split(".", 1)[1] for n in names} == {"jpg", "txt", "json", "image_emb.npy",
+                                                   "text_emb.npy"}
