@@ -73,13 +73,13 @@ class ExportParams(Params):
     # embed's vectors to add to each sample as binary members ({key}.{name}.npy: one vector, or
     # in the image layout the captions' vectors stacked), e.g. [image_emb, cross_image_emb]
     embeddings: tuple[str, ...] = ()
+    out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
+    resources: Resources = Resources()
 
     def check(self) -> Iterable[tuple[str, str]]:
         bad = sorted(set(self.embeddings) - set(EMBEDDINGS))
         if bad:
             yield ("embeddings", f"unknown embedding(s) {bad}; embed writes {list(EMBEDDINGS)}")
-    out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
-    resources: Resources = Resources()
 
 
 class ExportStage(SinkStage):
