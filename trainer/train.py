@@ -152,7 +152,7 @@ def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> fl
 def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: str,
              batch_size: int = 64) -> dict:
     """Zero-shot retrieval on the held-out samples: R@1/5/10, image->text and text->image."""
-    imgs, txts = [], []
+    imgs, txts, groups = [], [], []
     chunk: list = []
     stream = shards.stream(epoch=0, seed=0, rank=0, world=1, buffer=1)
     for s in list(stream) + [None]:
@@ -163,15 +163,22 @@ def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: s
             img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
             imgs.append(img.float().cpu())
             txts.append(txt.float().cpu())
+            groups.append(b.group_keys.cpu())
             chunk = []
-    return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T) if imgs else {}
+    return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T, groups=torch.cat(groups)) \
+        if imgs else {}
 
 
-def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict:
+def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10),
+                      groups: Optional[torch.Tensor] = None) -> dict:
     """R@k both ways for a square similarity matrix whose diagonal holds the true pairs (a tie
-    with the true match counts against it)."""
+    with the true match counts against it). With each row's image ``groups``, another caption
+    of the same image never counts against the true one (it is a right answer too)."""
     truth = torch.arange(sim.shape[0])
     out: dict = {"n": int(sim.shape[0])}
+    if groups is not None:
+        other = (groups[:, None] == groups[None, :]) & ~torch.eye(len(groups), dtype=torch.bool)
+        sim = sim.masked_fill(other, float("-inf"))
     for name, s in (("i2t", sim), ("t2i", sim.T)):
         beaten = (s >= s[truth, truth][:, None]).sum(1) - 1   # others at least as similar
         for k in ks:
