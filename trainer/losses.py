@@ -274,7 +274,7 @@ def hn_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float, alpha: fl
         raise ValueError(f"hn_nce needs alpha > 0 and beta >= 0, got {alpha}, {beta}")
     logits = excluded(scale * (image_emb @ text_emb.T), exclude)
     negatives = None if exclude is None else \
-        (~exclude & ~_eye(n, logits.device)).to(logits.dtype)
+        (~exclude & ~_eye(n, logits.device)).to(torch.promote_types(logits.dtype, torch.float32))
     return _HnNce.apply(logits, float(alpha), float(beta), negatives)
 
 
