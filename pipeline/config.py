@@ -84,6 +84,9 @@ class FinetuneConfig(Params):
     mp_domain_weights: Optional[tuple[float, ...]] = None  # UniCLIP w_D [ii, it, tt]; null = N/#pairs per batch
     clipc_fraction: float = 0.0          # CLIP-C: share of composite samples per batch
     concept_weight: float = 0.0          # DiHT concept distillation (0.5 keeps the paper's balance)
+    # train on kept rows that lack an annotation the loss reads (the export's manifest counts
+    # them); false: refuse, naming the count and the setting
+    allow_missing: bool = False
     n_objects: int = 0                   # concept head sizes (0: the run's vocabulary if concept_weight > 0)
     n_attributes: int = 0
     batch_size: int = 32                 # per rank
@@ -92,7 +95,7 @@ class FinetuneConfig(Params):
     weight_decay: float = 0.1
     seed: int = 0
     ckpt_every: int = 50
-    eval_fraction: float = 0.05          # share held out for zero-shot retrieval (by sample_id hash)
+    eval_fraction: float = 0.05          # share held out for zero-shot retrieval (by image-group hash)
     eval_seed: int = 0                   # seeds the held-out hash (apart from `seed`: same eval set)
     eval_batch_size: int = 64
     shuffle_buffer: int = 256

@@ -25,7 +25,8 @@ from vlcurate.schemas import reasons as R
 from .rundir import StageDir
 
 ACTIVE = F.ACTIVE
-INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name, F.FLAG_LEVEL.name)
+INTERNAL = (F.PART.name, F.ROW.name, F.PART_ROWS.name, ACTIVE.name, F.WANTED.name,
+            F.FLAG_LEVEL.name)
 
 # The committed kept mask. Each stage commits, per part, every row's flag level after it and all
 # its ancestors: KEPT (no reason yet), FLAGGED, or MANDATORY (an ingest reason: never computed,
@@ -55,6 +56,7 @@ class PartIO:
     preprocess: Any = None                  # the stage's CPU-side preprocess(table) -> table
     done: frozenset = frozenset()           # parts committed already: read (a spanning chunk's
                                             # context), never written again
+    groups_from: Optional[str] = None       # a per-image stage: the stage holding image_group
 
     def dir(self, stage: Optional[str] = None) -> StageDir:
         if stage is None or stage == self.stage:
@@ -62,13 +64,23 @@ class PartIO:
         return StageDir(self.run_dir, stage)
 
 
-def _with_position(t: pa.Table, part: int, active: np.ndarray, levels: np.ndarray) -> pa.Table:
+def _with_position(t: pa.Table, part: int, active: np.ndarray, levels: np.ndarray,
+                   wanted: Optional[np.ndarray] = None) -> pa.Table:
     n = t.num_rows
     return (t.append_column(F.PART.name, pa.array(np.full(n, part, np.int64)))
              .append_column(F.ROW.name, pa.array(np.arange(n, dtype=np.int64)))
              .append_column(F.PART_ROWS.name, pa.array(np.full(n, n, np.int64)))
              .append_column(ACTIVE.name, pa.array(active, pa.bool_()))
+             .append_column(F.WANTED.name, pa.array(active if wanted is None else wanted,
+                                                    pa.bool_()))
              .append_column(F.FLAG_LEVEL.name, pa.array(levels, pa.int8())))
+
+
+def group_rows(groups: list, wanted: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The rows a per-image stage computes: every row of an image group that has a wanted row
+    (never one an ingest reason rejected: it has no image)."""
+    keep = {g for g, w in zip(groups, wanted) if w and g is not None}
+    return wanted | (np.array([g in keep for g in groups], bool) & (levels < MANDATORY))
 
 
 def flag_levels(reasons: list) -> np.ndarray:
@@ -165,7 +177,11 @@ def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
     table, levels = _read_ancestors(io, part, levels)
     top = MANDATORY if io.compute_on_flagged else FLAGGED
     active = np.ones(table.num_rows, bool) if io.all_rows else levels < top
-    return _with_position(table, part, active, levels)
+    if io.groups_from is None or io.all_rows or active.all():
+        return _with_position(table, part, active, levels)
+    groups = io.dir(io.groups_from).read(part, columns=[F.IMAGE_GROUP.name]).column(0)
+    return _with_position(table, part, group_rows(groups.to_pylist(), active, levels), levels,
+                          active)
 
 
 def _committed_levels(io: PartIO, part: int) -> Optional[np.ndarray]:
@@ -256,21 +272,26 @@ class StageCall:
         if F.SAMPLE_ID.name in sub.column_names and not out.column(F.SAMPLE_ID.name).equals(
                 sub.column(F.SAMPLE_ID.name)):
             raise RuntimeError(f"{type(self.stage).__name__} reordered or changed sample_ids")
-        if not active.all():
-            out = scatter(out, active, batch.column(F.SAMPLE_ID.name))
+        # a per-image stage's rows joined to a kept row's image get no reasons of their own
+        wanted = batch.column(F.WANTED.name).to_numpy(zero_copy_only=False) & active
+        if not wanted.all():
+            out = scatter(out, active, batch.column(F.SAMPLE_ID.name), wanted)
         for c in INTERNAL:
             out = out.append_column(c, batch.column(c))
         return out
 
 
-def scatter(out: pa.Table, active: np.ndarray, ids: pa.ChunkedArray) -> pa.Table:
-    """Spread the rows computed for ``active`` back over every row; the others get nulls."""
+def scatter(out: pa.Table, active: np.ndarray, ids: pa.ChunkedArray,
+            flags: Optional[np.ndarray] = None) -> pa.Table:
+    """Spread the rows computed for ``active`` back over every row; the others get nulls. Only
+    the rows in ``flags`` (default: ``active``) keep their reasons."""
     full = spread(out, active)
     full = full.set_column(full.schema.get_field_index(F.SAMPLE_ID.name), F.SAMPLE_ID, ids)
     i = full.schema.get_field_index(F.REASONS.name)
     if i >= 0:
         empty = pa.scalar([], F.REASONS.type)
-        full = full.set_column(i, F.REASONS, pc.if_else(pa.array(active), full.column(i), empty))
+        keep = active if flags is None else flags
+        full = full.set_column(i, F.REASONS, pc.if_else(pa.array(keep), full.column(i), empty))
     return full
 
 
@@ -310,7 +331,7 @@ def levels_after(frag: pa.Table) -> np.ndarray:
 
 
 def _flagged_active(frag: pa.Table) -> tuple[np.ndarray, list]:
-    active = frag.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    active = frag.column(F.WANTED.name).to_numpy(zero_copy_only=False)
     reasons = frag.column(F.REASONS.name).to_pylist() if F.REASONS.name in frag.column_names \
         else [[]] * frag.num_rows
     flagged = np.array([bool(r) for r in reasons], bool) & active
@@ -319,7 +340,7 @@ def _flagged_active(frag: pa.Table) -> tuple[np.ndarray, list]:
 
 def fragment_counts(frag: pa.Table) -> dict:
     flagged, reasons = _flagged_active(frag)
-    active = frag.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    active = frag.column(F.WANTED.name).to_numpy(zero_copy_only=False)
     rc = Counter(r for i in np.flatnonzero(flagged) for r in reasons[i])
     return {F.MK.ROWS_IN: int(active.sum()), F.MK.ROWS_KEPT: int((active & ~flagged).sum()),
             F.MK.ROWS_REJECTED: int(flagged.sum()), F.MK.REASON_COUNTS: dict(rc)}

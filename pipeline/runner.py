@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import pyarrow as pa
 from tqdm.auto import tqdm
 
 from vlcurate.stages.base import Kind, Stage, StageConfig
@@ -60,6 +61,15 @@ def resources(stage: type[Stage], config: Any) -> Resources:
     sec = section_of(stage, config, stage.name) if stage.name in stage.sections() else None
     over = sec.resources if sec is not None else Resources()
     return over.over(stage.resources).over(DEFAULT_RESOURCES)
+
+
+def _groups_from(stage: type[Stage], ups: tuple[str, ...], schemas: dict) -> Optional[str]:
+    """A per-image stage's funnel decides per image group: the upstream stage holding the
+    rows' ``image_group`` (``ids``), if it ran."""
+    if not stage.per_image:
+        return None
+    return next((u for u in ups if F.IMAGE_GROUP.name in schemas.get(u, pa.schema([])).names),
+                None)
 
 
 def stage_sections(stage: type[Stage]) -> tuple[str, ...]:
@@ -359,7 +369,8 @@ class Runner:
                     compute_on_flagged=self.config.run.compute_on_flagged,
                     source_cfg=view if source else None,
                     read_source=stage.read_part if source else None,
-                    preprocess=functools.partial(stage.preprocess, view))
+                    preprocess=functools.partial(stage.preprocess, view),
+                    groups_from=_groups_from(stage, ups, schemas))
         return io, schemas
 
     def compute(self, node: Node, sd: StageDir, n_parts: int, pending: list[int],

@@ -31,6 +31,10 @@ IMAGE = pa.field("image", pa.binary(), metadata={"doc": "RGB image bytes (JPEG u
 IMAGE_HASH = pa.field("image_hash", pa.string(), metadata={
     "doc": "blake2b-128 of the stored image bytes, hex: rows with equal hashes show the same image "
            "(COCO and Flickr give five captions per image), and per-image work is done once"})
+IMAGE_GROUP = pa.field("image_group", pa.string(), metadata={
+    "doc": "the row's image group: its image_hash (every caption of one image shares it), or its "
+           "own sample_id when it has no image; null on rows ingest rejected. Another caption of "
+           "the same image is a relation of its own, never a near-duplicate to drop"})
 IMAGE_REF = pa.field("image_ref", pa.string(),
                      metadata={"doc": "where the image came from (path or tar member)"})
 WIDTH = pa.field("width", pa.int32())
@@ -70,6 +74,9 @@ ROW = pa.field("_row", pa.int64(), nullable=False)
 PART_ROWS = pa.field("_part_rows", pa.int64(), nullable=False)
 # the row is still kept (no upstream stage flagged it): the runner computes only these
 ACTIVE = pa.field("_active", pa.bool_(), nullable=False)
+# the row itself is still kept (ACTIVE may add, for a per-image stage, the other rows of a kept
+# row's image group: computed and joined, but neither counted nor flagged by the stage)
+WANTED = pa.field("_wanted", pa.bool_(), nullable=False)
 # how far a row is flagged after the stages so far (pipeline/parts.py): 0 kept, 1 flagged, 2
 # flagged by a mandatory (ingest) reason; committed per part in each stage's commit record
 FLAG_LEVEL = pa.field("_flag_level", pa.int8(), nullable=False)
@@ -134,6 +141,9 @@ SH_TXT_OFFSET = pa.field("txt_offset", pa.int64(), nullable=False)
 SH_TXT_SIZE = pa.field("txt_size", pa.int64(), nullable=False)
 SH_JSON_OFFSET = pa.field("json_offset", pa.int64(), nullable=False)
 SH_JSON_SIZE = pa.field("json_size", pa.int64(), nullable=False)
+SH_CAPTION = pa.field("caption_index", pa.int32(), metadata={
+    "doc": "export.layout image: the row's position in its image sample's json `captions`; null "
+           "in the pair layout (one sample per row)"})
 # member extension -> (offset field, size field)
 SH_RANGES = {"jpg": (SH_JPG_OFFSET, SH_JPG_SIZE), "txt": (SH_TXT_OFFSET, SH_TXT_SIZE),
              "json": (SH_JSON_OFFSET, SH_JSON_SIZE)}

@@ -22,8 +22,8 @@ SAMPLES = stage_table(F.SOURCE, F.KEY, F.KEY_INVENTED, F.IMAGE_REF, F.CAPTION, F
                       F.IMAGE_HASH, F.WIDTH, F.HEIGHT, F.IMAGE_FORMAT, F.IMAGE_MODE,
                       F.IMAGE_REENCODED, F.EXTRA)
 
-# Duplicate-id check over the whole ingest table (a global step).
-IDS = stage_table()
+# Duplicate-id check over the whole ingest table (a global step), and each row's image group.
+IDS = stage_table(F.IMAGE_GROUP)
 
 # Rows a stage flagged, one row each (written beside every stage table, under rejects/).
 REJECTS = pa.schema([F.SAMPLE_ID, F.STAGE, F.REASONS, F.REASON_DETAIL])
@@ -42,7 +42,8 @@ SHARDS = pa.schema([F.SH_NAME, F.SH_SAMPLES, F.SH_BYTES, F.SH_FIRST, F.SH_LAST])
 
 # shards/index/*.parquet: byte offsets of every sample's members inside its tar (random access)
 SHARD_INDEX = pa.schema([F.SAMPLE_ID, F.SH_NAME,
-                         *(f for ext in F.SHARD_MEMBERS for f in F.SH_RANGES[ext])])
+                         *(f for ext in F.SHARD_MEMBERS for f in F.SH_RANGES[ext]),
+                         F.IMAGE_GROUP, F.SH_CAPTION])
 
 ALL = {"raw_records": RAW_RECORDS, "samples": SAMPLES, "ids": IDS, "rejects": REJECTS,
        "manifest": MANIFEST, "shards": SHARDS, "shard_index": SHARD_INDEX}

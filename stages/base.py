@@ -38,7 +38,7 @@ in ``reasons``; it never drops rows.
 from __future__ import annotations
 
 import enum
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -106,6 +106,11 @@ class Stage:
     # (part, row) order (pipeline/executors spanning_items), for a stage whose cost per row falls
     # with the rows per call (hpm's mining); the parts are still committed one by one
     spans_parts: ClassVar[bool] = False
+    # the result depends on the row's image alone (OCR, image embeddings, recaptions, the concept
+    # teacher): the runner computes it on every row of an image group any of whose rows is still
+    # kept (within a part), so every caption of that image gets it; the stage's reasons still
+    # count only on the rows still kept
+    per_image: ClassVar[bool] = False
 
     @classmethod
     def sections(cls) -> dict[str, type]:
@@ -245,6 +250,11 @@ def decoded_batches(images: Sequence[bytes], decode: Callable[[bytes], Any], bat
             yield lo, batch
 
 
+# distinct images each stage class computed in this process (the key: the class that called
+# once_per_image): how the per-image stages' calls per image are counted (bench_groups.py)
+COMPUTED: Counter = Counter()
+
+
 def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], list],
                    cache: Any = None, hashes: Optional[Sequence[str]] = None) -> list:
     """``compute`` on each distinct image once, fanned back out to every row that shows it: the
@@ -262,7 +272,12 @@ def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], lis
     keys = [""] * len(distinct)
     for b, h in zip(images, hashes or ()):
         keys[index[b]] = h
-    results = cached(cache, keys, lambda todo: compute([distinct[i] for i in todo]))
+    counter = getattr(compute, "__qualname__", "").split(".")[0]
+
+    def counted(todo: list[int]) -> list:
+        COMPUTED[counter] += len(todo)
+        return compute([distinct[i] for i in todo])
+    results = cached(cache, keys, counted)
     if len(results) != len(index):
         raise RuntimeError(f"{len(results)} results for {len(index)} distinct images")
     return [results[i] for i in first]

@@ -23,17 +23,23 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
+from vlcurate.schemas import concepts as CO
+from vlcurate.schemas import embed as E
+from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
+from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline import storage
 from vlcurate.pipeline.params import Params, positive
 from vlcurate.stages.base import Resources, SinkStage
+from vlcurate.stages.layout import samples
 
+EMBEDDINGS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME, E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
 
 
@@ -61,13 +67,24 @@ class ExportParams(Params):
     samples_per_shard: int = positive(10_000)
     shard_prefix: str = "shard"
     exclude_columns: tuple[str, ...] = ()  # left out of the annotated table and the shard json
+    # image: one sample per image (its bytes once, every kept caption in its json); pair: one
+    # sample per row (open_clip's one .txt per sample). See stages/layout.py
+    layout: Literal["image", "pair"] = "pair"
+    # embed's vectors to add to each sample as binary members ({key}.{name}.npy: one vector, or
+    # in the image layout the captions' vectors stacked), e.g. [image_emb, cross_image_emb]
+    embeddings: tuple[str, ...] = ()
     out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
     resources: Resources = Resources()
+
+    def check(self) -> Iterable[tuple[str, str]]:
+        bad = sorted(set(self.embeddings) - set(EMBEDDINGS))
+        if bad:
+            yield ("embeddings", f"unknown embedding(s) {bad}; embed writes {list(EMBEDDINGS)}")
 
 
 class ExportStage(SinkStage):
     name = "export"
-    version = "2"   # 2: embeddings are no longer copied into the annotated table
+    version = "3"   # 3: json without vectors or mining candidates; image groups in the index
     Params = ExportParams
     resources = Resources(num_cpus=0.5, batch_size=0)
 
@@ -106,9 +123,11 @@ class ExportStage(SinkStage):
         else:                          # no rename on an object store: see publish_in_place
             out = final
             storage.delete(storage.join(final, "manifest.json"))
-        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out), specs)
+        rows = ctx.map(functools.partial(write_shard, read=ctx.read, out_dir=out,
+                                         layout=config.export.layout,
+                                         embeddings=tuple(config.export.embeddings)), specs)
         publish = publish_shards if storage.is_local(final) else publish_in_place
-        return publish(out, final, rows, list(config.export.drop))
+        return publish(out, final, rows, list(config.export.drop), config.export.layout)
 
 
 # --- shards ---------------------------------------------------------------------------------------
@@ -136,11 +155,25 @@ def plan_shards(kept_per_part: list[int], per_shard: int, prefix: str = "shard")
     return [ShardSpec(f"{prefix}-{i:06d}.tar", tuple(s)) for i, s in enumerate(specs)]
 
 
+def in_json(field: pa.Field) -> bool:
+    """A column the ``{key}.json`` holds: an annotation, but no vector in disguise (a list of
+    float vectors: the recaptions' embeddings) and no mining candidates (``hpm_pair_*``: the
+    positives stage's inputs, kilobytes a row, which no trainer reads). They stay in the annotated
+    Parquet table."""
+    t = field.type
+    nested = pa.types.is_list(t) and (pa.types.is_list(t.value_type)
+                                      or pa.types.is_fixed_size_list(t.value_type))
+    return is_annotation(field) and not nested and not field.name.startswith(JSON_OMITS)
+
+
+JSON_OMITS = ("hpm_pair_",)       # name prefixes left out of the shard json
+
+
 def annotation(row: dict, schema: pa.Schema) -> dict:
     """The ``{key}.json`` of a sample: every JSON-friendly annotation (no embeddings, no bytes)."""
     out = {}
     for f in schema:
-        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name) or not is_annotation(f):
+        if f.name in (F.KEEP.name, F.REASONS.name, F.REASON_DETAIL.name) or not in_json(f):
             continue
         out[f.name] = row.get(f.name)
     if isinstance(out.get(F.EXTRA.name), str):
@@ -161,14 +194,40 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> int:
     return start
 
 
+def _vectors(read: Callable, part: int, keep: pa.ChunkedArray, lo: int, hi: int,
+             names: tuple[str, ...]) -> dict:
+    """{name: [rows, d] array} of embed's vectors for the kept rows [lo, hi) of a part."""
+    if not names:
+        return {}
+    import numpy as np
+    t = read("embed", part, list(names)).filter(keep).slice(lo, hi - lo)
+    out = {}
+    for n in names:
+        typ = t.schema.field(n).type
+        dtype = np.float16 if typ.value_type == pa.float16() else np.float32
+        out[n] = np.array([np.full(typ.list_size, np.nan) if v is None else v
+                           for v in t.column(n).to_pylist()], dtype).reshape(-1, typ.list_size)
+    return out   # a row embed did not compute: NaNs
+
+
+def _npy(array) -> bytes:
+    """One array as ``.npy`` bytes (numpy's own format: dtype and shape in its header)."""
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
-                out_dir: str) -> dict:
-    """Write one shard from the kept rows of the parts it covers; returns its manifest row."""
+                out_dir: str, layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
+    """Write one shard from the kept rows of the parts it covers, in ``layout``
+    (``stages/layout.py``); returns its manifest row."""
     out_uri = storage.join(out_dir, spec.name)
     fs, out_path = storage.resolve(out_uri)
     storage.ensure_parent(fs, out_path)
     n, first, last = 0, None, None
     index: dict[str, list] = {f.name: [] for f in tables.SHARD_INDEX}
+    missing = Missing()
     # streamed: a shard is never held whole in memory (an object store uploads it in parts and
     # shows it only once complete)
     with fs.open_output_stream(out_path) as fh, \
@@ -180,18 +239,26 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
             img = read("ingest", part, [F.SAMPLE_ID.name, F.IMAGE.name]).filter(keep).slice(lo, hi - lo)
             if not img.column(F.SAMPLE_ID.name).equals(ann.column(F.SAMPLE_ID.name)):
                 raise RuntimeError(f"part {part}: export and ingest tables are not row-aligned")
-            for row, image in zip(ann.to_pylist(), img.column(F.IMAGE.name).to_pylist()):
-                key = row[F.SAMPLE_ID.name]
-                jpg, txt, js = F.SHARD_MEMBERS
-                members = {jpg: image, txt: row[F.CAPTION.name].encode("utf-8"),
-                           js: json.dumps(annotation(row, ann.schema), ensure_ascii=False,
-                                              sort_keys=True, default=str).encode("utf-8")}
-                index[F.SAMPLE_ID.name].append(key)
-                index[F.SH_NAME.name].append(spec.name)
-                for ext, data in members.items():
-                    at, size = F.SH_RANGES[ext]
-                    index[at.name].append(_add(tf, f"{key}.{ext}", data))
-                    index[size.name].append(len(data))
+            positions = {sid: i for i, sid in enumerate(ann.column(F.SAMPLE_ID.name).to_pylist())}
+            missing.add(ann)
+            rows = ann.to_pylist()
+            metas = [annotation(r, ann.schema) for r in rows]
+            vectors = _vectors(read, part, keep, lo, hi, embeddings)
+            for key, members, entries in samples(layout, rows, img.column(F.IMAGE.name)
+                                                 .to_pylist(), metas):
+                at = {ext: _add(tf, f"{key}.{ext}", data) for ext, data in members.items()}
+                for name, vec in vectors.items():
+                    rows_of = [positions[sid] for sid, _, _ in entries]
+                    _add(tf, f"{key}.{name}.npy", _npy(vec[rows_of[0]] if layout == "pair"
+                                                       else vec[rows_of]))
+                for sid, group, k in entries:
+                    index[F.SAMPLE_ID.name].append(sid)
+                    index[F.SH_NAME.name].append(spec.name)
+                    index[F.IMAGE_GROUP.name].append(group)
+                    index[F.SH_CAPTION.name].append(k)
+                    for ext, data in members.items():
+                        index[F.SH_RANGES[ext][0].name].append(at[ext])
+                        index[F.SH_RANGES[ext][1].name].append(len(data))
                 first = first or key
                 last = key
                 n += 1
@@ -202,14 +269,64 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
                         buf.getvalue().to_pybytes())
     return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n,
             F.SH_BYTES.name: storage.size(out_uri),
-            F.SH_FIRST.name: first, F.SH_LAST.name: last}
+            F.SH_FIRST.name: first, F.SH_LAST.name: last, MISSING: missing.counts}
 
 
-def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
+MISSING = "missing"      # manifest.json: {annotation: {"rows": n, "why": {reasons: n}}}
+
+
+class Missing:
+    """The kept rows that lack an annotation (a null), per column, and why: the reasons the row
+    carries (a heavy stage skips a row an earlier filter flagged, and the policy kept it), or
+    none (the stage did not compute it: a per-image result of an image none of whose rows was
+    still kept, or a stage that did not run on it)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict] = {}
+
+    def add(self, ann: pa.Table) -> None:
+        reasons = None
+        for f in ann.schema:
+            if f.name not in TRAINED_ON:
+                continue
+            nulls = ann.column(f.name).is_null().to_numpy(zero_copy_only=False)
+            if not nulls.any():
+                continue
+            if reasons is None:
+                reasons = ann.column(F.ALL_REASONS.name).to_pylist()
+            c = self.counts.setdefault(f.name, {"rows": 0, "why": {}})
+            c["rows"] += int(nulls.sum())
+            for i in nulls.nonzero()[0]:
+                why = ", ".join(sorted(set(reasons[i]))) or "no reason: not computed for it"
+                c["why"][why] = c["why"].get(why, 0) + 1
+
+
+# the annotations a loss of the trainer reads (trainer/fields.py): each kept row lacking one is
+# counted in the manifest, and the trainer refuses them unless finetune.allow_missing
+TRAINED_ON = frozenset(f.name for f in (
+    MI.HARD_IDS, MI.POSITIVE_IDS, MI.POSITIVE_RELATIONS, RC.RECAPTIONS, CO.CONCEPT_OBJECT_IDS,
+    CO.CONCEPT_OBJECT_PROBS, CO.CONCEPT_ATTRIBUTE_IDS, CO.CONCEPT_ATTRIBUTE_PROBS))
+
+
+def _merge_missing(rows: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for r in rows:
+        for col, c in (r.pop(MISSING, None) or {}).items():
+            o = out.setdefault(col, {"rows": 0, "why": {}})
+            o["rows"] += c["rows"]
+            for why, n in c["why"].items():
+                o["why"][why] = o["why"].get(why, 0) + n
+    return dict(sorted(out.items()))
+
+
+def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str) -> dict:
     """Write sizes.json, then manifest.json (last: it makes the shards visible); the summary."""
+    missing = _merge_missing(rows)
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
-               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop}}
+               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop},
+               "layout": layout,
+               MISSING: missing}
     storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
         {r[F.SH_NAME.name]: r[F.SH_SAMPLES.name] for r in rows}, indent=1).encode())
     storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(
@@ -217,11 +334,12 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str]) -> dict:
     return summary
 
 
-def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
+                     layout: str = "pair") -> dict:
     """On an object store the shards were written under their final names (the old manifest
     removed first, so no reader pairs it with new shards); the manifest goes last, then the
     shards and index files of an earlier export that it does not list are deleted."""
-    summary = _shard_files(final, rows, drop)
+    summary = _shard_files(final, rows, drop, layout)
     keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json"}
     keep |= {n.replace(".tar", ".parquet") for n in keep if n.endswith(".tar")}
     for info in storage.list_files(final):
@@ -230,9 +348,10 @@ def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str])
     return summary
 
 
-def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str]) -> dict:
+def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str],
+                   layout: str = "pair") -> dict:
     """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
-    summary = _shard_files(tmp, rows, drop)
+    summary = _shard_files(tmp, rows, drop, layout)
     tmp, final = Path(storage.local_path(tmp)), Path(storage.local_path(final))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

@@ -7,6 +7,10 @@ The step is hash-partitioned (issue 14): one task per part writes its ids into b
 of the id, then one task per bucket finds the repeats among the ids that hash there. Equal ids
 always share a bucket, so the result is ``find_duplicates``' (the naive one-pass reference);
 a task holds one part, or one bucket (at most about IDS_PER_BUCKET ids), never the dataset.
+
+Each row also gets its image group (``image_group``, see ``image_groups``): the rows that show
+the same image bytes (COCO and Flickr give five captions per image) form one group, which the
+per-image stages, dedup and the trainer work by.
 """
 from __future__ import annotations
 
@@ -101,9 +105,16 @@ def distributed_duplicates(read: Any, n_parts: int, scratch: str,
     return {p: dict(sorted(dups[p].items())) for p in sorted(dups)}
 
 
+def image_groups(ids: list[str], hashes: list) -> list[str]:
+    """Each row's group: its ``image_hash`` (equal bytes, equal hash), else its own sample_id (a
+    row without an image is a group of one). Cheap and local to the row: no global step."""
+    return [h if h else s for s, h in zip(ids, hashes)]
+
+
 class IdsStage(GlobalStage):
     name = "ids"
-    inputs = {"ingest": (F.SAMPLE_ID,)}
+    version = "2"   # 2: the image_group column
+    inputs = {"ingest": (F.SAMPLE_ID, F.IMAGE_HASH)}
     output = tables.IDS
     resources = Resources(num_cpus=0.25, batch_size=0)
     wants_position = True
@@ -117,7 +128,9 @@ class IdsStage(GlobalStage):
         parts = batch.column(F.PART.name).to_pylist()
         rows = batch.column(F.ROW.name).to_pylist()
         details = [dups.get(p, {}).get(r) for p, r in zip(parts, rows)]
-        return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
+        ids = batch.column(F.SAMPLE_ID.name)
+        groups = image_groups(ids.to_pylist(), batch.column(F.IMAGE_HASH.name).to_pylist())
+        return pa.table({F.SAMPLE_ID.name: ids, F.IMAGE_GROUP.name: pa.array(groups, pa.string()),
                          F.REASONS.name: reasons_array([[R.DUPLICATE_ID] if d else [] for d in details]),
                          F.REASON_DETAIL.name: pa.array(details, pa.string())},
                         schema=self.output)

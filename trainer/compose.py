@@ -42,6 +42,7 @@ class Batch:
     obj_value: torch.Tensor
     attr_index: torch.Tensor
     attr_value: torch.Tensor
+    group_keys: torch.Tensor = None  # [n_img] each row's image group (rows of one image share it)
     n_hard_added: int = 0
     n_composites: int = 0
     n_views: int = 1
@@ -62,10 +63,12 @@ def _targets(metas: list[dict], ids: str, probs: str, n_classes: int) -> tuple[t
     return index, value
 
 
-def hard_negatives(meta: dict) -> list[str]:
-    """A sample's mined hard pairs, less its mined positives: its twin is never its negative."""
+def hard_negatives(meta: dict, group_of: Any = None, group: int = -1) -> list[str]:
+    """A sample's mined hard pairs, less its mined positives (its twin is never its negative)
+    and less the rows of its own image group (``group_of(id)``: another caption of its image)."""
     positives = set(meta.get(A.positive_ids) or [])
-    return [h for h in meta.get(A.hard_ids) or [] if h not in positives]
+    return [h for h in meta.get(A.hard_ids) or [] if h not in positives
+            and (group_of is None or group_of(h) != group)]
 
 
 def positive_masks(keys: list[str], metas: list[dict], owner: torch.Tensor, skip: set[int],
@@ -116,7 +119,7 @@ class Composer:
         out = list(samples)
         picks: list[tuple[int, str]] = []            # (seed row, hard pair id), drawn in order
         for i in sorted(rng.sample(range(len(samples)), n_seeds)):
-            pool = hard_negatives(samples[i].meta)
+            pool = hard_negatives(samples[i].meta, self.shards.group_of, samples[i].group)
             picks += [(i, rng.choice(pool)) for _ in range(c.helip_p)] if pool else []
         for (i, _), got in zip(picks, self.shards.fetch_many([h for _, h in picks])):
             if got is not None:                      # random access, the reads overlapping
@@ -174,6 +177,8 @@ class Composer:
         metas = [dict(s.meta) for s in samples]
         keys = [s.key for s in samples]
         made = self.composites(images, captions, metas, keys, hard, rng) if train else set()
+        groups = [key_int(keys[i]) if i in made or s.group < 0 else s.group
+                  for i, s in enumerate(samples)]        # a composite is a group of its own
         views = c.mp_views if train and c.loss == "mp_nce" else 1      # UniCLIP's augmented views
         pixels = torch.stack([to_tensor(im, self.size, self.mean, self.std, rng if train else None)
                               for _ in range(views) for im in images])
@@ -194,7 +199,8 @@ class Composer:
         return Batch(pixels, tok["input_ids"], tok["attention_mask"], torch.tensor(caption_col),
                      owner_t, torch.tensor([key_int(k) for k in keys] * views, dtype=torch.long),
                      rep(it), ii.repeat(views, views), tt, hard_index, rep(oi), rep(ov), rep(ai),
-                     rep(av), sum(len(h) for h in hard), len(made), views)
+                     rep(av), torch.tensor(groups * views, dtype=torch.long),
+                     sum(len(h) for h in hard), len(made), views)
 
 
 def step_rng(seed: int, epoch: int, step: int, rank: int) -> random.Random:

@@ -36,6 +36,8 @@ import torch
 
 from vlcurate.pipeline import storage
 
+from vlcurate.stages.layout import read_sample
+
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
 from .index import MANIFEST, PARTS, ShardIndex, id_hash
 
@@ -51,6 +53,7 @@ class Sample:
     image: bytes
     caption: str
     meta: dict = field(default_factory=dict)
+    group: int = -1          # the hash of its image group (index.group_hash); -1: none
 
 
 key_int = id_hash       # a stable 63-bit integer for a sample id (cross-rank masks from ids)
@@ -76,12 +79,14 @@ class ShardSet:
         return len(self.rows)
 
     def split(self, fraction: float, seed: int) -> tuple["ShardSet", "ShardSet"]:
-        """(train, eval): a sample is held out when a seeded hash of its ``sample_id`` falls in
-        the first ``fraction`` of the 64-bit range. It depends on the id alone, never on the shard
-        layout, the order or the other samples (so re-exporting with other shard sizes keeps it)."""
+        """(train, eval): a sample is held out when a seeded hash of its *image group* (its
+        ``image_group``: every caption of one image) falls in the first ``fraction`` of the
+        64-bit range, so no held-out image appears in training. It depends on the group alone,
+        never on the shard layout, the order or the other samples (re-exporting with other shard
+        sizes keeps it)."""
         if not 0 <= fraction < 1:
             raise ValueError(f"finetune.eval_fraction must be in [0, 1), got {fraction}")
-        held = held_out(self.index.id_hash[self.rows], fraction, seed)
+        held = held_out(self.index.group_hash[self.rows], fraction, seed)
         return (ShardSet(self.uri, self.rows[~held], self.index),
                 ShardSet(self.uri, self.rows[held], self.index))
 
@@ -127,15 +132,32 @@ class ShardSet:
         yield from read_ahead(self.sample, (r for n, r in enumerate(order) if n >= skip))
 
     def sample(self, row: int) -> Sample:
+        """One row: its image, caption and annotations, in either export layout (in the image
+        layout, its caption of its image's sample: ``stages/layout.py``)."""
         parts = self.index.read(row)
-        return Sample(self.index.ids[row].as_py(), parts[JPG], parts[TXT].decode("utf-8"),
-                      json.loads(parts[JSON]))
+        caption, meta = read_sample(parts, int(self.index.caption[row]))
+        return Sample(self.index.ids[row].as_py(), parts[JPG], caption, meta,
+                      int(self.index.group_hash[row]))
+
+    def group_of(self, sample_id: str) -> Optional[int]:
+        """The image-group hash of an exported sample (None: export did not write it)."""
+        row = self.index.row(sample_id)
+        return None if row is None else int(self.index.group_hash[row])
+
+    def sample_ids(self) -> list[str]:
+        """This set's sample ids, in file order (the held-out list, ``heldout.parquet``)."""
+        return self.index.ids.take(self.rows).to_pylist() if len(self.rows) else []
+
+    def missing(self) -> dict:
+        """The export's count of kept rows lacking each trainer annotation (manifest.json's
+        ``missing``; empty for an export from before it was counted)."""
+        return json.loads(storage.read_bytes(storage.join(self.uri, MANIFEST))).get("missing") or {}
 
     def first_meta(self) -> dict:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
             raise ValueError(f"{storage.redact(self.uri)}: the shards hold no sample")
-        return json.loads(self.index.read(0, (JSON,))[JSON])
+        return read_sample(self.index.read(0), int(self.index.caption[0]))[1]
 
     # --- random access -------------------------------------------------------------------------
     def fetch(self, sample_id: str) -> Optional[Sample]:

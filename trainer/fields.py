@@ -6,6 +6,7 @@ stops the trainer with a reason (``require``), instead of training on empty targ
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,25 @@ def needed(cfg: Any) -> dict[str, str]:
         for col in (A.object_ids, A.object_probs, A.attribute_ids, A.attribute_probs):
             out[col] = "finetune.concept_weight > 0 (stage concepts)"
     return out
+
+
+def require_rows(cfg: Any, missing: dict, where: str) -> list[str]:
+    """Refuse (``MissingAnnotation``) kept rows that lack an annotation the config reads, as the
+    export's manifest counts them (``missing``: {column: {"rows", "why"}}), unless
+    ``finetune.allow_missing``; then return what the trainer goes on without, for the log."""
+    same: dict[tuple, list[str]] = {}        # columns lacking on the same rows, for one reason
+    for c, why in needed(cfg).items():
+        m = missing.get(c) or {}
+        if m.get("rows"):
+            same.setdefault((m["rows"], why, json.dumps(m.get("why"), sort_keys=True)), []).append(c)
+    lines = [f"{rows} kept rows lack {', '.join(cols)} (needed by {why}; why: "
+             + ", ".join(f"{n} {w}" for w, n in sorted(json.loads(whys).items(),
+                                                       key=lambda x: -x[1])) + ")"
+             for (rows, why, whys), cols in same.items()]
+    if lines and not cfg.allow_missing:
+        raise MissingAnnotation(f"{where}: {'; '.join(lines)}. Re-export with a policy that drops "
+                                "them, or set finetune.allow_missing=true to train on them anyway")
+    return lines
 
 
 def require(cfg: Any, meta: dict, where: str) -> None:

@@ -42,6 +42,9 @@ MANIFEST, INDEX_DIR = "manifest.json", "index"      # export's files beside the 
 # the columns of the mapped cache file (the trainer's own, not export's): the shard's position in
 # the metadata list, the id hash, and the hash-sorted lookup
 _CODE, _HASH, _BY_HASH, _SORTED = "code", "id_hash", "by_hash", "hash_sorted"
+CACHE_FORMAT = b"2"         # 2: group_hash, caption_index (a new format, a new cache file)
+_GROUP = "group_hash"
+_CAP = F.SH_CAPTION.name      # the hash of the sample's image group (its own id before groups)
 
 
 def id_hash(sample_id: str) -> int:
@@ -53,11 +56,11 @@ def _cache_path(shard_uri: str) -> Path:
     """Beside local, writable shards; else (read-only or remote shards) in the temp folder, keyed
     by where the shards are. Named by the manifest's digest: a new export gets a new cache."""
     manifest = storage.read_bytes(storage.join(shard_uri, MANIFEST))
-    name = f".index-{hashlib.sha256(manifest).hexdigest()[:16]}.arrow"
+    name = f".index-{hashlib.sha256(manifest + CACHE_FORMAT).hexdigest()[:16]}.arrow"
     local = storage.resolve(shard_uri)[1] if storage.is_local(shard_uri) else None
     if local is not None and os.access(local, os.W_OK):
         return Path(local) / name
-    where = hashlib.sha256(str(local or shard_uri).encode()).hexdigest()[:8]
+    where = hashlib.sha256(f"{CACHE_FORMAT}{local or shard_uri}".encode()).hexdigest()[:8]
     return Path(tempfile.gettempdir()) / f"vlcurate-{where}{name}"
 
 
@@ -67,15 +70,24 @@ def build(shard_uri: str, dest: Path) -> None:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
     fs, path = storage.resolve(storage.join(shard_uri, INDEX_DIR))
-    t = ds.dataset(path, format="parquet", filesystem=fs).to_table(columns=[_SID, _SHARD, *_NUM])
+    d = ds.dataset(path, format="parquet", filesystem=fs)
+    names = d.schema.names          # an export from before image groups or layouts lacks them
+    grouped, captioned = F.IMAGE_GROUP.name in names, _CAP in names
+    t = d.to_table(columns=[_SID, _SHARD, *_NUM, *([F.IMAGE_GROUP.name] if grouped else []),
+                            *([_CAP] if captioned else [])])
     t = t.take(pc.sort_indices(t, [(_SHARD, "ascending"), (F.SH_JPG_OFFSET.name, "ascending")]))
     names = sorted(set(pc.unique(t.column(_SHARD)).to_pylist()))
     codes = pc.index_in(t.column(_SHARD), value_set=pa.array(names)).cast(pa.int32())
     hashes = np.fromiter((id_hash(s) for s in t.column(_SID).to_pylist()), np.uint64, len(t))
     by_hash = np.argsort(hashes, kind="stable")
+    groups = np.fromiter((id_hash(g) for g in t.column(F.IMAGE_GROUP.name).to_pylist()),
+                         np.uint64, len(t)) if grouped else hashes
+    caps = t.column(_CAP).fill_null(-1).cast(pa.int32()).combine_chunks() if captioned else \
+        pa.array(np.full(len(t), -1, np.int32))
     out = pa.table({_SID: t.column(_SID).combine_chunks(), _CODE: codes.combine_chunks(),
+                    _CAP: caps,
                     **{c: t.column(c).combine_chunks() for c in _NUM},
-                    _HASH: hashes, _BY_HASH: by_hash.astype(np.int64),
+                    _HASH: hashes, _GROUP: groups, _BY_HASH: by_hash.astype(np.int64),
                     _SORTED: hashes[by_hash]})
     out = out.replace_schema_metadata({"shards": json.dumps(names)})
     tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
@@ -105,6 +117,9 @@ class ShardIndex:
         self.code = col(_CODE).to_numpy(zero_copy_only=True)
         self.num = {c: col(c).to_numpy(zero_copy_only=True) for c in _NUM}
         self.id_hash = col(_HASH).to_numpy(zero_copy_only=True)
+        self.group_hash = col(_GROUP).to_numpy(zero_copy_only=True)
+        # export.layout image: the row's caption in its image sample's json (-1: pair layout)
+        self.caption = col(_CAP).to_numpy(zero_copy_only=True)
         self._by_hash = col(_BY_HASH).to_numpy(zero_copy_only=True)
         self._sorted = col(_SORTED).to_numpy(zero_copy_only=True)
         self._files: dict[int, Any] = {}

@@ -19,7 +19,7 @@ Conventions shared by every loss here:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as TF
@@ -64,15 +64,25 @@ def _clip_from_logits(logits: Tensor, symmetric: bool) -> Tensor:
     return (i2t + TF.cross_entropy(logits.T, labels)) / 2 if symmetric else i2t
 
 
-def info_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float) -> Tensor:
+def excluded(logits: Tensor, exclude: Optional[Tensor]) -> Tensor:
+    """``logits`` with the pairs in ``exclude`` (``[n, n]`` bool, never the diagonal: e.g. two
+    captions of one image) taken out of every denominator: they are no one's negatives."""
+    if exclude is None:
+        return logits
+    return logits.masked_fill(exclude & ~_eye(logits.shape[0], logits.device), _neg_inf(logits))
+
+
+def info_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float,
+             exclude: Optional[Tensor] = None) -> Tensor:
     """CLIP's symmetric InfoNCE (HELIP Eq. 1, DiHT sec. 3.3 "NCE"), with ``L = scale * X T^T``:
 
         L_NCE = 1/(2n) sum_i [ -log(e^{L_ii} / sum_j e^{L_ij}) - log(e^{L_ii} / sum_j e^{L_ji}) ]
 
-    DiHT writes the plain sum over i of both terms, i.e. ``2n`` times this value.
+    DiHT writes the plain sum over i of both terms, i.e. ``2n`` times this value. The pairs in
+    ``exclude`` are left out of the sums (``excluded``).
     """
     _check_square(image_emb, text_emb, "info_nce")
-    return _clip_from_logits(scale * (image_emb @ text_emb.T), symmetric=True)
+    return _clip_from_logits(excluded(scale * (image_emb @ text_emb.T), exclude), symmetric=True)
 
 
 # --- HELIP ---------------------------------------------------------------------------------------
@@ -160,17 +170,19 @@ def hnml(image_emb: Tensor, text_emb: Tensor, hard_index: Tensor) -> Tensor:
 
 
 def helip_loss(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float, hard_index: Tensor,
-               gamma: float = 1.0, symmetric: bool = True) -> Tensor:
+               gamma: float = 1.0, symmetric: bool = True,
+               exclude: Optional[Tensor] = None) -> Tensor:
     """HELIP's fine-tuning loss (Eq. 7): ``l_finetune = l_CLIP + gamma * l_margin`` (``hnml``).
 
     ``l_CLIP`` is ``info_nce`` on ``scale * cos`` with ``symmetric=True`` (the loss the CLIP and
     SLIP checkpoints HELIP fine-tunes were trained with); HELIP's Eq. 1 prints only its
     image->text half, which ``symmetric=False`` gives. One matmul serves both terms. The paper's
-    default is ``gamma = 1``.
+    default is ``gamma = 1``. The pairs in ``exclude`` are left out of ``l_CLIP``'s sums.
     """
     _check_square(image_emb, text_emb, "helip_loss")
     cos = image_emb @ text_emb.T
-    return _clip_from_logits(scale * cos, symmetric) + gamma * _hnml_from_cos(cos, hard_index)
+    return _clip_from_logits(excluded(scale * cos, exclude), symmetric) + \
+        gamma * _hnml_from_cos(cos, hard_index)
 
 
 # --- DiHT ----------------------------------------------------------------------------------------
@@ -191,12 +203,13 @@ class _HnNce(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, alpha: float, beta: float) -> Tensor:
+    def forward(ctx, logits: Tensor, alpha: float, beta: float,
+                negatives: Optional[Tensor] = None) -> Tensor:
         n = logits.shape[0]
         off = logits.clone()
         off.diagonal().fill_(float("-inf"))
         diag = logits.diagonal()
-        log_alpha, log_n1 = math.log(alpha), math.log(n - 1)
+        log_alpha = math.log(alpha)
         total = logits.new_zeros(())
         saved = []
         for dim in (1, 0):                      # dim 1: image anchors (rows); dim 0: text anchors
@@ -207,6 +220,7 @@ class _HnNce(torch.autograd.Function):
                 eb = torch.exp(xb)
                 ea = torch.exp(x + xb)
                 sa, sb = ea.sum(dim), eb.sum(dim)
+                log_n1 = math.log(n - 1) if negatives is None else negatives.sum(dim).clamp(min=1).log()
                 log_neg = log_n1 + sa.log() - sb.log() + m.squeeze(dim)
             else:
                 eb = sb = None
@@ -233,11 +247,11 @@ class _HnNce(torch.autograd.Function):
                 g.addcmul_(eb, (cq * beta / sb).unsqueeze(dim), value=-1)
             g.diagonal().sub_(cq)
             out = g if out is None else out.add_(g)
-        return out, None, None
+        return out, None, None, None
 
 
 def hn_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float, alpha: float = 1.0,
-           beta: float = 0.0) -> Tensor:
+           beta: float = 0.0, exclude: Optional[Tensor] = None) -> Tensor:
     """DiHT's hard-negative NCE (sec. 3.3), with ``L = scale * X T^T`` (``L_ij = x_i^T t_j / tau``):
 
         l_i2t(i) = -log[ e^{L_ii} / ( alpha e^{L_ii} + sum_{j != i} w_ij e^{L_ij} ) ]
@@ -250,14 +264,18 @@ def hn_nce(image_emb: Tensor, text_emb: Tensor, scale: Tensor | float, alpha: fl
     ``beta`` multiplies the temperature-scaled similarity. The weights are functions of the
     embeddings and are *not* detached (the equation has no stop-gradient). ``alpha = 1, beta = 0``
     is ``info_nce`` exactly. DiHT's Table A.2 uses ``alpha, beta = (1.0, 0.25)`` on LAION and
-    ``(0.999, 0.5)`` on PMD. DiHT sums over i (``2n`` times this value).
+    ``(0.999, 0.5)`` on PMD. DiHT sums over i (``2n`` times this value). The pairs in
+    ``exclude`` are no negatives: out of the sums, and the weights average 1 over the others.
     """
     n = _check_square(image_emb, text_emb, "hn_nce")
     if n < 2:
         raise ValueError("hn_nce needs at least 2 pairs (one negative)")
     if not (alpha > 0 and beta >= 0):
         raise ValueError(f"hn_nce needs alpha > 0 and beta >= 0, got {alpha}, {beta}")
-    return _HnNce.apply(scale * (image_emb @ text_emb.T), float(alpha), float(beta))
+    logits = excluded(scale * (image_emb @ text_emb.T), exclude)
+    negatives = None if exclude is None else \
+        (~exclude & ~_eye(n, logits.device)).to(torch.promote_types(logits.dtype, torch.float32))
+    return _HnNce.apply(logits, float(alpha), float(beta), negatives)
 
 
 def soft_target_cross_entropy(logits: Tensor, target_index: Tensor,

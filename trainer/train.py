@@ -32,7 +32,7 @@ from . import distributed as D
 from . import losses as L
 from .compose import Batch, Composer, batches, prefetch, step_rng
 from .data import ShardSet
-from .fields import require
+from .fields import require, require_rows
 from .model import DualEncoder
 from .outdir import CHECKPOINT, OutDirInUse, check_out_dir
 
@@ -46,14 +46,16 @@ def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torc
     parts: dict[str, torch.Tensor] = {}
     if cfg.loss in ("clip", "helip", "hn_nce"):      # one caption per image: a square problem
         cap = D.globalize_index(b.caption_col[:, None], txt.shape[0])[:, 0]
-        sq = gt[cap]
+        sq, ex = gt[cap], same_group(b)
         if cfg.loss == "clip":
-            parts["clip"] = L.info_nce(gi, sq, model.logit_scale())
+            parts["clip"] = L.info_nce(gi, sq, model.logit_scale(), exclude=ex)
         elif cfg.loss == "helip":
             hard = D.globalize_index(b.hard_index, img.shape[0])
-            parts["helip"] = L.helip_loss(gi, sq, model.logit_scale(), hard, gamma=cfg.helip_gamma)
+            parts["helip"] = L.helip_loss(gi, sq, model.logit_scale(), hard, gamma=cfg.helip_gamma,
+                                          exclude=ex)
         else:
-            parts["hn_nce"] = L.hn_nce(gi, sq, model.logit_scale(), cfg.hn_alpha, cfg.hn_beta)
+            parts["hn_nce"] = L.hn_nce(gi, sq, model.logit_scale(), cfg.hn_alpha, cfg.hn_beta,
+                                       exclude=ex)
     elif cfg.loss == "sigmoid":                      # every text, FFF's positive matrix M
         parts["sigmoid"] = L.sigmoid_loss(gi, gt, model.sig_log_t.exp(), model.sig_bias,
                                           image_text_positives(b))
@@ -70,21 +72,43 @@ def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torc
     return total, {k: float(v.detach()) for k, v in parts.items()}
 
 
+def same_group(b: Batch) -> torch.Tensor:
+    """[n, n] on the global batch of a one-caption-per-row loss: rows of one image group (two
+    captions of one image, wherever they landed), which the loss takes out of each other's
+    negatives (the diagonal stays the positive)."""
+    return D.global_key_mask(b.group_keys, b.group_keys)
+
+
 def image_text_positives(b: Batch) -> torch.Tensor:
-    """FFF's M on the global batch: an image and every text of its sample (by key, across ranks),
+    """FFF's M on the global batch: an image and every text of its sample (by key, across ranks)
+    and of its image group (another caption of the same image is a positive, never a negative),
     plus the mined positives the composer put in the local batch."""
-    owner_keys = b.image_keys[b.text_owner]
-    return D.global_key_mask(b.image_keys, owner_keys) | D.global_block_mask(b.pos_mask)
+    owner_keys, owner_groups = b.image_keys[b.text_owner], b.group_keys[b.text_owner]
+    return D.global_key_mask(b.image_keys, owner_keys) | \
+        D.global_key_mask(b.group_keys, owner_groups) | D.global_block_mask(b.pos_mask)
 
 
 def mp_positives(b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """UniCLIP's positive sets on the global unified batch ``[images; texts]`` (Eq. 12): the
     views of one image, its caption and recaptions are positives of each other (by key, across
-    ranks), and so are the mined image-image, image-text and text-text positives."""
-    owner_keys = b.image_keys[b.text_owner]
-    ii = D.global_key_mask(b.image_keys, b.image_keys) | D.global_block_mask(b.image_pos)
-    tt = D.global_key_mask(owner_keys, owner_keys) | D.global_block_mask(b.text_pos)
+    ranks), so are the rows of one image group, and so are the mined image-image, image-text and
+    text-text positives."""
+    owner_groups = b.group_keys[b.text_owner]
+    ii = D.global_key_mask(b.group_keys, b.group_keys) | D.global_block_mask(b.image_pos)
+    tt = D.global_key_mask(owner_groups, owner_groups) | D.global_block_mask(b.text_pos)
     return L.unified_positives(image_text_positives(b), ii, tt)
+
+
+def negatives(cfg: Any, b: Batch) -> torch.Tensor:
+    """The (image, text) pairs the configured loss treats as negatives, on the global batch
+    (the square caption problem for clip/helip/hn_nce, every text for sigmoid and mp_nce)."""
+    if cfg.loss in ("clip", "helip", "hn_nce"):
+        return ~same_group(b)
+    if cfg.loss == "sigmoid":
+        return ~image_text_positives(b)
+    pos, domains = mp_positives(b)
+    n_img = int((domains == 0).sum())
+    return ~pos[:n_img, n_img:]
 
 
 def mp_weights(cfg: Any, pos: torch.Tensor, domains: torch.Tensor, n_pairs: int) -> torch.Tensor:
@@ -128,7 +152,7 @@ def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> fl
 def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: str,
              batch_size: int = 64) -> dict:
     """Zero-shot retrieval on the held-out samples: R@1/5/10, image->text and text->image."""
-    imgs, txts = [], []
+    imgs, txts, groups = [], [], []
     chunk: list = []
     stream = shards.stream(epoch=0, seed=0, rank=0, world=1, buffer=1)
     for s in list(stream) + [None]:
@@ -139,15 +163,22 @@ def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: s
             img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
             imgs.append(img.float().cpu())
             txts.append(txt.float().cpu())
+            groups.append(b.group_keys.cpu())
             chunk = []
-    return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T) if imgs else {}
+    return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T, groups=torch.cat(groups)) \
+        if imgs else {}
 
 
-def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10)) -> dict:
+def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10),
+                      groups: Optional[torch.Tensor] = None) -> dict:
     """R@k both ways for a square similarity matrix whose diagonal holds the true pairs (a tie
-    with the true match counts against it)."""
+    with the true match counts against it). With each row's image ``groups``, another caption
+    of the same image never counts against the true one (it is a right answer too)."""
     truth = torch.arange(sim.shape[0])
     out: dict = {"n": int(sim.shape[0])}
+    if groups is not None:
+        other = (groups[:, None] == groups[None, :]) & ~torch.eye(len(groups), dtype=torch.bool)
+        sim = sim.masked_fill(other, float("-inf"))
     for name, s in (("i2t", sim), ("t2i", sim.T)):
         beaten = (s >= s[truth, truth][:, None]).sum(1) - 1   # others at least as similar
         for k in ks:
@@ -168,6 +199,7 @@ class Setup:
 def check_config(cfg: Any, shards: ShardSet) -> None:
     """Stop with a reason before training on annotations or settings that cannot work."""
     require(cfg, shards.first_meta(), storage.redact(shards.uri))
+    require_rows(cfg, shards.missing(), storage.redact(shards.uri))
     if cfg.concept_weight and not (cfg.n_objects > 0 and cfg.n_attributes > 0):
         raise ValueError("finetune.concept_weight > 0 needs concept heads: set finetune.n_objects "
                          "and n_attributes to the vocabulary sizes (<run>/concepts/vocab.parquet)")
@@ -189,6 +221,20 @@ def prepare(cfg: Any, shards_dir: str, device: str = "cpu") -> Setup:
     # hard pairs come from the training samples only: a held-out sample never enters a batch
     composer = Composer(cfg, train_set, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
     return Setup(model, all_shards, train_set, eval_set, composer)
+
+
+HELDOUT = "heldout.parquet"
+
+
+def write_heldout(out: str, eval_set: ShardSet) -> None:
+    """``<out_dir>/heldout.parquet``: the held-out sample ids (column ``sample_id``), so the
+    evaluation can be reproduced and audited (one write: a PUT on an object store)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from vlcurate.schemas import F
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({F.SAMPLE_ID.name: pa.array(eval_set.sample_ids(), pa.string())}), buf)
+    storage.write_bytes(storage.join(out, HELDOUT), buf.getvalue().to_pybytes())
 
 
 class UnsafeCheckpoint(ValueError):
@@ -232,7 +278,11 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         model.sig_bias.data.fill_(init_sigmoid_bias(cfg, model, init_gen, device))
         log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
     log(f"train {len(train_set)} samples, held out {len(setup.eval_set)} "
-        f"(finetune.eval_fraction {cfg.eval_fraction})")
+        f"(finetune.eval_fraction {cfg.eval_fraction}, by image group)")
+    if rank == 0:
+        write_heldout(out, setup.eval_set)
+        for line in require_rows(cfg, setup.shards.missing(), storage.redact(setup.shards.uri)):
+            log(f"training on them anyway (finetune.allow_missing): {line}")
     logf = StepLog(out, step) if rank == 0 else None
     bar = progress_bar(cfg, step, world, enabled=rank == 0 and cfg.progress)
     t0 = time.time()
@@ -347,5 +397,6 @@ def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
 
 
 __all__ = ["train", "prepare", "check_config", "load_checkpoint", "UnsafeCheckpoint", "evaluate",
-           "loss_fn", "mp_positives", "image_text_positives", "retrieval_metrics", "LOSSES",
+           "loss_fn", "mp_positives", "image_text_positives", "negatives", "same_group",
+           "write_heldout", "retrieval_metrics", "LOSSES",
            "progress_bar", "OutDirInUse"]

@@ -132,7 +132,7 @@ class Upstream:
 
     def __call__(self, part: int) -> pa.Table:
         t = read_inputs(self.io, part)
-        return t.filter(t.column(F.ACTIVE.name))
+        return t.filter(t.column(F.WANTED.name))
 
     def map(self, fn: Callable, items: list) -> list:
         if self.parallel != "ray":

@@ -154,7 +154,8 @@ def training_sample(read: Callable[[int], pa.Table], n_parts: int, limit: Option
 
 class ConceptsStage(GlobalStage):
     name = "concepts"
-    version = "2"                       # 2: features from the teacher stage, a bounded sample
+    version = "3"                       # 3: every caption of a kept image (per_image)
+    per_image = True
     Params = ConceptsParams
     inputs = {"teacher": (S.TEACHER_FEATURES, S.CONCEPT_TEACHER, S.CONCEPT_RANDOM),
               "cat": (S.OBJECT_WORDS, S.ATTRIBUTE_WORDS)}

@@ -36,7 +36,8 @@ class TeacherParams(Params):
 
 class TeacherStage(MapStage):
     name = "teacher"
-    version = "1"
+    version = "2"                         # 2: every caption of a kept image (per_image)
+    per_image = True
     Params = TeacherParams
     speed_only = ("decode_threads",)
     reads = ("concepts.teacher", "concepts.teacher_batch_size")

@@ -46,7 +46,8 @@ class RecaptionParams(Params):
 
 class RecaptionStage(MapStage):
     name = "recaption"
-    version = "1"
+    version = "2"                       # 2: every caption of a kept image (per_image)
+    per_image = True
     Params = RecaptionParams
     inputs = {"ingest": (F.IMAGE,)}
     output = R.RECAPTION

@@ -57,7 +57,7 @@ def test_conform_errors_name_the_column():
     with pytest.raises(SchemaError, match="sample_id.*nulls"):
         conform(pa.table({"sample_id": pa.array([None], pa.string()), "reasons": [[]]}), tables.IDS)
     assert conform(pa.table({"sample_id": ["a"], "reasons": [[]], "bogus": [1]}), tables.IDS,
-                   extra="drop").column_names == ["sample_id", "reasons", "reason_detail"]
+                   extra="drop").column_names == ["sample_id", "image_group", "reasons", "reason_detail"]
 
 
 def test_embedding_field_is_fixed_size_list():

@@ -51,10 +51,33 @@ def test_groups_equal_a_naive_components_loop():
         rows["s0"][1].append(MI.REL_TEXT)
 
         def read(p):
-            return pa.table({F.SAMPLE_ID.name: parts[p],
+            return pa.table({F.SAMPLE_ID.name: parts[p], F.IMAGE_GROUP.name: parts[p],
+                             F.CAPTION.name: parts[p],
                              MI.POSITIVE_IDS.name: [rows[s][0] for s in parts[p]],
                              MI.POSITIVE_RELATIONS.name: [rows[s][1] for s in parts[p]]})
         assert duplicate_groups(read, 3) == naive_groups(ids, edges), trial
+
+
+def _table(rows: list[tuple]) -> pa.Table:
+    """(id, group, caption, duplicate ids) rows -> a positives-like part."""
+    return pa.table({F.SAMPLE_ID.name: [r[0] for r in rows], F.IMAGE_GROUP.name: [r[1] for r in rows],
+                     F.CAPTION.name: [r[2] for r in rows],
+                     MI.POSITIVE_IDS.name: [r[3] for r in rows],
+                     MI.POSITIVE_RELATIONS.name: [[MI.REL_DUPLICATE] * len(r[3]) for r in rows]})
+
+
+def test_other_captions_of_an_image_are_never_duplicates():
+    """Image A (five captions), B a near-duplicate image of A (two captions), C shares one
+    caption text with A (a text duplicate: C's other caption stays), and a7 repeats a1's pair exactly: dedup drops B's
+    rows, C's duplicate row and the repeat, never A's other captions."""
+    a = [f"a{i}" for i in range(1, 6)]
+    same = {x: [y for y in a if y != x] for x in a}       # S_ii = 1 within an image
+    parts = [_table([(x, "A", f"cap {x}", same[x] + (["b1"] if x == "a1" else [])) for x in a]
+                    + [("b1", "B", "cap b1", ["a1", "b2"]), ("b2", "B", "cap b2", ["b1", "a2"])]),
+             _table([("c1", "C", "cap a3", ["a3"]), ("c2", "C", "other", []),
+                     ("a7", "A", "cap a1", ["a1"])])]
+    got = duplicate_groups(lambda p: parts[p], 2)
+    assert got == {"b1": "a1", "b2": "a2", "c1": "a3", "a7": "a1"}
 
 
 class PlantedPositives(Stage):

@@ -621,3 +621,35 @@ def test_gather_is_noop_without_process_group():
     assert D.globalize_index(torch.tensor([[1, -1]]), 3).tolist() == [[1, -1]]
     assert torch.equal(D.global_key_mask(torch.tensor([1, 2]), torch.tensor([2, 2, 1])),
                        torch.tensor([[False, False, True], [True, True, False]]))
+
+
+# --- image groups: pairs taken out of the sums ----------------------------------------------------
+
+def _naive_excluded_info_nce(X, T, s, ex):
+    logits = s * (X @ T.T)
+    keep = ~ex | torch.eye(len(X), dtype=torch.bool)
+    i2t = [-(logits[i, i] - torch.logsumexp(logits[i][keep[i]], 0)) for i in range(len(X))]
+    t2i = [-(logits[i, i] - torch.logsumexp(logits[:, i][keep[:, i]], 0)) for i in range(len(X))]
+    return (torch.stack(i2t).mean() + torch.stack(t2i).mean()) / 2
+
+
+def test_excluded_pairs_leave_every_sum():
+    """Two captions of one image (rows 0-1, 2-4 share images) are no one's negatives: the loss
+    equals the sums without them, and their similarities get no gradient."""
+    n = 6
+    X, T, s = unit(n, seed=21), unit(n, seed=22), param(4.0)
+    g = torch.tensor([0, 0, 1, 1, 1, 2])
+    ex = (g[:, None] == g[None, :]) & ~torch.eye(n, dtype=torch.bool)
+    assert_parity(L.info_nce(X, T, s, exclude=ex), _naive_excluded_info_nce(X, T, s, ex), [X, T, s])
+    assert_parity(L.hn_nce(X, T, s, 1.0, 0.0, exclude=ex), L.info_nce(X, T, s, exclude=ex),
+                  [X, T, s], atol=1e-12)
+    H = mask_to_index(torch.zeros(n, n, dtype=torch.bool))
+    assert_parity(L.helip_loss(X, T, s, H, gamma=0.0, exclude=ex),
+                  L.info_nce(X, T, s, exclude=ex), [X, T, s], atol=1e-12)
+    # equal negatives: the weights average 1 over the negatives left (not n - 1)
+    E = torch.eye(n, 8, dtype=DT)
+    assert L.hn_nce(E, E, 4.0, 1.0, 2.0, exclude=ex).item() == pytest.approx(
+        L.info_nce(E, E, 4.0, exclude=ex).item(), rel=1e-12)
+    logits = (s * (X @ T.T)).detach().requires_grad_(True)
+    L._clip_from_logits(L.excluded(logits, ex), True).backward()
+    assert not logits.grad[ex].any() and logits.grad[~ex].abs().sum() > 0

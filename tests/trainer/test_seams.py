@@ -1,4 +1,5 @@
-"""Seams between the pipeline and the trainer (issue 12), on a real ``vlcurate demo`` export.
+"""Seams between the pipeline and the trainer, on a real ``vlcurate demo`` export whose first
+images have three captions each (image groups).
 
 The whole default DAG runs on the demo dataset (local executor); then batches are built the way
 ``vlcurate finetune`` builds them (``pipeline.finetune.resolve`` for the shards, then
@@ -6,6 +7,8 @@ The whole default DAG runs on the demo dataset (local executor); then batches ar
 each configured loss term must be non-zero with a non-zero gradient on its own parameters.
 """
 from __future__ import annotations
+
+import csv
 
 import pyarrow.parquet as pq
 import pytest
@@ -23,10 +26,22 @@ from vlcurate.trainer.fields import A
 TINY = {"id": "tiny", "random_init": True}
 
 
+def more_captions(data, n_images: int = 12) -> None:
+    """Give the first demo images two more captions each (COCO-style image groups)."""
+    with open(data / "captions.csv", encoding="latin-1") as fh:      # the demo's odd rows too
+        recs = [r for r in csv.DictReader(fh) if r["id"].startswith("demo-")][:n_images]
+    with open(data / "captions.csv", "a", encoding="utf-8", newline="") as fh:
+        w = csv.writer(fh)
+        for r in recs:
+            w.writerow([f"{r['id']}-b", r["image"], f"a photo of {r['caption']}"])
+            w.writerow([f"{r['id']}-c", r["image"], f"{r['caption']}, seen from above"])
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> C.Config:
     root = tmp_path_factory.mktemp("seams")
     data = make_demo(root / "data", n=40)
+    more_captions(data)
     cfg = C.load(None, {**demo_overrides(data, root / "run"), "run.progress": False})
     run(cfg, executor="local", log=lambda _: None)
     return cfg
@@ -40,7 +55,9 @@ def vocab_sizes(cfg: C.Config) -> tuple[int, int]:
 
 def setup(demo: C.Config, **ft) -> tuple[T.Setup, object]:
     """``vlcurate finetune``'s path: resolve the config, prepare, stream batches."""
-    over = {"model": TINY, "eval_fraction": 0, "concept_weight": 0.5, "shuffle_buffer": 8, **ft}
+    # allow_missing: the demo exports its near-duplicate twins, which the teacher skipped
+    over = {"model": TINY, "eval_fraction": 0, "concept_weight": 0.5, "shuffle_buffer": 8,
+            "allow_missing": True, **ft}
     cfg = demo.replace(**{f"finetune.{k}": v for k, v in over.items()})
     fcfg, shards, _ = resolve(cfg)              # head sizes from <run>/concepts/vocab.parquet
     assert (fcfg.n_objects, fcfg.n_attributes) == vocab_sizes(demo) and fcfg.n_objects > 0
@@ -126,3 +143,61 @@ def test_mp_nce_positive_structure_and_domain_parameters(demo):
         g = out["grads"][p]
         assert bool((g != 0).all()), (p, g)    # every domain combination: ii, it, tt
     assert nonzero(out["grads"], "obj_head") and nonzero(out["grads"], "attr_head")
+
+
+def _groups_meet(b) -> bool:
+    g = b.group_keys[: len(b.caption_col)]
+    return len(set(g.tolist())) < len(g)
+
+
+@pytest.mark.parametrize("loss", ["clip", "helip", "hn_nce", "sigmoid", "mp_nce"])
+def test_no_two_rows_of_one_group_are_negatives(demo, loss):
+    """On batches composed as ``vlcurate finetune`` composes them: two captions of one image
+    are never each other's negatives (taken out of the sums, or positives), and a hard pair is
+    never a row of the seed's own image."""
+    s, gen = setup(demo, loss=loss, helip_seed_fraction=1.0)
+    cfg, met = s.composer.cfg, 0
+    for _ in range(6):
+        _, _, b = next(gen)
+        n = len(b.caption_col)
+        neg = T.negatives(cfg, b)
+        groups = b.group_keys
+        if cfg.loss in ("clip", "helip", "hn_nce"):
+            same = groups[:, None] == groups[None, :]
+        else:
+            same = groups[:, None] == groups[b.text_owner][None, :]
+        assert not (neg & same).any()
+        for i, h in enumerate(b.hard_index[:n].tolist()):
+            assert all(groups[j] != groups[i] for j in h if j >= 0)
+        met += _groups_meet(b)
+        step(s, b)                      # the loss runs with the groups' masks
+    assert met, "no batch held two rows of one image: the test would prove nothing"
+
+
+def test_held_out_images_never_train(demo, tmp_path):
+    """The held-out split is by image group; heldout.parquet lists exactly the held-out ids."""
+    s, _ = setup(demo, eval_fraction=0.3)
+    train_g = set(s.train_set.index.group_hash[s.train_set.rows].tolist())
+    held_g = set(s.eval_set.index.group_hash[s.eval_set.rows].tolist())
+    assert held_g and train_g and not held_g & train_g
+    multi = [g for g in held_g | train_g
+             if (s.shards.index.group_hash == g).sum() > 1]
+    assert multi                         # the demo has images with several captions
+    T.write_heldout(str(tmp_path), s.eval_set)
+    ids = pq.read_table(tmp_path / T.HELDOUT).column("sample_id").to_pylist()
+    assert sorted(ids) == sorted(s.eval_set.sample_ids()) and len(ids) == len(s.eval_set)
+
+
+def test_kept_rows_without_concept_targets_stop_the_trainer(demo, capsys):
+    """The demo exports twins dedup flagged (the teacher skipped them): the export counts them
+    and ``vlcurate finetune`` refuses them (exit 2, the count and the setting) unless allowed."""
+    from vlcurate.pipeline.finetune import launch
+    from vlcurate.trainer.data import ShardSet
+    cfg = demo.replace(**{"finetune.model": TINY, "finetune.concept_weight": 0.5})
+    _, shards, _ = resolve(cfg)
+    missing = ShardSet(shards).missing()[A.object_ids]
+    assert missing["rows"] > 0 and set(missing["why"]) == {"dedup.near_duplicate"}
+    assert launch(cfg) == 2
+    err = capsys.readouterr().err
+    assert f"{missing['rows']} kept rows lack {A.object_ids}" in err
+    assert "finetune.allow_missing" in err

@@ -259,6 +259,9 @@ def test_retrieval_metrics():
     assert [m[f"i2t_R@{k}"] for k in (1, 2, 3)] == pytest.approx([2 / 3, 2 / 3, 1], abs=1e-6)
     # t2i: column 1's true image ties another 0.1 (a tie counts against it) and is beaten by 0.3
     assert [m[f"t2i_R@{k}"] for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1], abs=1e-6)
+    # rows 1 and 2 show one image: another caption of it never counts against the true one
+    g = retrieval_metrics(sim, ks=(1, 2, 3), groups=torch.tensor([7, 8, 8]))
+    assert [g[f"i2t_R@{k}"] for k in (1, 2, 3)] == pytest.approx([2 / 3, 1, 1], abs=1e-6)
 
 
 @pytest.mark.slow
