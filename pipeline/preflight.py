@@ -141,7 +141,7 @@ def _captions_columns(s: Any) -> "set[str] | None":
     """A folder source's columns: its CSV/TSV header, or the fields of its first JSONL records."""
     import itertools
     from vlcurate.stages.ingest import readers, safe, textfiles
-    path = readers._captions_path(s)
+    path = readers.captions_path(s)
     with safe.open_regular(path) as fh:
         if path.suffix == ".jsonl":
             rows = [r for r, _, _ in itertools.islice(textfiles.read_jsonl(fh), SAMPLE) if r]
