@@ -1,4 +1,4 @@
-"""Random access to exported samples without materialising the index (issue 14).
+"""Random access to exported samples without materialising the index.
 
 Export writes ``shards/index/*.parquet``: per sample its shard and the byte offset and size of its
 ``.jpg``, ``.txt`` and ``.json`` tar members. The first process that opens the shards converts it

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 14): the whole DAG on N synthetic tiny images with English captions,
+"""Scale benchmark: the whole DAG on N synthetic tiny images with English captions,
 with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
 
     .venv/bin/python tests/benchmarks/bench_scale.py --sizes 2000,10000 [--rows-per-part 1000]
