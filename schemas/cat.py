@@ -1,4 +1,4 @@
-"""Columns and tables of DiHT's CAT filter (issue 5): the ``cat`` stage (semantic parse: complexity
+"""Columns and tables of DiHT's CAT filter: the ``cat`` stage (semantic parse: complexity
 and actions) and the ``textspot`` stage (OCR text spotting matched against the caption), plus the
 per-run concept-vocabulary table that ``cat`` writes beside its table.
 

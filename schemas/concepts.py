@@ -1,4 +1,4 @@
-"""Columns and tables of DiHT's concept-distillation targets (issue 6, stage ``concepts``).
+"""Columns and tables of DiHT's concept-distillation targets (stage ``concepts``).
 
 Per sample: the teacher heads' top-k objects and attributes (concept ids into the vocabulary
 table, uint16) with their renormalised probabilities (float16, best first; they sum to 1 up to

@@ -1,4 +1,4 @@
-"""Columns of the embed stage (issue 3). Embedding dimensions depend on the models, so the
+"""Columns of the embed stage. Embedding dimensions depend on the models, so the
 embedding fields are built by functions; their names are fixed here."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Columns and tables of hard-pair mining (HELIP HPM / FastHPM, noise pairs) and of the
-positives (FFF Eq. 1 false negatives, HELIP near-duplicates) - issue 4.
+positives (FFF Eq. 1 false negatives, HELIP near-duplicates).
 
 Two stages write them (see stages/mining/):
 
@@ -31,7 +31,7 @@ CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
            "the triangle bound on every unprobed cluster, or no pair left out can score > 0; "
            "FastHPM: the same test with a bound estimated from the IVF-PQ search)"})
 
-# what hpm's neighbour pass found besides hard pairs (issue 15): every pair with S_I or S_T (and,
+# what hpm's neighbour pass found besides hard pairs: every pair with S_I or S_T (and,
 # with cross-modal vectors, X_ii, X_tt or S_it) above hpm's pair floors, with its exact
 # similarities. They are the positives stage's candidates: it applies FFF Eq. 1 and the
 # duplicate rule to them, so a positives threshold change reruns positives only, with no

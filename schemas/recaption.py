@@ -1,4 +1,4 @@
-"""Columns of FFF's BLIP-2 recaptioning (issue 6, stage ``recaption``).
+"""Columns of FFF's BLIP-2 recaptioning (stage ``recaption``).
 
 Every caption the beam search returns is kept, ordered by its sequence score (best first); a
 caption that looks degenerate is flagged in ``recaption_flags`` (same position), never dropped.

@@ -91,7 +91,7 @@ def duplicate_groups(read: Callable[[int], pa.Table], n_parts: int) -> dict[str,
 
 class DedupStage(GlobalStage):
     name = "dedup"
-    version = "2"   # 2: the other captions of an image are no longer duplicates
+    version = "2"   # the other captions of an image are never duplicates
     inputs = {"ingest": (F.CAPTION,), "ids": (F.IMAGE_GROUP,),
               "positives": (MI.POSITIVE_IDS, MI.POSITIVE_RELATIONS)}
     output = tables.stage_table()

@@ -8,7 +8,7 @@ Shards follow open_clip's conventions: ``{key}.jpg`` (RGB JPEG), ``{key}.txt`` (
 (open_clip reads it for the sample count) and ``manifest.json`` (one entry per shard). Shards are
 written deterministically (sorted members, zero mtimes), so the same run gives the same bytes.
 
-Export reads only what it writes (issue 14): embeddings (fixed-size vectors) and bytes are no
+Export reads only what it writes: embeddings (fixed-size vectors) and bytes are no
 annotations, so they are never read back; they stay in their own stage's table (``embed/data``),
 row-aligned and keyed by ``sample_id`` like every other table.
 """
@@ -84,7 +84,7 @@ class ExportParams(Params):
 
 class ExportStage(SinkStage):
     name = "export"
-    version = "3"   # 3: json without vectors or mining candidates; image groups in the index
+    version = "3"   # json without vectors or mining candidates; image groups in the index
     Params = ExportParams
     resources = Resources(num_cpus=0.5, batch_size=0)
 

@@ -3,7 +3,7 @@
 Two records whose (source, key) collide get the same ``sample_id``; the first in part/row order
 is kept and every later one is flagged ``ingest.duplicate_id`` with the position of the first.
 
-The step is hash-partitioned (issue 14): one task per part writes its ids into buckets by a hash
+The step is hash-partitioned: one task per part writes its ids into buckets by a hash
 of the id, then one task per bucket finds the repeats among the ids that hash there. Equal ids
 always share a bucket, so the result is ``find_duplicates``' (the naive one-pass reference);
 a task holds one part, or one bucket (at most about IDS_PER_BUCKET ids), never the dataset.
@@ -113,7 +113,7 @@ def image_groups(ids: list[str], hashes: list) -> list[str]:
 
 class IdsStage(GlobalStage):
     name = "ids"
-    version = "2"   # 2: the image_group column
+    version = "2"   # writes image_group
     inputs = {"ingest": (F.SAMPLE_ID, F.IMAGE_HASH)}
     output = tables.IDS
     resources = Resources(num_cpus=0.25, batch_size=0)

@@ -1,1 +1,1 @@
-"""The trainer (issue 7): DDP fine-tuning on the exported shards."""
+"""The trainer: DDP fine-tuning on the exported shards."""

@@ -1,7 +1,7 @@
 """The trainer's data: a deterministic stream over the exported shards, random access to any
 exported sample, and the image helpers of the batch composition. Both read samples by byte range
 through export's index, memory-mapped (``index.py``): a rank reads and decodes its own samples
-only, and no rank holds the index as Python objects (issue 14).
+only, and no rank holds the index as Python objects.
 
 HELIP (Alg. 3) needs each seed's hard pairs *in the same batch*, but shards are streamed. Choice:
 the trainer has random access. Export writes ``shards/index/*.parquet`` (each sample's byte

@@ -1,4 +1,4 @@
-"""Random access to exported samples without materialising the index (issue 14).
+"""Random access to exported samples without materialising the index.
 
 Export writes ``shards/index/*.parquet``: per sample its shard and the byte offset and size of its
 ``.jpg``, ``.txt`` and ``.json`` tar members. The first process that opens the shards converts it
@@ -12,8 +12,8 @@ streaming order). ``sample_id -> row`` is a binary search over the sorted 64-bit
 (``hash_sorted`` / ``by_hash``) and a string compare on the mapped ``sample_id`` column, which
 also resolves hash collisions.
 
-The shards may live on an object store (``finetune.shards`` as an ``s3://``/``gs://`` URI, issue
-13): everything goes through ``pipeline.storage`` (a ``pyarrow.fs`` filesystem). The index
+The shards may live on an object store (``finetune.shards`` as an ``s3://``/``gs://`` URI):
+everything goes through ``pipeline.storage`` (a ``pyarrow.fs`` filesystem). The index
 parquet is read once per process that builds the cache; a sample's members are read by *one*
 ranged read (a ``pread`` locally, one HTTP GET with a ``Range`` header on S3/GCS) that spans its
 ``.jpg``, ``.txt`` and ``.json`` (adjacent in the tar). A whole tar is never downloaded. For

@@ -5,7 +5,7 @@ the global batch (the same value on every rank); DDP then averages the gradients
 gradient of the global loss (see distributed.gather_with_grad). Checkpoints hold the model,
 optimiser, step and data position; a resumed run replays exactly the batches it would have seen.
 
-``finetune.out_dir`` may be a URI (issue 13): every file there (checkpoint, ``log.jsonl``,
+``finetune.out_dir`` may be a URI: every file there (checkpoint, ``log.jsonl``,
 ``eval.json``, ``params-rank<r>.json``) is written as finished bytes in one atomic write through
 ``pipeline.storage`` (one PUT on an object store, a rename locally), never appended or renamed, so
 a reader never sees half a checkpoint. The log is therefore kept in memory and rewritten whole
@@ -243,7 +243,7 @@ class UnsafeCheckpoint(ValueError):
 
 def load_checkpoint(uri: str | Path, device: str) -> dict:
     """``torch.load(weights_only=True)`` of the checkpoint's bytes (a path or URI: one read):
-    checkpoints may come from elsewhere (issue 11), and unpickling arbitrary objects runs
+    checkpoints may come from elsewhere, and unpickling arbitrary objects runs
     arbitrary code. Anything else is refused with a reason."""
     try:
         return torch.load(io.BytesIO(storage.read_bytes(str(uri))), map_location=device,

@@ -154,7 +154,7 @@ def training_sample(read: Callable[[int], pa.Table], n_parts: int, limit: Option
 
 class ConceptsStage(GlobalStage):
     name = "concepts"
-    version = "3"                       # 3: every caption of a kept image (per_image)
+    version = "3"                       # every caption of a kept image (per_image)
     per_image = True
     Params = ConceptsParams
     inputs = {"teacher": (S.TEACHER_FEATURES, S.CONCEPT_TEACHER, S.CONCEPT_RANDOM),

@@ -36,7 +36,7 @@ class TeacherParams(Params):
 
 class TeacherStage(MapStage):
     name = "teacher"
-    version = "2"                         # 2: every caption of a kept image (per_image)
+    version = "2"                         # every caption of a kept image (per_image)
     per_image = True
     Params = TeacherParams
     speed_only = ("decode_threads",)

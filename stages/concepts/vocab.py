@@ -171,7 +171,7 @@ def to_ids(labels: list[list[str]], concepts: Concepts) -> list[list[int]]:
 def emptiness(obj: Concepts, att: Concepts, n_images: int, cfg, step: str = "counts") -> \
         Optional[str]:
     """Why a vocabulary built from ``n_images`` kept images is empty, naming the config key to
-    turn (issue 12: a default that rejects everything must say so), or None. ``step``: "counts"
+    turn (a default that rejects everything must say so), or None. ``step``: "counts"
     after ``build``, "visualness" after the visualness filter."""
     if not n_images:
         return None                                   # nothing reached the stage: nothing to say

@@ -26,7 +26,7 @@ from .widths import cross_width
 
 class RecaptionEmbedStage(MapStage):
     name = "recaption_embed"
-    version = "2"                     # 2: every caption of a kept image (per_image)
+    version = "2"                     # every caption of a kept image (per_image)
     per_image = True
     reads = ("embed",)               # the cross-modal model of embed.cross_model
     inputs = {"recaption": (R.RECAPTIONS,)}

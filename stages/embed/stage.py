@@ -52,7 +52,7 @@ class EmbedParams(Params):
 
 class EmbedStage(MapStage):
     name = "embed"
-    version = "3"                     # 3: every caption of a kept image (per_image)
+    version = "3"                     # every caption of a kept image (per_image)
     per_image = True
     Params = EmbedParams
     speed_only = ("decode", "decode_threads")   # where / how many threads decode (same pixels)

@@ -1,5 +1,5 @@
 """Embedding widths from the models' configurations, never their weights: the driver computes
-embed's output schema from these (issue 16: no model loads on the driver). ``models.locate``
+embed's output schema from these (no model loads on the driver). ``models.locate``
 still runs, so missing weights fail here, before any actor starts."""
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ class IngestParams(Params):
 
 class IngestStage(SourceStage):
     name = "ingest"
-    version = "4"                    # 2: the source-level contract of issue 11 (new reasons)
-    #                                  3: image_hash; 4: invented keys apart (key_invented)
+    version = "4"                    # history: CHANGELOG.md
     Params = IngestParams
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES

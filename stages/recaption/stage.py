@@ -46,7 +46,7 @@ class RecaptionParams(Params):
 
 class RecaptionStage(MapStage):
     name = "recaption"
-    version = "2"                       # 2: every caption of a kept image (per_image)
+    version = "2"                       # every caption of a kept image (per_image)
     per_image = True
     Params = RecaptionParams
     inputs = {"ingest": (F.IMAGE,)}

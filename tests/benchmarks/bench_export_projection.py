@@ -1,4 +1,4 @@
-"""Export before/after issue 14's projection, on a finished run that has embeddings (e.g. the one
+"""Export with and without its projection, on a finished run that has embeddings (e.g. the one
 ``bench_scale.py --keep DIR`` leaves in DIR/run10000, or ``vlcurate demo``'s runs/demo/run).
 
     .venv/bin/python tests/benchmarks/bench_export_projection.py RUN_DIR [--repeat 2]

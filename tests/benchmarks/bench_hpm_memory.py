@@ -1,4 +1,4 @@
-"""hpm's memory as N grows (issue 14): the global step (collect + layout + the small-data guard)
+"""hpm's memory as N grows: the global step (collect + layout + the small-data guard)
 and the per-part mining, each N in a fresh process, on synthetic clustered vectors.
 
     .venv/bin/python tests/benchmarks/bench_hpm_memory.py --sizes 100000,300000
@@ -14,7 +14,7 @@ have hpm.max_pairs candidate pairs above the floors: the worst case for the pair
 
 Printed per N: wall time and peak RSS (ru_maxrss of the process, which never goes down, read
 after each phase) of the global step and of the mining, candidate pairs kept and cut, and the
-ratio of each peak to the smallest N's. The goal (issue 14): every process's peak at the
+ratio of each peak to the smallest N's. The goal: every process's peak at the
 largest N within 1.3x of its peak at the smallest, beyond the memory-mapped vectors themselves
 (which the page cache holds, shared by every actor of a node).
 """

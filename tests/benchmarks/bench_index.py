@@ -1,5 +1,5 @@
 """Memory and speed of the trainer's random-access index (HELIP hard pairs) on a synthetic
-1M-row export index (issue 14): the old per-rank Python lists + dict against the memory-mapped
+1M-row export index: the former per-rank Python lists + dict against the memory-mapped
 ``trainer/index.ShardIndex``. Each variant runs in a fresh process; RSS is read from
 /proc (resident set, and its private part: the pages a second rank on this machine would not
 share).
@@ -50,7 +50,7 @@ def make(d: Path, rows: int, per_shard: int = 10_000) -> None:
 
 
 def old_index(d: Path):
-    """The trainer's index before issue 14, verbatim: every column as a Python list, plus a dict."""
+    """The former index (the baseline), verbatim: every column as a Python list, plus a dict."""
     import pyarrow.dataset as ds
     t = ds.dataset(d / "index", format="parquet").to_table()
     cols = {c: t.column(c).to_pylist() for c in t.column_names}

@@ -1,4 +1,4 @@
-"""Trainer loader throughput: what one rank reads per epoch before/after issue 14 (ranks read
+"""Trainer loader throughput: a rank's reads per epoch, full stream vs. now (ranks read
 disjoint slices through the memory-mapped index), then samples/s of the composed batches (decode, augment, tokenise,
 HELIP random-access fetches, CLIP-C composites) over shards exported from real COCO photos.
 
@@ -20,7 +20,7 @@ DATA = SHARED_DATA / "coco_mini"
 
 
 def old_stream(shards, rank: int, world: int):
-    """The stream before issue 14, verbatim in what it reads: every rank reads and JSON-decodes
+    """The former stream (baseline), verbatim in what it reads: every rank reads and JSON-decodes
     every sample of every shard (WebDataset) and keeps every ``world``-th."""
     import json
     import webdataset as wds

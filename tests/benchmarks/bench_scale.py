@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 14): the whole DAG on N synthetic tiny images with English captions,
+"""Scale benchmark: the whole DAG on N synthetic tiny images with English captions,
 with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
 
     .venv/bin/python tests/benchmarks/bench_scale.py --sizes 2000,10000 [--rows-per-part 1000]
@@ -25,12 +25,12 @@ Process kinds: this runs the in-process executor (``executor="local"``): tasks, 
 stages and global steps all run in the driver process, so "peak RSS per process kind" is per
 stage in one process (what a Ray task worker or actor of that stage would hold, plus the driver's
 bookkeeping and the models earlier stages loaded). Each N runs in a fresh process. Ray was
-impractical here (2 cores shared by several sessions; its idle workers would blur the
+impractical here (2 shared cores; its idle workers would blur the
 per-stage figures). The RSS peak is a sampled current RSS (not ru_maxrss, which never goes
 down), so each stage gets its own peak.
 
-OCR: textspot costs 170-430 ms per image on CPU (README); at 10k rows it would take the whole
-session on 2 shared cores. By default it is left out of the DAG (``run.stages`` without it; the
+OCR: textspot costs 170-430 ms per image on CPU (deploy/SIZING.md); at 10k rows it would take hours on 2
+shared cores. By default it is left out of the DAG (``run.stages`` without it; the
 DAG then runs embed straight after cat); ``--ocr`` puts it back. Per-row cost growth: for each
 stage, CPU-s per row at the largest N over the smallest; a ratio > 1.3 is printed as a finding.
 """

@@ -163,7 +163,7 @@ def test_demo_job_on_a_two_node_cluster(cluster, tmp_path):
 
 
 def test_demo_job_with_its_run_directory_in_a_bucket(s3, cluster, tmp_path):
-    """Issue 13: the same two-node job with ``run.run_dir`` in a bucket (a real S3 HTTP API on
+    """The same two-node job with ``run.run_dir`` in a bucket (a real S3 HTTP API on
     loopback; the cluster's processes get the endpoint and credentials from the standard AWS
     environment): no shared folder for the run, every stage committed in the bucket."""
     d, info = cluster

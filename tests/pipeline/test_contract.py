@@ -1,4 +1,4 @@
-"""Issue 16's stage contract, checked over the default DAG: every stage is one of the four
+"""The stage contract, checked over the default DAG: every stage is one of the four
 kinds; the driver describes every stage (config view, output schema, notes, environment,
 fingerprint) and constructs it without loading a model (model loads happen in ``setup()``)."""
 import dataclasses

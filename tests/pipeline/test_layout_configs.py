@@ -1,4 +1,4 @@
-"""Issue 17: the example configs are generic, plus one per common layout. Each loads; the COCO
+"""The example configs are generic, plus one per common layout. Each loads; the COCO
 and Flickr ones read their real data with unique, stable keys; the offline small-data config
 runs the whole DAG on a slice of Flickr8k and keeps a sensible share."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16: a plug-in stage is one file (plugin_stage.py) plus one line in the DAG. Its section
+"""A plug-in stage is one file (plugin_stage.py) plus one line in the DAG. Its section
 is composed into the config (validated like any other, with the key named), it runs under the
 runner unchanged, and its parameter enters its fingerprint."""
 import pytest

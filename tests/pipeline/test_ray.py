@@ -192,8 +192,8 @@ def test_a_gpu_stage_gets_one_work_item_per_batch_on_ray(ray_local):
 
 
 def test_gpu_stages_run_on_ray(ray_local, cuda, tmp_path):
-    """embed and hpm with GPUs on Ray's actor pools (issue found in session 19: Ray's
-    map_batches refused every GPU stage). Skipped without a GPU; in gpu_checks.sh."""
+    """embed and hpm with GPUs on Ray's actor pools (Ray's map_batches must accept
+    a GPU stage's resources). Skipped without a GPU; in gpu_checks.sh."""
     data = make_demo(tmp_path / "data", n=24, seed=7)
     cfg = C.load(None, {**demo_overrides(data, tmp_path / "run"), "run.progress": False,
                         "run.stages": ["embed", "hpm"], "source.rows_per_part": 16,

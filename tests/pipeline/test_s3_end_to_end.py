@@ -1,4 +1,4 @@
-"""Issue 13, end to end on a real S3 HTTP API (moto on loopback): the demo DAG (every stage)
+"""End to end on a real S3 HTTP API (moto on loopback): the demo DAG (every stage)
 with its source and its run directory in a bucket gives the tables and shards of the same run
 on local folders; then `inspect`, `export` with another policy into the bucket, `report`, and a
 few HELIP trainer steps reading the shards from the bucket by byte ranges."""

@@ -291,7 +291,7 @@ def test_recaption_embed_stage_embeds_every_recaption_in_the_caption_space(cross
 
 
 def test_each_distinct_image_is_encoded_once_and_fanned_out(stage):
-    """COCO and Flickr give five captions an image: one image pass each (issue 17)."""
+    """COCO and Flickr give five captions an image: one image pass each."""
     imgs = [jpeg((200, 10, 10)), jpeg((10, 200, 10))]
     t = pa.table({F.SAMPLE_ID.name: [f"r{i}" for i in range(5)],
                   F.IMAGE.name: pa.array([imgs[0], imgs[1], imgs[0], imgs[0], imgs[1]]),

@@ -1,4 +1,4 @@
-"""Export projects only the columns it writes (issue 14): embeddings are not read back, and the
+"""Export projects only the columns it writes: embeddings are not read back, and the
 shards and every annotation are what the unprojected export wrote."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vlcurate.stages.export import _NEVER_ANNOTATED, ExportStage
 
 
 class UnprojectedExport(ExportStage):
-    """Export as it was before issue 14: reads every upstream column except the never-annotated
+    """Export unprojected (the reference): reads every upstream column except the never-annotated
     ones, embeddings included (``annotation`` then left them out of the shard json)."""
     version = "1"
 

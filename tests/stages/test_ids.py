@@ -1,4 +1,4 @@
-"""Issue 14: the ids step hash-partitioned over tasks equals the naive one-pass reference
+"""The ids step hash-partitioned over tasks equals the naive one-pass reference
 (first occurrence kept), on planted duplicates across parts, with a local or an S3 scratch."""
 import random
 

@@ -1,5 +1,5 @@
 """Hostile inputs, in every source format: each record the source holds is exactly one row,
-kept or rejected with the exact reason, and nothing raises or hangs (issue 11).
+kept or rejected with the exact reason, and nothing raises or hangs.
 
 Each case builds a source, runs the readers and the ingest stage on every part, and checks the
 multiset of (key, reasons) against what the source really holds, record by record.

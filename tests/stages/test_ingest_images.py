@@ -275,7 +275,7 @@ def test_mutated_images_never_raise():
     assert R.UNDECODABLE in seen
 
 
-# --- the pixel guard, for every format Pillow opens (issue 11) ---------------------------------
+# --- the pixel guard, for every format Pillow opens ------------------------------------------
 def _saved(fmt: str, size: tuple[int, int]) -> bytes | None:
     for mode in ("RGB", "L", "1"):
         try:

@@ -1,4 +1,4 @@
-"""Issue 13: a source in a bucket (a real S3 HTTP API, moto on loopback) reads exactly as the
+"""A source in a bucket (a real S3 HTTP API, moto on loopback) reads exactly as the
 same source in a local folder, in every format, hostile records included: the same rows, the
 same reasons, the same image bytes; images over the limit are never fetched."""
 from __future__ import annotations

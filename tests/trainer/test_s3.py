@@ -1,7 +1,7 @@
 """The trainer on a real S3 HTTP endpoint (moto on loopback, ``tests/s3server.py``): shards
 exported locally, uploaded to a bucket, streamed and randomly accessed from there by byte ranges
 (never a whole tar), checkpoints, log and eval written to the bucket, and a resume from the S3
-checkpoint that ends on exactly the model an uninterrupted local run trains (issue 13)."""
+checkpoint that ends on exactly the model an uninterrupted local run trains."""
 from __future__ import annotations
 
 import json

@@ -98,7 +98,7 @@ def test_helip_batches_contain_each_seeds_hard_pairs(shards, clip):
 
 
 def test_a_positive_is_never_drawn_as_a_hard_negative(shards, clip):
-    """Issue 17: a near-duplicate twin mined as both a hard pair and a positive of the seed is a
+    """A near-duplicate twin mined as both a hard pair and a positive of the seed is a
     positive only."""
     import dataclasses
     from vlcurate.trainer.compose import hard_negatives

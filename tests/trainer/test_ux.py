@@ -1,4 +1,4 @@
-"""Trainer UX (issue 17) and scale (issue 14): disjoint rank reads with exact resume, the
+"""Trainer UX and scale: disjoint rank reads with exact resume, the
 memory-mapped index, the held-out fraction by sample_id hash, the fingerprinted out_dir, the
 progress bar and one clean error line through ``vlcurate finetune``."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ class CountingIndex(IX.ShardIndex):
         return super().read(row, parts)
 
 
-# --- issue 14: disjoint reads, exact resume, the memory-mapped index ----------------------------
+# --- disjoint reads, exact resume, the memory-mapped index --------------------------------------
 @pytest.mark.parametrize("world", [2, 3, 7])
 def test_ranks_read_every_sample_exactly_once_per_epoch(shards, world):
     train_set, _ = shards.split(0.1, 0)          # an odd count: the remainder sits out
@@ -116,7 +116,7 @@ def test_index_lookup_survives_hash_collisions(shards, tmp_path, monkeypatch):
     assert idx.row("no-such-sample") is None
 
 
-# --- issue 17 (d): the held-out fraction --------------------------------------------------------
+# --- the held-out fraction -----------------------------------------------------------------------
 def test_held_out_fraction_is_by_sample_id_hash(shards, tmp_path):
     train_set, eval_set = shards.split(0.3, 0)
     held = {shards.index.ids[int(r)].as_py() for r in eval_set.rows}
@@ -137,7 +137,7 @@ def test_held_out_fraction_is_by_sample_id_hash(shards, tmp_path):
         shards.split(1.5, 0)
 
 
-# --- issue 17 (c): the fingerprinted out_dir, (b) the progress bar ------------------------------
+# --- the fingerprinted out_dir, the progress bar -------------------------------------------------
 def ft(shards, out, **over) -> C.FinetuneConfig:
     base = {"shards": shards.uri, "out_dir": str(out), "model": TINY, "batch_size": 4,
             "steps": 2, "ckpt_every": 1, "lr": 1e-3, "eval_fraction": 0.2}
@@ -185,7 +185,7 @@ def test_launch_refuses_another_config_before_torchrun(shards, tmp_path, capsys)
                           "config (loss: \"clip\" -> \"sigmoid\")") and err.count("\n") == 1
 
 
-# --- issue 17 (a): one clean error line through `vlcurate finetune` -----------------------------
+# --- one clean error line through `vlcurate finetune` -------------------------------------------
 @pytest.mark.slow
 def test_cli_missing_model_gives_one_error_line(shards, tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}

@@ -144,7 +144,7 @@ def test_exported_with_the_annotations(result):
     assert np.isclose(sum(meta[S.CONCEPT_OBJECT_PROBS.name]), 1, atol=5e-3)
 
 
-# --- issue 12: an empty vocabulary stops the run with the key to lower, or says so -------------
+# --- an empty vocabulary stops the run with the key to lower, or says so ----------------------
 def real_cat_dag():
     from vlcurate.stages.cat.cat_stage import CatStage
     return [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(CatStage, after=("ids",)),
