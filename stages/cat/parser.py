@@ -33,6 +33,11 @@ Choices where the paper is silent (documented in the report and tested):
 * numerals ("21 candles") are not attributes ("adjectival and noun modifiers" only);
 * ``participle_actions``: DiHT parses verbal modifiers ("running person", "striped mug") as both an
   attribute and an action without arguments; on by default, switchable off;
+* ``verb_nouns``: a NOUN with its own subject before it and no copula is the clause's main verb,
+  mis-tagged by the tagger ("A black dog leaps over a log": *leaps* NOUN with nsubj *dog*). It is
+  read as a VERB (an action, by its lemma; no longer an object). A noun heads a subject only as a
+  predicate nominal, which UD marks with ``cop`` and ClearNLP never builds (the copula heads); on
+  by default, switchable off;
 * words: objects and noun attributes are lemmas, adjectives their lemma, verbal attributes their
   surface form, actions their lemma (lower case).
 """
@@ -343,10 +348,74 @@ class _GraphBuilder:
                      complexity=max(per_obj.values(), default=-1))
 
 
-def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True) -> Graph:
+SINGULAR_ARTICLES = frozenset({"a", "an"})
+CLAUSE_MODS = frozenset({"acl"})
+
+
+def _plural(d: _Doc, i: int, subject: bool = False) -> bool:
+    """Plural by its tag or morphology; a coordinated subject ("a woman and a child") too."""
+    t = d.doc[i]
+    return t.tag_ in ("NNS", "NNPS") or "Plur" in t.morph.get("Number") or (
+        subject and bool(d.children(i, CONJ)))
+
+
+def _disagree(d: _Doc, subj: int, v: int) -> bool:
+    """Subject and noun disagree in number as a subject and its verb agree ("dog leaps", "dogs
+    play"); a noun and its noun modifier never show that pattern ("a dog leash")."""
+    plural = _plural(d, v)
+    return d.pos[subj] in NOMINAL and plural != _plural(d, subj, subject=True) and \
+        d.lower[v].endswith("s") == plural
+
+
+def _article_subject(d: _Doc, i: int, L: Labels) -> Optional[int]:
+    """"a"/"an", then one singular noun, then plural noun ``i`` (no coordination between): the
+    article disagrees with ``i``, which is that noun's verb ("A dog zips along the beach", parsed
+    as the noun phrase *a [dog zips]*). Returns the noun, or None."""
+    arts = [k for k in d.children(i, DET) if k < i and d.lower[k] in SINGULAR_ARTICLES]
+    if not arts or not _plural(d, i) or not d.lower[i].endswith("s"):
+        return None
+    between = range(arts[0] + 1, i)
+    nouns = [k for k in between if d.pos[k] in NOMINAL]
+    if any(d.dep[k] == "conj" and d.pos[d.head[k]] in NOMINAL for k in between):
+        return None
+    ok = nouns == [i - 1] and d.head[i - 1] == i and d.dep[i - 1] in L.noun_mod
+    return i - 1 if ok and not _plural(d, i - 1) else None
+
+
+def verb_nouns(d: _Doc, L: Labels) -> dict[int, Optional[int]]:
+    """Verbs the tagger called nouns, each with the subject the rule gives it (or None):
+
+    * a noun heading a subject before it that disagrees with it in number as a verb agrees with
+      its subject, without a copula ("A dog leaps over a log", *dog* nsubj of *leaps*; "Two dogs
+      pee on a hydrant"): it keeps that subject;
+    * a plural noun after "a"/"an" and one singular noun modifier ("A dog zips along the
+      beach"): the modifier becomes its subject when the verb is the caption's root;
+    * an -ing noun the parser attached as a clause modifier of a noun ("A giraffe standing in a
+      field", *standing* NOUN ``acl``): a clause has a verb, and its noun is the subject as for
+      any reduced relative.
+    """
+    found: dict[int, Optional[int]] = {}
+    for i in range(d.n):
+        if d.pos[i] != "NOUN" or d.children(i, COP):
+            continue
+        clause = d.dep[i] in CLAUSE_MODS and d.lower[i].endswith("ing")
+        if clause or any(k < i and _disagree(d, k, i) for k in d.children(i, L.subj)):
+            found[i] = None
+        elif (s := _article_subject(d, i, L)) is not None:
+            found[i] = s if d.head[i] == i else None
+    return found
+
+
+def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True,
+          retag_verb_nouns: bool = True) -> Graph:
     """DiHT's semantic graph of one caption."""
     d = _Doc(doc)
-    b = _GraphBuilder(d, LABELS[scheme or detect_scheme(d.dep)])
+    L = LABELS[scheme or detect_scheme(d.dep)]
+    for v, subj in (verb_nouns(d, L) if retag_verb_nouns else {}).items():
+        d.pos[v] = "VERB"
+        if subj is not None:
+            d.dep[subj] = "nsubj"
+    b = _GraphBuilder(d, L)
     for o in b.objs:
         b.object_pass(o)
     actions = [v for v in range(d.n) if b.verb_pass(v)]
@@ -488,12 +557,13 @@ def recase(text: str, title_case: str = "keep") -> str:
 
 def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int = 1,
                 batch_size: int = 512, participle_actions: bool = True,
-                title_case: str = "keep") -> list[Graph]:
+                title_case: str = "keep", retag_verb_nouns: bool = True) -> list[Graph]:
     """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
     texts = [recase(t or "", title_case) for t in texts]
     uniq = list(dict.fromkeys(texts))
     docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
-    graphs = {t: parse(doc, pipe.scheme, participle_actions) for t, doc in zip(uniq, docs)}
+    graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns)
+              for t, doc in zip(uniq, docs)}
     return [graphs[t] for t in texts]
 
 

