@@ -528,7 +528,7 @@ def memoize_attribute_ruler(ruler: Any) -> None:
     single = [p for p in ruler.patterns if all(len(x) == 1 for x in p["patterns"])]
     if any(set(tok) - TOKEN_KEYS for p in single for x in p["patterns"] for tok in x):
         return
-    context = Matcher(ruler.vocab, validate=True)
+    context = Matcher(ruler.vocab)
     for n, p in enumerate(q for q in ruler.patterns if q not in single):
         context.add(str(n), p["patterns"])
     ruler.__class__ = _memo_class()
