@@ -389,7 +389,8 @@ def verb_nouns(d: _Doc, L: Labels) -> dict[int, Optional[int]]:
 
     * a noun heading a subject before it that disagrees with it in number as a verb agrees with
       its subject, without a copula ("A dog leaps over a log", *dog* nsubj of *leaps*; "Two dogs
-      pee on a hydrant"): it keeps that subject;
+      pee on a hydrant"): it keeps that subject. A UD noun with a preposition (``case``) heads a
+      verbless fragment ("a dish on a plate": *plate* with nsubj *dish*), never a verb;
     * a plural noun after "a"/"an" and one singular noun modifier ("A dog zips along the
       beach"): the modifier becomes its subject when the verb is the caption's root;
     * an -ing noun the parser attached as a clause modifier of a noun ("A giraffe standing in a
@@ -399,7 +400,7 @@ def verb_nouns(d: _Doc, L: Labels) -> dict[int, Optional[int]]:
     found: dict[int, Optional[int]] = {}
     for i in range(d.n):
         if d.pos[i] != "NOUN" or not d.kids[i] and d.dep[i] not in CLAUSE_MODS or \
-                d.children(i, COP):
+                d.children(i, COP) or d.children(i, CASE):     # UD: "a dish [on a plate]"
             continue
         clause = d.dep[i] in CLAUSE_MODS and d.lower[i].endswith("ing")
         if clause or any(k < i and _disagree(d, k, i) for k in d.children(i, L.subj)):

@@ -346,7 +346,12 @@ def test_nouns_that_are_nouns_stay_nouns(scheme):
         assert P.parse(doc(spec), scheme) == P.parse(doc(spec), scheme, retag_verb_nouns=False)
 
 
-def test_a_predicate_nominal_with_a_copula_is_no_verb():
+def test_a_predicate_nominal_or_a_fragment_is_no_verb():
     spec = "the/DET/det/1 man/NOUN/nsubj/3/man/NN is/AUX/cop/3/be doctors/NOUN/ROOT/3/doctor/NNS"
+    g = P.parse(doc(spec), P.UD)
+    assert g == P.parse(doc(spec), P.UD, retag_verb_nouns=False) and g.actions == []
+    # UD's verbless fragment: "Two dishes on a plate", plate heads the subject and its preposition
+    spec = ("Two/NUM/nummod/1 dishes/NOUN/nsubj/4/dish/NNS on/ADP/case/4 a/DET/det/4 "
+            "plate/NOUN/ROOT/4/plate/NN")
     g = P.parse(doc(spec), P.UD)
     assert g == P.parse(doc(spec), P.UD, retag_verb_nouns=False) and g.actions == []
