@@ -33,10 +33,11 @@ Choices where the paper is silent (documented in the report and tested):
 * numerals ("21 candles") are not attributes ("adjectival and noun modifiers" only);
 * ``participle_actions``: DiHT parses verbal modifiers ("running person", "striped mug") as both an
   attribute and an action without arguments; on by default, switchable off;
-* ``verb_nouns``: a NOUN with its own subject before it and no copula is the clause's main verb,
-  mis-tagged by the tagger ("A black dog leaps over a log": *leaps* NOUN with nsubj *dog*). It is
-  read as a VERB (an action, by its lemma; no longer an object). A noun heads a subject only as a
-  predicate nominal, which UD marks with ``cop`` and ClearNLP never builds (the copula heads); on
+* ``verb_nouns``: a NOUN the parse shows to be the tagger's mis-tagged verb is read as a VERB (an
+  action, by its lemma; no longer an object): its own subject disagrees with it in number as a
+  verb's subject does ("A black dog leaps over a log": *leaps* NOUN with nsubj *dog*; never with
+  a copula or, in UD, a preposition), "a"/"an" heads it with one singular noun between ("a [dog
+  sprints]"), or it is an -ing clause modifier ("a giraffe standing"). See :func:`verb_nouns`; on
   by default, switchable off;
 * words: objects and noun attributes are lemmas, adjectives their lemma, verbal attributes their
   surface form, actions their lemma (lower case).

@@ -112,6 +112,7 @@ def test_memoized_attribute_ruler_sets_what_spacys_sets():
             "a birthday cake with 21 yellow candles", "A black dog leaps over a log ."]
     _same_parses(memo, plain, caps * 2)              # the second time from the memo
     assert len(ruler.memo) > 20
+    assert P.parse_texts(memo, caps, n_process=2, batch_size=3) == P.parse_texts(plain, caps)
 
 
 @pytest.mark.realdata
