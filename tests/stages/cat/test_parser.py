@@ -330,17 +330,17 @@ def test_an_article_that_disagrees_with_its_plural_noun_marks_a_verb(scheme):
 def test_nouns_that_are_nouns_stay_nouns(scheme):
     unchanged = [
         # no article, a plural head: "Soccer players on a field"
-        "Soccer/NOUN/compound/1/soccer/NN players/NOUN/ROOT/1/player/NNS on/ADP/prep/1 "
-        "a/DET/det/4 field/NOUN/pobj/2/field/NN",
+        ("Soccer/NOUN/compound/1/soccer/NN players/NOUN/ROOT/1/player/NNS on/ADP/prep/1 "
+         "a/DET/det/4 field/NOUN/pobj/2/field/NN"),
         # coordination between the article and the plural: "a blue shirt and hoop earrings"
-        "a/DET/det/5 blue/ADJ/amod/2 shirt/NOUN/nmod/5/shirt/NN and/CCONJ/cc/2 "
-        "hoop/NOUN/conj/2/hoop/NN earrings/NOUN/ROOT/5/earring/NNS",
+        ("a/DET/det/5 blue/ADJ/amod/2 shirt/NOUN/nmod/5/shirt/NN and/CCONJ/cc/2 "
+         "hoop/NOUN/conj/2/hoop/NN earrings/NOUN/ROOT/5/earring/NNS"),
         # a subject that agrees with the noun in number: "A child ... play set"
-        "A/DET/det/1 child/NOUN/nsubj/3/child/NN playground/NOUN/compound/3/playground/NN "
-        "set/NOUN/ROOT/3/set/NN",
+        ("A/DET/det/1 child/NOUN/nsubj/3/child/NN playground/NOUN/compound/3/playground/NN "
+         "set/NOUN/ROOT/3/set/NN"),
         # a clause modifier that is no -ing form: "a swing set at a park"
-        "a/DET/det/1 swing/NOUN/ROOT/1/swing/NN set/NOUN/acl/1/set/NN at/ADP/prep/2 "
-        "a/DET/det/5 park/NOUN/pobj/3/park/NN",
+        ("a/DET/det/1 swing/NOUN/ROOT/1/swing/NN set/NOUN/acl/1/set/NN at/ADP/prep/2 "
+         "a/DET/det/5 park/NOUN/pobj/3/park/NN"),
     ]
     for spec in unchanged:
         assert P.parse(doc(spec), scheme) == P.parse(doc(spec), scheme, retag_verb_nouns=False)
