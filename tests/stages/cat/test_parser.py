@@ -303,6 +303,8 @@ def test_a_noun_with_its_own_subject_is_the_verb(scheme):
     assert before.objects == ["dog", "leap", "log"] and before.actions == []
     g = P.parse(doc(LEAPS[scheme]), scheme)
     assert g.objects == ["dog", "log"] and g.actions == ["leap"]
+    assert P.parse(doc(LEAPS[scheme]), scheme, verb_lemma=lambda w: f"<{w}>").actions == \
+        ["<leaps>"]                                      # the pipeline's verb lemma, when given
     assert {("dog", "is_act_subj", "leap"), ("leap", "act_has_subj", "dog")} <= rels(g)
     assert g.complexity == 2                                  # dog: black, is_act_subj leap
     # a plural subject and a singular noun: "Two dogs pee on a hydrant"

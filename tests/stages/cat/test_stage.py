@@ -75,15 +75,18 @@ def test_cat_verb_nouns_key_reaches_the_parse():
     """cat.verb_nouns (default on) turns en_core_web_sm's noun-tagged main verbs into actions;
     off, the same captions are rejected with cat.no_action as before."""
     caps = ["A black dog leaps over a log .", "a dog sprints across the grass .",
+            "A zebra grazes in a field .", "A giraffe standing in a field .",
             "A black cat is chasing a small brown bird", "Soccer players on a field ."]
     clear = {"cat.spacy_model": CLEAR_MODEL}
     on = build_stage(CatStage, cfg(**clear))(batch(caps)).to_pylist()
     off = build_stage(CatStage, cfg(**clear, **{"cat.verb_nouns": False}))(batch(caps)).to_pylist()
-    assert [r[S.CAT_ACTIONS.name] for r in on] == [["leap"], ["sprint"], ["chase"], []]
-    assert [r[S.CAT_ACTIONS.name] for r in off] == [[], [], ["chase"], []]
-    assert [r[F.REASONS.name] for r in on][:2] == [[], []]
-    assert [r[F.REASONS.name] for r in off][:2] == [[R.CAT_NO_ACTION]] * 2
-    assert on[2:] == off[2:]                     # outside the class: the same row, byte for byte
+    # the actions by the pipeline's lemmatizer as verbs ("grazes": graze, not the noun's "graz")
+    assert [r[S.CAT_ACTIONS.name] for r in on] == [["leap"], ["sprint"], ["graze"], ["stand"],
+                                                   ["chase"], []]
+    assert [r[S.CAT_ACTIONS.name] for r in off] == [[], [], [], [], ["chase"], []]
+    assert [r[F.REASONS.name] for r in on][:4] == [[]] * 4
+    assert all(R.CAT_NO_ACTION in r[F.REASONS.name] for r in off[:4])
+    assert on[4:] == off[4:]                     # outside the class: the same row, byte for byte
 
 
 def _lean_pair():
