@@ -34,14 +34,16 @@ KNOBS = (
                        "hpm.tau_image / hpm.tau_text (similarities at or below them count as 0), "
                        "or hpm.noise_action=mark to keep the rows and only mark them"),
     ("cat.no_action", "cat.require_action=false (DiHT keeps captions with an action), "
-                      "cat.participle_actions, or cat.title_case=lower for Title Case captions "
+                      "cat.participle_actions, cat.verb_nouns (verbs the tagger read as nouns), "
+                      "or cat.title_case=lower for Title Case captions "
                       "(product names)"),
     ("cat.low_complexity", "cat.min_complexity (-1 keeps captions with no object), or "
                            "cat.title_case=lower for Title Case captions (product names), "
                            "whose capitalised words parse as proper nouns, never objects"),
     ("cat.text_spotted", "textspot.min_chars / textspot.min_conf"),
-    ("lang.other", "lang.keep (the caption languages to keep) or lang.min_prob (flag when "
-                   "P(caption in lang.keep) is below it; lower for short captions)"),
+    ("lang.other", "lang.keep (the caption languages to keep), lang.min_prob (flag when "
+                   "P(caption in lang.keep) is below it; lower for short captions), or "
+                   "lang.detector (which detectors must all agree to flag)"),
     ("dedup.near_duplicate", "hpm.dup_threshold (S_ii or S_tt above it is a duplicate), "
                              "positives.duplicates=false, or export.drop without "
                              "dedup.near_duplicate to export every copy"),

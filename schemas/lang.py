@@ -10,7 +10,8 @@ import pyarrow as pa
 from .tables import stage_table
 
 LANG = pa.field("lang", pa.string(), metadata={
-    "doc": "ISO 639-1 code of the caption's most likely language (langid.py's 97-language model)"})
+    "doc": "ISO 639-1 code of the caption's most likely language, by the detector that decided "
+           "(fastText lid.176 or langid.py; lang.detector)"})
 LANG_PROB = pa.field("lang_prob", pa.float32(), metadata={
     "doc": "probability that the caption is in one of lang.keep (normalised over all languages)"})
 

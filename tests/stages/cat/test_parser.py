@@ -286,3 +286,74 @@ def test_a_noun_tagged_adjectival_modifier_is_an_attribute(scheme):
     assert g.objects == ["baby", "wii"] and rels(g) == {("baby", "has_attr", "asian")}
     g = P.parse(doc("fire/NOUN/ROOT/0 hydrant/NOUN/amod/0"), scheme)
     assert g.objects == ["fire", "hydrant"]
+
+
+# --- verbs the tagger called nouns (cat.verb_nouns) -----------------------------------------------
+LEAPS = {  # "A black dog leaps over a log .": leaps tagged NOUN (NNS), dog its nsubj
+    P.UD: "A/DET/det/2 black/ADJ/amod/2 dog/NOUN/nsubj/3 leaps/NOUN/ROOT/3/leap/NNS "
+          "over/ADP/case/6 a/DET/det/6 log/NOUN/obl/3",
+    P.CLEARNLP: "A/DET/det/2 black/ADJ/amod/2 dog/NOUN/nsubj/3 leaps/NOUN/ROOT/3/leap/NNS "
+                "over/ADP/prep/3 a/DET/det/6 log/NOUN/pobj/4",
+}
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_a_noun_with_its_own_subject_is_the_verb(scheme):
+    before = P.parse(doc(LEAPS[scheme]), scheme, retag_verb_nouns=False)
+    assert before.objects == ["dog", "leap", "log"] and before.actions == []
+    g = P.parse(doc(LEAPS[scheme]), scheme)
+    assert g.objects == ["dog", "log"] and g.actions == ["leap"]
+    assert P.parse(doc(LEAPS[scheme]), scheme, verb_lemma=lambda w: f"<{w}>").actions == \
+        ["<leaps>"]                                      # the pipeline's verb lemma, when given
+    assert {("dog", "is_act_subj", "leap"), ("leap", "act_has_subj", "dog")} <= rels(g)
+    assert g.complexity == 2                                  # dog: black, is_act_subj leap
+    # a plural subject and a singular noun: "Two dogs pee on a hydrant"
+    g = P.parse(doc("Two/NUM/nummod/1 dogs/NOUN/nsubj/2/dog/NNS pee/NOUN/ROOT/2/pee/NN "
+                    "on/ADP/prep/2 a/DET/det/5 hydrant/NOUN/pobj/3/hydrant/NN"), scheme)
+    assert g.actions == ["pee"] and ("dog", "is_act_subj", "pee") in rels(g)
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_an_article_that_disagrees_with_its_plural_noun_marks_a_verb(scheme):
+    # "A dog zips along the beach" parsed as the noun phrase "a [dog zips]"
+    spec = ("A/DET/det/2 dog/NOUN/compound/2/dog/NN zips/NOUN/ROOT/2/zip/NNS along/ADP/prep/2 "
+            "the/DET/det/5 beach/NOUN/pobj/3/beach/NN")
+    assert P.parse(doc(spec), scheme, retag_verb_nouns=False).actions == []
+    g = P.parse(doc(spec), scheme)
+    assert g.objects == ["dog", "beach"] and g.actions == ["zip"]
+    assert ("dog", "is_act_subj", "zip") in rels(g)
+    # an -ing noun attached as a clause modifier: "A giraffe standing in a field"
+    g = P.parse(doc("A/DET/det/1 giraffe/NOUN/ROOT/1 standing/NOUN/acl/1/standing/NN "
+                    "in/ADP/prep/2 a/DET/det/5 field/NOUN/pobj/3"), scheme)
+    assert g.actions == ["standing"] and ("giraffe", "is_act_subj", "standing") in rels(g)
+
+
+@pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
+def test_nouns_that_are_nouns_stay_nouns(scheme):
+    unchanged = [
+        # no article, a plural head: "Soccer players on a field"
+        ("Soccer/NOUN/compound/1/soccer/NN players/NOUN/ROOT/1/player/NNS on/ADP/prep/1 "
+         "a/DET/det/4 field/NOUN/pobj/2/field/NN"),
+        # coordination between the article and the plural: "a blue shirt and hoop earrings"
+        ("a/DET/det/5 blue/ADJ/amod/2 shirt/NOUN/nmod/5/shirt/NN and/CCONJ/cc/2 "
+         "hoop/NOUN/conj/2/hoop/NN earrings/NOUN/ROOT/5/earring/NNS"),
+        # a subject that agrees with the noun in number: "A child ... play set"
+        ("A/DET/det/1 child/NOUN/nsubj/3/child/NN playground/NOUN/compound/3/playground/NN "
+         "set/NOUN/ROOT/3/set/NN"),
+        # a clause modifier that is no -ing form: "a swing set at a park"
+        ("a/DET/det/1 swing/NOUN/ROOT/1/swing/NN set/NOUN/acl/1/set/NN at/ADP/prep/2 "
+         "a/DET/det/5 park/NOUN/pobj/3/park/NN"),
+    ]
+    for spec in unchanged:
+        assert P.parse(doc(spec), scheme) == P.parse(doc(spec), scheme, retag_verb_nouns=False)
+
+
+def test_a_predicate_nominal_or_a_fragment_is_no_verb():
+    spec = "the/DET/det/1 man/NOUN/nsubj/3/man/NN is/AUX/cop/3/be doctors/NOUN/ROOT/3/doctor/NNS"
+    g = P.parse(doc(spec), P.UD)
+    assert g == P.parse(doc(spec), P.UD, retag_verb_nouns=False) and g.actions == []
+    # UD's verbless fragment: "Two dishes on a plate", plate heads the subject and its preposition
+    spec = ("Two/NUM/nummod/1 dishes/NOUN/nsubj/4/dish/NNS on/ADP/case/4 a/DET/det/4 "
+            "plate/NOUN/ROOT/4/plate/NN")
+    g = P.parse(doc(spec), P.UD)
+    assert g == P.parse(doc(spec), P.UD, retag_verb_nouns=False) and g.actions == []

