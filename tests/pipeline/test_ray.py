@@ -87,21 +87,26 @@ def test_coco_mini_on_ray_matches_in_process(ray_local, tmp_path):
     assert img.size == (meta["width"], meta["height"]) and txt == meta["caption"]
 
 
-def test_open_clip_loader_reads_the_shards(tmp_path):
+def open_clip_loader(tars, batch_size: int):
+    """open_clip's own WebDataset loader (``get_wds_dataset``) over our shards, RN50's transforms."""
     open_clip = pytest.importorskip("open_clip")
     data_mod = pytest.importorskip("open_clip_train.data")
+    args = argparse.Namespace(train_data="::".join(map(str, tars)), train_num_samples=None,
+                              train_data_upsampling_factors=None, dataset_resampled=False, seed=0,
+                              batch_size=batch_size, workers=0, world_size=1)
+    _, _, preprocess = open_clip.create_model_and_transforms("RN50", pretrained=None)
+    return data_mod.get_wds_dataset(args, preprocess, is_train=True, epoch=0,
+                                    tokenizer=open_clip.get_tokenizer("RN50"))
+
+
+def test_open_clip_loader_reads_the_shards(tmp_path):
     data = make_demo(tmp_path / "data", n=40)
     cfg = C.load(None, {**demo_overrides(data, tmp_path / "run"), "run.progress": False,
                         "export.samples_per_shard": 16})
     res = run(cfg, executor="local", log=lambda _: None)
     kept = res[-1].manifest["rows_kept"]
     shards = sorted((tmp_path / "run" / "export" / "shards").glob("*.tar"))
-    args = argparse.Namespace(train_data="::".join(map(str, shards)), train_num_samples=None,
-                              train_data_upsampling_factors=None, dataset_resampled=False, seed=0,
-                              batch_size=5, workers=0, world_size=1)
-    _, _, preprocess = open_clip.create_model_and_transforms("RN50", pretrained=None)
-    info = data_mod.get_wds_dataset(args, preprocess, is_train=True, epoch=0,
-                                    tokenizer=open_clip.get_tokenizer("RN50"))
+    info = open_clip_loader(shards, batch_size=5)
     # open_clip sizes the epoch from our sizes.json (rounded up to whole batches)
     assert info.dataloader.num_batches == math.ceil(kept / 5)
     n = 0

@@ -8,6 +8,7 @@ import tarfile
 import numpy as np
 import pytest
 
+from tests.pipeline.test_ray import open_clip_loader
 from tests.trainer.test_trainer import dag
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline.demo import demo_overrides, make_demo
@@ -135,19 +136,11 @@ def test_embeddings_go_in_only_when_asked_as_binary_members(tmp_path):
 def test_open_clip_reads_the_image_layout_one_caption_per_image(exports):
     """What open_clip's own WebDataset loader sees in the image layout: one (image, text) pair
     per image, sized from sizes.json."""
-    import argparse
     import math
-    open_clip = pytest.importorskip("open_clip")
-    data_mod = pytest.importorskip("open_clip_train.data")
     _, image = exports
     tars = sorted(__import__("pathlib").Path(image.uri).glob("*.tar"))
     n_images = len(set(image.index.group_hash.tolist()))
-    args = argparse.Namespace(train_data="::".join(map(str, tars)), train_num_samples=None,
-                              train_data_upsampling_factors=None, dataset_resampled=False, seed=0,
-                              batch_size=4, workers=0, world_size=1)
-    _, _, preprocess = open_clip.create_model_and_transforms("RN50", pretrained=None)
-    info = data_mod.get_wds_dataset(args, preprocess, is_train=True, epoch=0,
-                                    tokenizer=open_clip.get_tokenizer("RN50"))
+    info = open_clip_loader(tars, batch_size=4)
     # open_clip sizes the epoch from sizes.json: one sample per image (rounded up to batches)
     assert info.dataloader.num_batches == math.ceil(n_images / 4)
     for images, texts in info.dataloader:
