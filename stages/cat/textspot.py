@@ -24,6 +24,7 @@ conf = recognition score).
 from __future__ import annotations
 
 import io
+import math
 import os
 import shutil
 import unicodedata
@@ -101,11 +102,13 @@ def load_image(data: bytes, max_side: int) -> Image.Image:
 @dataclass(frozen=True)
 class FastPath:
     """What the rule needs of rapidocr (``textspot.mode=fast``): the detector runs once per image at
-    a bounded size (``det_pixels``), and only the boxes that could hold ``min_chars`` characters are recognised (a
-    crop narrower than ``min_ratio`` times its height cannot); ``use_cls``: the angle classifier."""
+    a bounded size (``det_pixels``), and only the boxes that could hold ``min_chars`` characters
+    are recognised (a crop narrower than ``min_ratio`` times its height cannot); ``tight``: each
+    crop is recognised at its own width instead of padded to its batch's widest (and at least
+    320 px): ~3.5x less recogniser work, the same decisions (``bench_textspot.py``)."""
     det_pixels: int = 196_608
     min_ratio: float = 0.0
-    use_cls: bool = True
+    tight: bool = False
 
 
 class RapidOcrBackend:
@@ -145,13 +148,27 @@ def rapid_fast(ocr: Any, im: Image.Image, fast: FastPath) -> list[Spot]:
     img, _, _ = ocr.preprocess(ocr.load_img(im))
     img, _ = ocr.maybe_add_letterbox(img, {})
     boxes = detect(ocr.text_det, img, fast.det_pixels)
-    crops = [c for c in ocr.get_crop_img_list(img, boxes) if c.shape[1] >= fast.min_ratio * c.shape[0]]
+    crops = [c for c in ocr.get_crop_img_list(img, boxes)
+             if c.shape[1] >= fast.min_ratio * c.shape[0]]
     if not crops:
         return []
-    if fast.use_cls:
-        crops = ocr.text_cls(crops)[0]
-    return [Spot(str(r[0]), float(r[1])) for r in ocr.text_rec(crops)[0]
-            if float(r[1]) >= ocr.text_score]
+    crops = ocr.text_cls(crops)[0]
+    read = [recognise_tight(ocr.text_rec, c) for c in crops] if fast.tight else \
+        ocr.text_rec(crops)[0]
+    return [Spot(str(r[0]), float(r[1])) for r in read if float(r[1]) >= ocr.text_score]
+
+
+def recognise_tight(rec: Any, crop: Any) -> tuple:
+    """rapidocr's recogniser on one crop, 48 px high at its own aspect ratio (the width rounded up to
+    a multiple of 8 with zeros, the recogniser's stride): (text, score)."""
+    import cv2
+    import numpy as np
+    h, w = crop.shape[:2]
+    width = max(1, math.ceil(48 * w / h))
+    x = np.zeros((1, 3, 48, -(-width // 8) * 8), np.float32)
+    x[0, :, :, :width] = (cv2.resize(crop, (width, 48)).astype(np.float32).transpose(2, 0, 1)
+                          / 255.0 - 0.5) / 0.5
+    return rec.postprocess_op(rec.session(x)[0])[0]
 
 
 def detect(det: Any, img: Any, pixels: int) -> list:
@@ -258,11 +275,13 @@ MIN_CHAR_RATIO = 0.2
 
 
 def fast_path(cfg: Any) -> Optional[FastPath]:
-    """``textspot.mode=fast``'s settings (None: the full OCR); ``keep_texts`` recognises every box."""
+    """``textspot.mode=fast``'s settings (None: the full OCR); ``keep_texts`` recognises every box
+    as the full OCR does, so that ocr_texts lists every line read."""
     if cfg.mode == "full":
         return None
-    return FastPath(det_pixels=cfg.det_pixels,
-                    min_ratio=0.0 if cfg.keep_texts else MIN_CHAR_RATIO * cfg.min_chars)
+    if cfg.keep_texts:
+        return FastPath(det_pixels=cfg.det_pixels)
+    return FastPath(det_pixels=cfg.det_pixels, min_ratio=MIN_CHAR_RATIO * cfg.min_chars, tight=True)
 
 
 def make_backend(cfg: Any) -> Any:
