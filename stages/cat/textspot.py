@@ -159,8 +159,8 @@ def rapid_fast(ocr: Any, im: Image.Image, fast: FastPath) -> list[Spot]:
 
 
 def recognise_tight(rec: Any, crop: Any) -> tuple:
-    """rapidocr's recogniser on one crop, 48 px high at its own aspect ratio (the width rounded up to
-    a multiple of 8 with zeros, the recogniser's stride): (text, score)."""
+    """rapidocr's recogniser on one crop, 48 px high at its own aspect ratio (the width padded with
+    zeros to a multiple of 8, the recogniser's stride): (text, score)."""
     import cv2
     import numpy as np
     h, w = crop.shape[:2]

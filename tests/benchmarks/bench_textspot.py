@@ -77,8 +77,10 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
                   for path in ("full", "fast"))
     flags = {path: sum(T.text_spotted(m, p.min_chars) for m in d.values())
              for path, d in (("full", full), ("fast", fast))}
+    hit = {path: {r: T.text_spotted(m, p.min_chars) for r, m in d.items()}
+           for path, d in (("full", full), ("fast", fast))}
     dis = [(k, c, full[(k, c)], fast[(k, c)]) for k, c in rows
-           if T.text_spotted(full[(k, c)], p.min_chars) != T.text_spotted(fast[(k, c)], p.min_chars)]
+           if hit["full"][(k, c)] != hit["fast"][(k, c)]]
     return {"set": name, "images": len(keys), "rows": len(rows), "load": os.getloadavg()[0],
             "full": n / cpu_s["full"], "fast": n / cpu_s["fast"], "flags": flags, "dis": dis}
 
@@ -106,7 +108,7 @@ def main() -> None:
             print(f"    {k} {c!r}: full read {m_full.text!r} ({m_full.chars} chars, conf "
                   f"{m_full.conf}), fast read {m_fast.text!r} ({m_fast.chars} chars)")
     print("\n| set | images (rows) | full OCR img/CPU-s | fast img/CPU-s | speed-up | flagged "
-          "full / fast | agreement | disagreements | load avg |\n|---|---|---|---|---|---|---|---|---|")
+          "full / fast | agreement | disagreements | load avg |\n" + "|---" * 9 + "|")
     for r in res:
         print(f"| {r['set']} | {r['images']} ({r['rows']}) | {r['full']:.2f} | {r['fast']:.2f} | "
               f"{r['fast'] / r['full']:.1f}x | {r['flags']['full']} / {r['flags']['fast']} | "
