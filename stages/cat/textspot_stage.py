@@ -24,6 +24,10 @@ from .optional import decide, skip_status, skipped_table
 class TextSpotParams(Params):
     """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
     backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
+    mode: Literal["fast", "full"] = "fast"   # rapidocr: fast reads what the rule needs; full: all
+    det_pixels: int = positive(196_608)   # fast: the text detector's input size (~512 x 384)
+    keep_texts: bool = False              # fast: recognise every box, so ocr_texts lists every line
+    device: Literal["cpu", "cuda"] = "cpu"   # rapidocr's onnxruntime (cuda: onnxruntime-gpu)
     if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
     min_conf: float = unit(0.8)           # DiHT: spotting confidence >= 0.8 ...
     min_chars: int = positive(5)          # ... and >= 5 characters matching the caption
@@ -43,7 +47,8 @@ def _cache_key(c: TextSpotParams) -> dict:
     """What one image's spotted lines depend on (the cache's namespace): the backend as
     installed, the downscale size and that backend's own settings; not the thresholds."""
     own = {"tesseract": (c.tesseract_lang, c.tesseract_psm),
-           "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights)}
+           "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights),
+           "rapidocr": (repr(T.fast_path(c)), c.device)}
     return {"backend": T.backend_identity(c), "max_side": c.max_side,
             "settings": own.get(c.backend, ()),
             "libraries": installed("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
@@ -65,7 +70,7 @@ def _keep(pair: tuple) -> bool:
 class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
-    version = "1"
+    version = "2"
     Params = TextSpotParams
     speed_only = ("threads",)             # OCR threads
     inputs = {"ingest": (F.CAPTION, F.IMAGE, F.IMAGE_HASH)}

@@ -95,9 +95,9 @@ def test_a_rerun_with_another_threshold_reads_every_image_from_the_cache(demo, t
     _run(demo, tmp_path / "a", cache)
     assert len(seen) == len(set(seen)) > 0                  # the first run computes each image
     n_first = len(seen)
-    warm = _run(demo, tmp_path / "b", cache, **{"textspot.min_chars": 3})
+    warm = _run(demo, tmp_path / "b", cache, **{"textspot.min_conf": 0.9})
     assert len(seen) == n_first                             # the rerun computes none
-    cold = _run(demo, tmp_path / "c", None, **{"textspot.min_chars": 3, "run.image_cache": False})
+    cold = _run(demo, tmp_path / "c", None, **{"textspot.min_conf": 0.9, "run.image_cache": False})
     assert len(seen) == 2 * n_first
     assert warm.equals(cold)
     assert not (tmp_path / "c" / "_cache").exists()

@@ -183,3 +183,92 @@ def mmocr_importable() -> bool:
         return True
     except Exception:  # noqa: BLE001 - mmcv fails in many ways
         return False
+
+
+# --- the fast path against the full OCR ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def rapid_paths():
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    return T.RapidOcrBackend(), T.RapidOcrBackend(fast=T.fast_path(TextSpotParams()))
+
+
+def decisions(ocr, rows):
+    """DiHT's decision per (image bytes, caption) row, each distinct image read once."""
+    distinct = list(dict.fromkeys(b for b, _ in rows))
+    found = dict(zip(distinct, T.spot_all(ocr, distinct, 1024)[0]))
+    return [T.text_spotted(T.best_match(found[b], c, 0.8), 5) for b, c in rows]
+
+
+def scene_text_rows():
+    folder = shared_data("ocr_scene_text")
+    with open(folder / "annotations.csv", encoding="utf-8") as fh:
+        return [((folder / "images" / r["image"]).read_bytes(), r["visible_text"] or "a photo")
+                for r in csv.DictReader(fh)]
+
+
+def coco_rows(n_images):
+    folder = shared_data("coco_mini")
+    with open(folder / "captions.csv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    keep = sorted({r["image"] for r in rows})[:n_images]
+    return [((folder / "images" / r["image"]).read_bytes(), r["caption"]) for r in rows
+            if r["image"] in keep]
+
+
+@pytest.mark.realdata
+def test_fast_path_flags_the_scene_text_photos_as_the_full_ocr_does(rapid_paths):
+    rows = scene_text_rows()
+    full, fast = (decisions(ocr, rows) for ocr in rapid_paths)
+    assert sum(full) >= 8                                   # the photos hold text their caption has
+    # the detector at ~512 x 384 instead of 1312 x 736 loses the smallest text of one ICDAR photo
+    # (icdar2015_img_1: "Theatre" 15 px high); every other decision is the same
+    assert sum(a != b for a, b in zip(full, fast)) <= 1, (full, fast)
+
+
+@pytest.mark.realdata
+def test_fast_path_agrees_with_the_full_ocr_on_coco_photos(rapid_paths):
+    rows = coco_rows(12)
+    assert len(rows) == 60
+    full, fast = (decisions(ocr, rows) for ocr in rapid_paths)
+    assert full == fast
+
+
+@pytest.mark.realdata
+def test_fast_path_at_the_full_detector_size_reads_what_the_full_ocr_reads(rapid_paths):
+    # grocery photos are 348 px squares: the full OCR detects at 736 x 736; the fast path's own
+    # detector, crops and recogniser at that size give the same lines
+    full = rapid_paths[0]
+    same = T.RapidOcrBackend(fast=T.FastPath(det_pixels=736 * 736))
+    images = [b for b, _ in sample(shared_data("grocery_packages"), 3)]
+    assert T.spot_all(same, images, 1024) == T.spot_all(full, images, 1024)
+    assert any(T.spot_all(full, images, 1024)[0])
+
+
+def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_paths):
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    im = render("7", size=(120, 120))
+    fast = rapid_paths[1]
+    keep = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(keep_texts=True)))
+    assert fast([im]) == [[]]                                # one character: never 5 of a caption
+    assert [s.text for s in keep([im])[0]] == ["7"]          # keep_texts: every box is read
+    coffee = fast([render("COFFEE")])[0]
+    assert any(T.normalize(s.text) == "coffee" and s.conf >= 0.8 for s in coffee), coffee
+
+
+def test_fast_path_settings_follow_the_config():
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
+    p = TextSpotParams()
+    assert p.mode == "fast" and T.fast_path(TextSpotParams(mode="full")) is None
+    assert T.fast_path(p) == T.FastPath(det_pixels=p.det_pixels, min_ratio=1.0, tight=True)
+    assert T.fast_path(TextSpotParams(keep_texts=True)) == T.FastPath(det_pixels=p.det_pixels)
+    keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"), TextSpotParams(keep_texts=True),
+                                    TextSpotParams(det_pixels=300_000))]
+    assert len({repr(k) for k in keys}) == 4                  # each reads differently: own entries
+
+
+def test_cuda_without_a_cuda_onnxruntime_says_what_to_install():
+    import onnxruntime
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("onnxruntime has CUDA here")
+    with pytest.raises(T.BackendUnavailable, match="onnxruntime-gpu"):
+        T.RapidOcrBackend(device="cuda")
