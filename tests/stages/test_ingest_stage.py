@@ -135,7 +135,8 @@ def test_bad_corpus_duplicate_keys_are_flagged_by_the_ids_stage(tmp_path):
     assert len(dup_ids) == 2 and dup_ids[0] == dup_ids[1]
     # and the ids stage turns that into reasons, row for row
     t = read(5).append_column(F.PART.name, pa.array([5], pa.int64()))
-    flagged = build_stage(IdsStage, cfg, state=dups)(t.select([F.SAMPLE_ID.name, F.PART.name, F.ROW.name]))
+    flagged = build_stage(IdsStage, cfg, state=dups)(
+        t.select([F.SAMPLE_ID.name, F.IMAGE_HASH.name, F.PART.name, F.ROW.name]))
     assert flagged.column(F.REASONS.name).to_pylist() == [[R.DUPLICATE_ID]]
 
 
