@@ -154,7 +154,10 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "14"       # 14: the layout's k-means runs 6 iterations, not 10 (another
+    version = "15"       # 15: rows found short (support < k, bound > 0) are searched again
+                         # until their count is exact (blocks.complete): noise flags, their
+                         # support, top-k and certificate change
+                         # 14: the layout's k-means runs 6 iterations, not 10 (another
                          # layout: other clusters, so other candidates near the cut)
                          # 13: every re-scored similarity (bf16, int8, the one-space pairs)
                          # is native.pair_dots' fixed-order sum: its last bits change; the
