@@ -42,7 +42,7 @@ from vlcurate.pipeline.params import Params, at_least, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import blocks, hpm
-from .pass_io import Miner, pass_info, pass_params, prepare_pass, small_data_error
+from .pass_io import Miner, pass_info, pass_params, prepare_pass, ran_in, small_data_error
 from vlcurate.stages.arrow import list_array, masked_lists, spread
 
 from .store import Store, collect, drop_vectors
@@ -120,7 +120,10 @@ class HpmParams(Params):
     # proven per row (stages/mining/q8.py): ~1.6-2x bf16's rate with AVX512-VNNI, AMX or GPU
     # tensor cores, the same pairs; its layout, routing (each row's bound widens the
     # certificate) and one-space searches in int8 too
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # auto: int8 where the device has int8 GEMMs in hardware (a GPU with int8 tensor cores, a
+    # CPU with AVX512-VNNI or AMX: pass_io.int8_native), else fp32; the same pairs either way,
+    # the run summary's hpm.precision says which ran
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
     # are routed together, so its units (a cluster x the rows routed to it) hold ~kept rows x
@@ -210,8 +213,9 @@ class HpmStage(GlobalStage):
         if state["fast"]:
             state.update(_build_fast(cfg, meta, workdir))
         elif meta.n:
-            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n), workdir,
-                                         hpm.resolve_device(cfg.device))
+            device = hpm.resolve_device(cfg.device)
+            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n, device), workdir,
+                                         device)
             state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
         return state
 
@@ -224,7 +228,7 @@ class HpmStage(GlobalStage):
         cert, cut = ([np.asarray(t.column(c).drop_null().to_numpy(zero_copy_only=False), dtype)
                       for t in tables] for c, dtype in zip(cols, (bool, np.int64)))
         cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
-        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64))
+        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64), ran_in(ctx.workdir))
 
     def setup(self) -> None:
         config, state = self.config, self.state

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from vlcurate.schemas import embed as E
 
-from . import blocks, hpm, q8, screen, spaces
+from . import blocks, hpm, native, q8, screen, spaces
 from .store import Store
 
+PRECISION = "precision"    # the pass's file naming the precision it runs in
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
 
 
@@ -59,9 +60,33 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 AUTO = (256, 60)
 
 
-def pass_params(cfg: Any, n: int) -> blocks.PassParams:
+def int8_native(device: str) -> bool:
+    """Whether ``device`` runs int8 GEMMs natively: a GPU with int8 tensor cores (compute
+    capability 7.2 or 7.5 on: Xavier, Turing and later), a CPU with AVX512-VNNI or AMX (its
+    flags, or native.vnni: the fused screen runs)."""
+    if device.startswith("cuda"):
+        import torch
+        return torch.cuda.get_device_capability(torch.device(device)) >= (7, 2)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((x for x in f if x.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    return bool({"avx512_vnni", "amx_int8"} & set(flags)) or native.vnni()
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """hpm.precision ``auto``: int8 where ``device`` has int8 GEMMs in hardware, else fp32
+    (the same pairs either way: q8.py's screen is proven); any other value as it is."""
+    if precision != "auto":
+        return precision
+    return "int8" if int8_native(device) else "fp32"
+
+
+def pass_params(cfg: Any, n: int, device: Optional[str] = None) -> blocks.PassParams:
     """hpm config -> pass parameters; method exact (or auto up to exact_max_n rows) probes
-    every cluster: the pass is then exhaustive, i.e. exact HPM."""
+    every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.precision auto is resolved
+    for ``device`` (None: hpm.device's)."""
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
     rows, probe = AUTO
     c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=cfg.clusters,
@@ -71,7 +96,8 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
         n_clusters=c, probe=c if exact else (cfg.probe or probe), seed=cfg.seed,
         query_block=cfg.query_block, block_size=cfg.block_size, max_pairs=cfg.max_pairs,
-        precision=cfg.precision, space_probe=0 if exact else cfg.pair_probe, cluster_rows=rows)
+        precision=resolve_precision(cfg.precision, device or hpm.resolve_device(cfg.device)),
+        space_probe=0 if exact else cfg.pair_probe, cluster_rows=rows)
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,8 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
     lay = blocks.build_layout(img, txt, p, device)
     out = pass_dir(workdir)
     blocks.save_layout(out, lay)
+    with open(os.path.join(out, PRECISION), "w") as f:     # the run summary's (pass_info)
+        f.write(p.precision)
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
                                    "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
@@ -148,15 +176,27 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
                                for x, a in low.items()} or None)
 
 
-def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
+def ran_in(workdir: str) -> Optional[str]:
+    """The precision the pass in hpm's ``workdir`` ran in (None: no pass there)."""
+    path = os.path.join(pass_dir(workdir), PRECISION)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray,
+              precision: Optional[str] = None) -> dict:
     """The run summary's figures from the committed parts (``certified``: every mined row's
     flag, ``cut``: the pass's rows' hpm_pairs_cut): clusters and probe (the pass), the
-    certified fraction, and the pairs hpm.max_pairs cut (a note when any)."""
+    precision it ran in (``ran_in``), the certified fraction, and the pairs hpm.max_pairs cut
+    (a note when any)."""
     info: dict = {"certified": float(certified.mean()) if len(certified) else 1.0}
     if cfg.method == "fast" or not len(certified):
         return info
-    p = pass_params(cfg, len(certified))
+    p = pass_params(cfg, len(certified), "cpu")
     info.update(clusters=p.clusters(len(certified)), probe=min(p.probe, p.clusters(len(certified))),
+                precision=precision or p.precision,
                 pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
@@ -167,5 +207,6 @@ def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
     return info
 
 
-__all__ = ["Miner", "PassState", "pass_dir", "pass_info", "pass_params", "prepare_pass",
+__all__ = ["Miner", "PassState", "pass_dir", "pass_info", "pass_params", "prepare_pass", "ran_in",
+           "resolve_precision",
            "small_data_error"]
