@@ -94,9 +94,11 @@ class HpmParams(Params):
     # blocks: k-means clusters; null = about n / 256 (pass_io.AUTO: finer clusters score fewer
     # rows per target for the same recall)
     clusters: Optional[int] = positive(None)
-    # blocks: clusters searched per row (nearest means); null = 80. Recall@10/50/100
-    # (tests/benchmarks/bench_mining.py, 1M synthetic, 3,906 clusters): 0.991 / 0.995 / 0.995
+    # blocks: clusters searched per row (best by routing); null = calibrated in the global step:
+    # the smallest probe whose recall@k (and @10, @50, @100 up to k) on a seeded sample's exact
+    # neighbours reaches hpm.recall (stages/mining/calibrate.py; the run summary says which)
     probe: Optional[int] = positive(None)
+    recall: float = within(0.995, 0, 1)    # the calibrated probe's target (hpm.probe null)
     # candidate pairs kept for the positives stage, which reads them instead of searching (its
     # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
     pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
@@ -215,7 +217,7 @@ class HpmStage(GlobalStage):
         elif meta.n:
             device = hpm.resolve_device(cfg.device)
             state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n, device), workdir,
-                                         device)
+                                         device, None if cfg.probe else cfg.recall)
             state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
         return state
 

@@ -17,6 +17,8 @@ positives stage and the run summary read.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -24,10 +26,10 @@ from typing import Any, Optional
 import numpy as np
 from vlcurate.schemas import embed as E
 
-from . import blocks, hpm, native, q8, screen, spaces
+from . import blocks, calibrate, hpm, native, q8, screen, spaces
 from .store import Store
 
-PRECISION = "precision"    # the pass's file naming the precision it runs in
+RAN = "ran.json"          # the pass's precision and probe, for the run summary
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
 
 
@@ -113,20 +115,24 @@ def pass_dir(workdir: str) -> str:
     return os.path.join(workdir, "pass")
 
 
-def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) -> PassState:
-    """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, and
-    stop with issue 12's error when no row of a seeded sample (every row, up to GUARD_SAMPLE)
-    has k supporters."""
+def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str,
+                 recall: Optional[float] = None) -> PassState:
+    """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, with
+    ``recall`` calibrate the probe (calibrate.py), and stop with issue 12's error when no row
+    of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters."""
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = blocks.build_layout(img, txt, p, device)
     out = pass_dir(workdir)
     blocks.save_layout(out, lay)
-    with open(os.path.join(out, PRECISION), "w") as f:     # the run summary's (pass_info)
-        f.write(p.precision)
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
                                    "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
+    if recall is not None and p.probe < lay.n_clusters:
+        probe = calibrate.probe_for(lay, blocks.load_vectors(out, store.n), p, recall, device)
+        p = dataclasses.replace(p, probe=probe)
+    with open(os.path.join(out, RAN), "w") as f:     # the run summary's (pass_info)
+        json.dump({"precision": p.precision, "probe": p.probe}, f)
     if p.space_probe and p.probe < lay.n_clusters:     # partial: one-space layouts too
         spaces.build(out, blocks.load_vectors(out, store.n), p, device)
     state = PassState(out, store.n, p)
@@ -176,27 +182,29 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
                                for x, a in low.items()} or None)
 
 
-def ran_in(workdir: str) -> Optional[str]:
-    """The precision the pass in hpm's ``workdir`` ran in (None: no pass there)."""
-    path = os.path.join(pass_dir(workdir), PRECISION)
+def ran_in(workdir: str) -> dict:
+    """The precision and probe the pass in hpm's ``workdir`` ran with ({}: no pass there)."""
+    path = os.path.join(pass_dir(workdir), RAN)
     if not os.path.exists(path):
-        return None
+        return {}
     with open(path) as f:
-        return f.read().strip()
+        return json.load(f)
 
 
-def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray,
-              precision: Optional[str] = None) -> dict:
+def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray, ran: Optional[dict] = None
+              ) -> dict:
     """The run summary's figures from the committed parts (``certified``: every mined row's
     flag, ``cut``: the pass's rows' hpm_pairs_cut): clusters and probe (the pass), the
-    precision it ran in (``ran_in``), the certified fraction, and the pairs hpm.max_pairs cut
-    (a note when any)."""
+    precision it ran in (``ran``: ``ran_in``'s), the certified fraction, and the pairs
+    hpm.max_pairs cut (a note when any)."""
     info: dict = {"certified": float(certified.mean()) if len(certified) else 1.0}
     if cfg.method == "fast" or not len(certified):
         return info
     p = pass_params(cfg, len(certified), "cpu")
-    info.update(clusters=p.clusters(len(certified)), probe=min(p.probe, p.clusters(len(certified))),
-                precision=precision or p.precision,
+    ran = ran or {}
+    info.update(clusters=p.clusters(len(certified)),
+                probe=min(ran.get("probe", p.probe), p.clusters(len(certified))),
+                precision=ran.get("precision", p.precision),
                 pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
