@@ -897,10 +897,13 @@ class Found:
 class PassResult(Found):
     """Found, plus ``bound``: the largest score a pair outside the searched clusters can have;
     ``cut``: each row's pairs left out by the per-row cap; ``scored``: (query, member) pairs
-    scored, for FLOP counts."""
+    scored, for FLOP counts; ``widened``, ``everywhere``: rows ``complete`` searched again,
+    and of them those searched in every cluster."""
     bound: np.ndarray
     cut: np.ndarray
     scored: int = 0
+    widened: int = 0
+    everywhere: int = 0
 
     @property
     def noise(self) -> np.ndarray:
@@ -915,8 +918,12 @@ class PassResult(Found):
         base = np.cumsum([0] + [len(x.pair_j) for x in parts])
         offsets = np.concatenate([[0]] + [x.offsets[1:] + b for x, b in zip(parts, base)])
         cat = {f.name: np.concatenate([getattr(x, f.name) for x in parts])
-               for f in dataclasses.fields(PassResult) if f.name not in ("offsets", "scored")}
-        return PassResult(**cat, offsets=offsets, scored=sum(x.scored for x in parts))
+               for f in dataclasses.fields(PassResult) if f.name not in ("offsets", *COUNTS)}
+        return PassResult(**cat, offsets=offsets,
+                          **{f: sum(getattr(x, f) for x in parts) for f in COUNTS})
+
+
+COUNTS = ("scored", "widened", "everywhere")     # PassResult's counts: summed by concat
 
 
 def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
@@ -980,7 +987,8 @@ def complete(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, routes: 
     short = np.flatnonzero((r.support < p.k) & (r.bound > 0))
     if not len(short):
         return
-    q = dataclasses.replace(p, floor_i=2.0, floor_t=2.0, floor_x=2.0, max_pairs=0)
+    q = dataclasses.replace(p, floor_i=2.0, floor_t=2.0, floor_x=2.0)
+    r.widened += len(short)
     searched = np.zeros((len(short), lay.n_clusters), bool)
     np.put_along_axis(searched, routes[short], True, 1)
     wide = min(WIDEN * p.probe, lay.n_clusters)
@@ -991,6 +999,7 @@ def complete(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, routes: 
         np.put_along_axis(searched, top, True, 1)
         still = (r.support[short] < p.k) & (r.bound[short] > 0)
         short, searched = short[still], searched[still]
+    r.everywhere += len(short)
     step = max(1, WIDE_CELLS // lay.n_clusters)
     every = np.arange(lay.n_clusters)[None, :]
     empty = np.diff(lay.bounds) == 0
