@@ -315,7 +315,7 @@ def pass_config(a, k: int):
     over = {"tau_image": a.tau, "tau_text": a.tau, "probe": a.probe, "clusters": a.clusters,
             "pair_image": a.floor, "pair_text": a.floor, "exact_max_n": a.exact_max_n,
             "method": a.method, "precision": a.precision, "query_block": a.query_block,
-            "block_size": a.block_size}
+            "block_size": a.block_size, "recall": a.recall}
     return replace(HpmConfig(), k=k, **{f: v for f, v in over.items() if v is not None})
 
 
@@ -631,6 +631,8 @@ def main() -> int:
     ap.add_argument("--fasthpm", action="store_true", help="also the FastHPM grid (slow)")
     ap.add_argument("--clusters", type=int, help="pass: k-means clusters (default auto)")
     ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.probe)")
+    ap.add_argument("--recall", type=float, help="pass: the calibrated probe's target "
+                                                 "(default: hpm.recall)")
     ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
     ap.add_argument("--chunk", type=int, help="pass: rows mined together (default: "
                     "hpm.chunk_rows, whose chunks span parts; a call mines its kept rows)")
