@@ -117,6 +117,8 @@ class PassParams:
                                    # 0: none)
     cluster_rows: int = 2048       # the auto cluster size
     space_rows: int = 512          # the one-space layouts' cluster size (spaces.py)
+    exact_noise: bool = True       # complete the support of rows found short (``complete``):
+                                   # noise decisions equal exact HPM's
 
     def floors(self) -> dict:
         """Each similarity's candidate floor (X_ii and X_tt share S_ii's and S_tt's)."""
@@ -895,10 +897,13 @@ class Found:
 class PassResult(Found):
     """Found, plus ``bound``: the largest score a pair outside the searched clusters can have;
     ``cut``: each row's pairs left out by the per-row cap; ``scored``: (query, member) pairs
-    scored, for FLOP counts."""
+    scored, for FLOP counts; ``widened``, ``everywhere``: rows ``complete`` searched again,
+    and of them those searched in every cluster."""
     bound: np.ndarray
     cut: np.ndarray
     scored: int = 0
+    widened: int = 0
+    everywhere: int = 0
 
     @property
     def noise(self) -> np.ndarray:
@@ -913,8 +918,12 @@ class PassResult(Found):
         base = np.cumsum([0] + [len(x.pair_j) for x in parts])
         offsets = np.concatenate([[0]] + [x.offsets[1:] + b for x, b in zip(parts, base)])
         cat = {f.name: np.concatenate([getattr(x, f.name) for x in parts])
-               for f in dataclasses.fields(PassResult) if f.name not in ("offsets", "scored")}
-        return PassResult(**cat, offsets=offsets, scored=sum(x.scored for x in parts))
+               for f in dataclasses.fields(PassResult) if f.name not in ("offsets", *COUNTS)}
+        return PassResult(**cat, offsets=offsets,
+                          **{f: sum(getattr(x, f) for x in parts) for f in COUNTS})
+
+
+COUNTS = ("scored", "widened", "everywhere")     # PassResult's counts: summed by concat
 
 
 def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
@@ -929,9 +938,14 @@ def mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str 
 
 def mine_routed(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
                 routed: Optional[tuple] = None) -> tuple[PassResult, np.ndarray]:
-    """``mine``, and each row's routes (spaces.py's add_pairs reads them)."""
+    """``mine``, and each row's routes (spaces.py's add_pairs reads them), the support of rows
+    found short completed (``complete``, with p.exact_noise)."""
+    pos = np.asarray(pos, np.int64)
     with freed_memory_kept():
-        return _mine(lay, vec, np.asarray(pos, np.int64), p, device, routed)
+        r, routes = _mine(lay, vec, pos, p, device, routed)
+        if p.exact_noise:
+            complete(lay, vec, pos, r, routes, p, device)
+        return r, routes
 
 
 def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str,
@@ -941,6 +955,8 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
     srt = np.argsort(pos, kind="stable")       # queries ascending, so by cluster alone
     q = np.repeat(pos[srt], routes.shape[1])
     c = routes[srt].ravel()
+    if routes.size and routes.min() < 0:          # complete's routes: -1 = none
+        q, c = q[c >= 0], c[c >= 0]
     o = by_cluster(c, lay.n_clusters)
     q, c = q[o], c[o]
     cuts = np.searchsorted(c, np.arange(lay.n_clusters + 1))
@@ -951,6 +967,65 @@ def _mine(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str
         r = gather(qc.target, p, results, m_out, device)
     r.scored = int(sum(len(qs) * (lay.bounds[u + 1] - lay.bounds[u]) for u, qs in units))
     return r, routes
+
+
+# complete: a short row's probe widens this many times first, then to every cluster
+WIDEN = 4
+WIDE_CELLS = 1 << 22      # rows x clusters routed at a time by the last step
+
+
+def complete(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, routes: np.ndarray,
+             p: PassParams, device: str = "cpu") -> None:
+    """HELIP's noise rule decides on a count, which a partial search undercounts: rows with
+    fewer than k supporters found and a bound > 0 (a pair left out could support them) are
+    searched again in the clusters they did not search, first WIDEN x probe of them (the next
+    by routing: most rows near the threshold reach k there), then, for those still short, every
+    other cluster. Their support is then exact (clusters are disjoint: counts add), so is
+    their noise decision, and after the last step their top-k and certificate too. In place on
+    ``r``; only the top-k, support, bound and certificate of those rows change (their
+    candidate pairs are the pass's: the searches keep none)."""
+    short = np.flatnonzero((r.support < p.k) & (r.bound > 0))
+    if not len(short):
+        return
+    q = dataclasses.replace(p, floor_i=2.0, floor_t=2.0, floor_x=2.0)
+    r.widened += len(short)
+    searched = np.zeros((len(short), lay.n_clusters), bool)
+    np.put_along_axis(searched, routes[short], True, 1)
+    wide = min(WIDEN * p.probe, lay.n_clusters)
+    if wide > routes.shape[1]:
+        top, m_out = route(lay, vec, pos[short], wide, device, p.precision)
+        _search(lay, vec, pos, r, short, np.where(
+            np.take_along_axis(searched, top, 1), -1, top), m_out, q, device)
+        np.put_along_axis(searched, top, True, 1)
+        still = (r.support[short] < p.k) & (r.bound[short] > 0)
+        short, searched = short[still], searched[still]
+    r.everywhere += len(short)
+    step = max(1, WIDE_CELLS // lay.n_clusters)
+    every = np.arange(lay.n_clusters)[None, :]
+    empty = np.diff(lay.bounds) == 0
+    for a in range(0, len(short), step):
+        rest = np.where(searched[a:a + step] | empty, -1, every)
+        _search(lay, vec, pos, r, short[a:a + step], rest,
+                np.full(len(rest), -np.inf, np.float32), q, device)
+
+
+def _search(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, rows: np.ndarray,
+            routes: np.ndarray, m_out: np.ndarray, p: PassParams, device: str) -> None:
+    """``complete``'s step: r's ``rows`` searched again in the clusters ``routes`` (-1: none;
+    m_out bounds every other cluster not searched yet): support added, top-k merged (Best's
+    order), bound and certificate renewed."""
+    got, _ = _mine(lay, vec, pos[rows], p, device, (routes, m_out))
+    r.support[rows] += got.support
+    best = Best(len(rows), p.k, "cpu")
+    for idx, score in ((r.idx[rows], r.score[rows]), (got.idx, got.score)):
+        at, slot = np.nonzero(idx >= 0)
+        best.add(*(torch.as_tensor(x) for x in (at, idx[at, slot], score[at, slot])))
+    idx, score = (x.numpy() for x in best.dense())
+    r.idx[rows], r.score[rows] = idx, score
+    r.bound[rows] = np.minimum(r.bound[rows], got.bound)
+    r.certified[rows] = (r.bound[rows] <= 0) | ((r.support[rows] >= p.k) &
+                                                (score[:, p.k - 1] >= r.bound[rows]))
+    r.scored += got.scored
 
 
 def by_cluster(c: np.ndarray, n_clusters: int) -> np.ndarray:

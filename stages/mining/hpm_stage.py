@@ -42,7 +42,7 @@ from vlcurate.pipeline.params import DataError, Params, at_least, positive, unit
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import blocks, hpm
-from .pass_io import Miner, pass_info, pass_params, prepare_pass, small_data_error
+from .pass_io import Miner, pass_info, pass_params, prepare_pass, ran_in, small_data_error
 from vlcurate.stages.arrow import list_array, masked_lists, spread
 
 from .store import Store, collect, drop_vectors
@@ -86,6 +86,12 @@ class HpmParams(Params):
     # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
     # mark: only the hpm_is_noise column, no reason
     noise_action: Literal["drop", "mark"] = "drop"
+    # exact: a row the pass finds with fewer than k supporters is searched again, wider and then
+    # everywhere, until its count is exact (HELIP's rule: no good row flagged on a partial
+    # count; a true noise row then costs what exact HPM costs for it). probed: decide on the
+    # probed clusters' count: much faster where many rows are noise pairs, but a good row near
+    # the threshold can be flagged (blocks.complete)
+    noise_count: Literal["exact", "probed"] = "exact"
     # blocks: one neighbour pass in dense blocks (each cluster x the rows routed to it, exact GEMM);
     # exact: the same pass probing every cluster; auto: exact up to exact_max_n rows, then
     # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
@@ -94,9 +100,11 @@ class HpmParams(Params):
     # blocks: k-means clusters; null = about n / 256 (pass_io.AUTO: finer clusters score fewer
     # rows per target for the same recall)
     clusters: Optional[int] = positive(None)
-    # blocks: clusters searched per row (nearest means); null = 80. Recall@10/50/100
-    # (tests/benchmarks/bench_mining.py, 1M synthetic, 3,906 clusters): 0.991 / 0.995 / 0.995
+    # blocks: clusters searched per row (best by routing); null = calibrated in the global step:
+    # the smallest probe whose recall@k (and @10, @50, @100 up to k) on a seeded sample's exact
+    # neighbours reaches hpm.recall (stages/mining/calibrate.py; the run summary says which)
     probe: Optional[int] = positive(None)
+    recall: float = within(0.995, 0, 1)    # the calibrated probe's target (hpm.probe null)
     # candidate pairs kept for the positives stage, which reads them instead of searching (its
     # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
     pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
@@ -120,7 +128,10 @@ class HpmParams(Params):
     # proven per row (stages/mining/q8.py): ~1.6-2x bf16's rate with AVX512-VNNI, AMX or GPU
     # tensor cores, the same pairs; its layout, routing (each row's bound widens the
     # certificate) and one-space searches in int8 too
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # auto: int8 where the device has int8 GEMMs in hardware (a GPU with int8 tensor cores, a
+    # CPU with AVX512-VNNI or AMX: pass_io.int8_native), else fp32; the same pairs either way,
+    # the run summary's hpm.precision says which ran
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
     # are routed together, so its units (a cluster x the rows routed to it) hold ~kept rows x
@@ -154,7 +165,10 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "14"       # 14: the layout's k-means runs 6 iterations, not 10 (another
+    version = "15"       # 15: rows found short (support < k, bound > 0) are searched again
+                         # until their count is exact (blocks.complete): noise flags, their
+                         # support, top-k and certificate change
+                         # 14: the layout's k-means runs 6 iterations, not 10 (another
                          # layout: other clusters, so other candidates near the cut)
                          # 13: every re-scored similarity (bf16, int8, the one-space pairs)
                          # is native.pair_dots' fixed-order sum: its last bits change; the
@@ -207,8 +221,9 @@ class HpmStage(GlobalStage):
         if state["fast"]:
             state.update(_build_fast(cfg, meta, workdir))
         elif meta.n:
-            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n), workdir,
-                                         hpm.resolve_device(cfg.device))
+            device = hpm.resolve_device(cfg.device)
+            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n, device), workdir,
+                                         device, None if cfg.probe else cfg.recall)
             state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
         return state
 
@@ -221,7 +236,7 @@ class HpmStage(GlobalStage):
         cert, cut = ([np.asarray(t.column(c).drop_null().to_numpy(zero_copy_only=False), dtype)
                       for t in tables] for c, dtype in zip(cols, (bool, np.int64)))
         cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
-        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64))
+        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64), ran_in(ctx.workdir))
 
     def setup(self) -> None:
         config, state = self.config, self.state

@@ -17,17 +17,20 @@ positives stage and the run summary read.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from vlcurate.schemas import embed as E
 from vlcurate.pipeline.params import DataError
 
-from . import blocks, hpm, q8, screen, spaces
+from . import blocks, calibrate, hpm, native, q8, screen, spaces
 from .store import Store
 
+RAN = "ran.json"          # the pass's precision and probe, for the run summary
 GUARD_SAMPLE = 512      # rows whose support the global step checks before any part is mined
 
 
@@ -60,9 +63,33 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 AUTO = (256, 60)
 
 
-def pass_params(cfg: Any, n: int) -> blocks.PassParams:
+def int8_native(device: str) -> bool:
+    """Whether ``device`` runs int8 GEMMs natively: a GPU with int8 tensor cores (compute
+    capability 7.2 or 7.5 on: Xavier, Turing and later), a CPU with AVX512-VNNI or AMX (its
+    flags, or native.vnni: the fused screen runs)."""
+    if device.startswith("cuda"):
+        import torch
+        return torch.cuda.get_device_capability(torch.device(device)) >= (7, 2)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((x for x in f if x.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    return bool({"avx512_vnni", "amx_int8"} & set(flags)) or native.vnni()
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """hpm.precision ``auto``: int8 where ``device`` has int8 GEMMs in hardware, else fp32
+    (the same pairs either way: q8.py's screen is proven); any other value as it is."""
+    if precision != "auto":
+        return precision
+    return "int8" if int8_native(device) else "fp32"
+
+
+def pass_params(cfg: Any, n: int, device: Optional[str] = None) -> blocks.PassParams:
     """hpm config -> pass parameters; method exact (or auto up to exact_max_n rows) probes
-    every cluster: the pass is then exhaustive, i.e. exact HPM."""
+    every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.precision auto is resolved
+    for ``device`` (None: hpm.device's)."""
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
     rows, probe = AUTO
     c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=cfg.clusters,
@@ -72,7 +99,9 @@ def pass_params(cfg: Any, n: int) -> blocks.PassParams:
         floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
         n_clusters=c, probe=c if exact else (cfg.probe or probe), seed=cfg.seed,
         query_block=cfg.query_block, block_size=cfg.block_size, max_pairs=cfg.max_pairs,
-        precision=cfg.precision, space_probe=0 if exact else cfg.pair_probe, cluster_rows=rows)
+        precision=resolve_precision(cfg.precision, device or hpm.resolve_device(cfg.device)),
+        space_probe=0 if exact else cfg.pair_probe, cluster_rows=rows,
+        exact_noise=cfg.noise_count == "exact")
 
 
 @dataclass(frozen=True)
@@ -88,10 +117,11 @@ def pass_dir(workdir: str) -> str:
     return os.path.join(workdir, "pass")
 
 
-def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) -> PassState:
-    """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, and
-    stop with issue 12's error when no row of a seeded sample (every row, up to GUARD_SAMPLE)
-    has k supporters."""
+def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str,
+                 recall: Optional[float] = None) -> PassState:
+    """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, with
+    ``recall`` calibrate the probe (calibrate.py), and stop with issue 12's error when no row
+    of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters."""
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = blocks.build_layout(img, txt, p, device)
@@ -100,6 +130,11 @@ def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str) 
     blocks.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
                                    "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
+    if recall is not None and p.probe < lay.n_clusters:
+        probe = calibrate.probe_for(lay, blocks.load_vectors(out, store.n), p, recall, device)
+        p = dataclasses.replace(p, probe=probe)
+    with open(os.path.join(out, RAN), "w") as f:     # the run summary's (pass_info)
+        json.dump({"precision": p.precision, "probe": p.probe}, f)
     if p.space_probe and p.probe < lay.n_clusters:     # partial: one-space layouts too
         spaces.build(out, blocks.load_vectors(out, store.n), p, device)
     state = PassState(out, store.n, p)
@@ -149,15 +184,29 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
                                for x, a in low.items()} or None)
 
 
-def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
+def ran_in(workdir: str) -> dict:
+    """The precision and probe the pass in hpm's ``workdir`` ran with ({}: no pass there)."""
+    path = os.path.join(pass_dir(workdir), RAN)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray, ran: Optional[dict] = None
+              ) -> dict:
     """The run summary's figures from the committed parts (``certified``: every mined row's
     flag, ``cut``: the pass's rows' hpm_pairs_cut): clusters and probe (the pass), the
-    certified fraction, and the pairs hpm.max_pairs cut (a note when any)."""
+    precision it ran in (``ran``: ``ran_in``'s), the certified fraction, and the pairs
+    hpm.max_pairs cut (a note when any)."""
     info: dict = {"certified": float(certified.mean()) if len(certified) else 1.0}
     if cfg.method == "fast" or not len(certified):
         return info
-    p = pass_params(cfg, len(certified))
-    info.update(clusters=p.clusters(len(certified)), probe=min(p.probe, p.clusters(len(certified))),
+    p = pass_params(cfg, len(certified), "cpu")
+    ran = ran or {}
+    info.update(clusters=p.clusters(len(certified)),
+                probe=min(ran.get("probe", p.probe), p.clusters(len(certified))),
+                precision=ran.get("precision", p.precision),
                 pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
@@ -168,5 +217,6 @@ def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray) -> dict:
     return info
 
 
-__all__ = ["Miner", "PassState", "pass_dir", "pass_info", "pass_params", "prepare_pass",
+__all__ = ["Miner", "PassState", "pass_dir", "pass_info", "pass_params", "prepare_pass", "ran_in",
+           "resolve_precision",
            "small_data_error"]

@@ -45,6 +45,33 @@ def test_the_pass_sizes_its_clusters_unless_told(precision):
     assert (p.n_clusters, p.probe, p.space_probe) == (round(1e6 / rows), probe, 8)
     small = pass_params(cfg, 40_000)
     assert small.probe == small.n_clusters and small.space_probe == 0
+    assert p.precision == precision
     told = pass_params(C.load(None, {"hpm.precision": precision, "hpm.clusters": 100,
                                      "hpm.probe": 7, "hpm.pair_probe": 0}).hpm, 1_000_000)
     assert (told.n_clusters, told.probe, told.space_probe) == (100, 7, 0)
+
+
+def test_precision_auto_is_int8_where_the_hardware_has_int8_gemms():
+    """hpm.precision auto (the default): int8 on a CPU whose flags list AVX512-VNNI or AMX
+    (or where the fused VNNI screen runs), else fp32; explicit values stay."""
+    from vlcurate.stages.mining import native
+    from vlcurate.stages.mining.pass_io import pass_params, resolve_precision
+    cfg = C.load(None, {}).hpm
+    assert cfg.precision == "auto"
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        flags = []
+    has = "avx512_vnni" in flags or "amx_int8" in flags or native.vnni()
+    assert pass_params(cfg, 1_000_000, "cpu").precision == ("int8" if has else "fp32")
+    for precision in ("fp32", "bf16", "int8"):
+        assert resolve_precision(precision, "cpu") == precision
+
+
+def test_noise_count_reaches_the_pass():
+    """hpm.noise_count: exact (the default) completes the count of rows found short; probed
+    decides on the probed clusters (test_noise.py shows what each flags)."""
+    from vlcurate.stages.mining.pass_io import pass_params
+    assert pass_params(C.load(None).hpm, 1_000_000, "cpu").exact_noise
+    probed = C.load(None, {"hpm.noise_count": "probed"}).hpm
+    assert not pass_params(probed, 1_000_000, "cpu").exact_noise

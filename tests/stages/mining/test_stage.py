@@ -390,27 +390,34 @@ def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, t
     assert pairs > joint_pairs
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "auto"])
 def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, source, tmp_path,
                                                                 monkeypatch):
     """Config to stage: hpm.precision bf16 (or int8) screens every block (DENSE_SHARE 1: this
     data is dense) and re-scores; the hard pairs, noise flags and candidate pairs equal fp32's.
     The workers read the low copies the global step wrote (int8: with each cluster's scale and
-    bounds, q8.Copy)."""
+    bounds, q8.Copy). auto: int8 on a CPU with AVX512-VNNI or AMX, else fp32; the run summary
+    says which ran."""
     from vlcurate.stages.mining import screen
+    from vlcurate.stages.mining.pass_io import int8_native
+    ran = {"auto": "int8" if int8_native("cpu") else "fp32"}.get(precision, precision)
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
-    run(cfg(source, tmp_path / "fp32"), dag()[:-2], executor="local", log=quiet)
+    run(cfg(source, tmp_path / "fp32", **{"hpm.precision": "fp32"}), dag()[:-2],
+        executor="local", log=quiet)
     want = table(tmp_path / "fp32", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     calls, stored = [], []
     rescore, low_rows = screen.rescore, screen.low_rows
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
     monkeypatch.setattr(screen, "low_rows", lambda *a: stored.append(1) or low_rows(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    run(cfg(source, tmp_path / precision, **{"hpm.precision": precision}), dag()[:-2],
-        executor="local", log=quiet)
+    results = run(cfg(source, tmp_path / precision, **{"hpm.precision": precision}),
+                  dag()[:-2], executor="local", log=quiet)
     got = table(tmp_path / precision, "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
-    assert calls and stored and got.equals(want)     # stored: the low copies written once
-    assert list((tmp_path / precision).rglob(f"img.{precision}"))
+    assert got.equals(want)
+    assert {r.manifest["stage"]: r.info for r in results}["hpm"]["precision"] == ran
+    if ran != "fp32":
+        assert calls and stored                      # stored: the low copies written once
+        assert list((tmp_path / precision).rglob(f"img.{ran}"))
     assert sum(len(x or []) for x in want.column(M.PAIR_IDS.name).to_pylist()) > 20
 
 
