@@ -633,7 +633,7 @@ def is_title_case(text: str) -> bool:
 
 def recase(text: str, title_case: str = "keep") -> str:
     """``cat.title_case: lower`` parses a Title Case caption in lower case: the taggers read its
-    capitalised words as proper nouns, which are never objects (issue 17: product names)."""
+    capitalised words as proper nouns, which are never objects (product names)."""
     return text.lower() if title_case == "lower" and is_title_case(text) else text
 
 

@@ -1,4 +1,4 @@
-"""One neighbour pass in dense blocks (issue 15): HELIP hard pairs (Alg. 1 score and thresholds),
+"""One neighbour pass in dense blocks: HELIP hard pairs (Alg. 1 score and thresholds),
 noise support, near-duplicates and FFF Eq. 1 candidate pairs with their exact similarities.
 
 Layout (``build_layout``): spherical k-means of the joint vectors j = [I; T] / sqrt(2) (for unit
@@ -43,12 +43,12 @@ The bound needs only to fall below the k-th score found (not the top-1), yet in 
 cluster's radius is close to 1 (its farthest member is nearly orthogonal to its mean), so with
 probe < all clusters it certifies almost no target (0% on the 200k and 1M synthetic sets, see
 tests/benchmarks/bench_mining.py): it is a proof (precision 100%, tested at k = 5 and 500),
-not a recall estimate; recall at the defaults is measured there instead (issue 12).
+not a recall estimate; recall at the defaults is measured there instead.
 
 Memory: the layout is O(N) indices plus O(C x D) means; mining q rows holds q x (k + max_pairs)
 results (pairs are capped per row as member blocks arrive, whatever a cluster's size) and
 query_block x block_size scores (plus slices of the memory-mapped sorted vectors),
-whatever N is. No process ever holds the pass's whole output (issue 14).
+whatever N is. No process ever holds the pass's whole output.
 """
 from __future__ import annotations
 
@@ -441,7 +441,7 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
 # their best <q, j> is ~<q, mu_c> + sqrt(2 ln n_c / D_eff) spread_c for isotropic residuals in
 # D_eff dimensions: a coefficient of ~0.3-0.6 for 256 members and D_eff of 60-120. Measured on
 # the 1M synthetic set (clusters of ~256 rows, 2,000 exact targets, the true pairs among each
-# top 50; session 24): the share of pairs whose cluster is probed at probe 40 / 60 / 80 is
+# top 50): the share of pairs whose cluster is probed at probe 40 / 60 / 80 is
 # 0.9861 / 0.9908 / 0.9934 by <q, mu_c>, 0.9894 / 0.9933 / 0.9954 with 0.5 (flat from 0.4 to
 # 0.6; 1.0 is worse); with 0.5, probe 60 (18.9k rows scored per target) finds what probe 80
 # found by <q, mu_c> (23.6k rows). bench_mining.py prints the same comparison for its exact
@@ -673,7 +673,7 @@ def run_unit(lay: Layout, vec: Vectors, qc: "Queries", c: int, qs: np.ndarray, p
 
 # a unit (or a query_block piece of one) of at most this many pairs is stacked with others
 # (run_stack). 2^20, not 2^18: on 1 thread, 32,768 targets of the 1M synthetic set, interleaved,
-# 242-247 against 268-271 us per target (2^23: 245), the same bytes (session 27)
+# 242-247 against 268-271 us per target (2^23: 245), the same bytes
 STACK_PAIRS = 1 << 20
 
 

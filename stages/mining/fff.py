@@ -5,7 +5,7 @@ FFF (sec. 4.1, Eq. 1) marks the pair (image i, text t) of different samples as a
 
     M_it = (S_it > p1) or (S_ii > p2) or [(S_tt > p3) and (S_it > p1')]
 
-with p1 = 0.27, p1' = 0.24, p2 = 0.92, p3 = 0.99 (sec. 5). Choices made here (issue 12):
+with p1 = 0.27, p1' = 0.24, p2 = 0.92, p3 = 0.99 (sec. 5). Choices made here:
 
 * With a cross-modal (CLIP-style) model, *every* similarity comes from it, as in FFF ("we use a
   pre-trained model", sec. 4.1; the thresholds of sec. 5 are for such a model): S_it = <x_i, t_t>,

@@ -5,18 +5,18 @@ embeddings of every kept row go to files in the stage's workdir (store.py, the o
 mining: positives reads the sorted copy). Methods exact/blocks/auto: the neighbour pass's layout (k-means of the joint vectors,
 rows sorted by cluster: blocks.py, pass_io.py); ``fast``: FastHPM's pool and IVF-PQ index
 (legacy). Before any part is mined it stops with an actionable error naming ``hpm.k`` when no
-row of a seeded sample (every row, on small data) can have k supporting pairs (issue 12: every
+row of a seeded sample (every row, on small data) can have k supporting pairs (every
 row would be a noise pair). The state it returns is paths.
 
 Per part (``on_actors``: each actor memory-maps the layout and vectors, or loads the index,
 once): the part's rows are mined there, chunk by chunk, so the pass runs on the stage's actor
 pool (CPU or GPU, as many actors as the cluster gives it) and commits part by part, and no
-process ever holds the whole pass's output (issue 14). They get their hard ids and scores,
+process ever holds the whole pass's output. They get their hard ids and scores,
 support, noise flag, certificate and (pass only) their candidate pairs with exact similarities
 (``hpm_pair_*``), which the positives stage can read.
 
 ``finalize`` hands the run summary the pass's figures (``_info.json``), from the committed
-parts: the candidate pairs that ``hpm.max_pairs`` cut (a NOTE when any: issue 12, no silent
+parts: the candidate pairs that ``hpm.max_pairs`` cut (a NOTE when any: no silent
 cap), clusters, probe, the certified fraction.
 
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
@@ -136,7 +136,7 @@ class HpmParams(Params):
     # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
     # are routed together, so its units (a cluster x the rows routed to it) hold ~kept rows x
     # probe / clusters queries; per target at 1M rows (fp32 defaults, 2 threads): 2.2 ms for
-    # ~400 kept rows (a 1,024-row chunk of one part, the only choice before session 19), 1.05
+    # ~400 kept rows (a 1,024-row chunk of one part), 1.05
     # ms for 1,024, 0.70 ms for 8,192 to 12,800, 0.63 ms for 32,768. On an H100: 65,536 with
     # query_block 8192 and block_size 16384. Memory per actor grows with it (+0.42 GB peak for
     # 32,768 kept rows at 1M; pairs add up to ~0.3 GB). A numerics key (in the fingerprint): a
@@ -165,29 +165,8 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "15"       # 15: rows found short (support < k, bound > 0) are searched again
-                         # until their count is exact (blocks.complete): noise flags, their
-                         # support, top-k and certificate change
-                         # 14: the layout's k-means runs 6 iterations, not 10 (another
-                         # layout: other clusters, so other candidates near the cut)
-                         # 13: every re-scored similarity (bf16, int8, the one-space pairs)
-                         # is native.pair_dots' fixed-order sum: its last bits change; the
-                         # same bits on a CPU with or without the C library, and on CUDA;
-                         # units of up to 2^20 pairs and query_block pieces of larger ones are
-                         # stacked (blocks.stacks), so a dense stack's fp32 fallback may cover
-                         # other blocks than before
-                         # (int8 added in 11: fp32 and bf16 write the same bytes as before)
-                         # 11: routing by <q, mu_c> + ROUTE_SPREAD spread_c (blocks.py),
-                         # probe 60;
-                         # 10: bf16 lays out and routes in bf16 too (fp32: the same bytes);
-                         # 9: clusters of ~256 rows, probe 80 (both precisions);
-                         # 8: chunks span parts (hpm.chunk_rows: 32,768 rows by default);
-                         # 7: a partial pass also searches one-space layouts (spaces.py), fp32's
-                         # clusters have ~512 rows, two levels above blocks.TWO_LEVEL_WORK;
-                         # 6: layouts of over 4,096 clusters have two levels;
-                         # 5: small units stacked (the same bytes in every test; bumped in
-                         # case a GEMM on a slice rounds otherwise somewhere); 4: ties at the
-                         # k-th place keep the lower row; 3: mined per part
+    version = "15"       # hard pairs, exact support (short rows searched again), noise flag,
+                         # certificate and candidate pairs of the pass; history: CHANGELOG.md
     Params = HpmParams
     speed_only = ("build_threads",)   # threads of the global step
     inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
@@ -215,7 +194,7 @@ class HpmStage(GlobalStage):
         cfg = config.hpm
         set_threads(cfg.build_threads)
         meta = collect(read, n_parts, workdir, columns(read, n_parts))
-        if 0 < meta.n <= cfg.k:                      # issue 12: no row can have k supporters
+        if 0 < meta.n <= cfg.k:                      # no row can have k supporters
             raise DataError(small_data_error(cfg.k, meta.n, meta.n - 1))
         state: dict = {"store": meta, "fast": cfg.method == "fast" and meta.n > 1}
         if state["fast"]:

@@ -1,4 +1,4 @@
-/* The neighbour pass's per-pair loops in C (native.py builds and loads this file; issue 15).
+/* The neighbour pass's per-pair loops in C (native.py builds and loads this file).
  *
  * pair_dots: the fp32 dot products of listed row pairs, read in place (no gathered copies), in
  * a fixed order that native.py's torch path repeats bit for bit: 16 lanes, lane j summing the

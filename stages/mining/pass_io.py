@@ -35,7 +35,7 @@ GUARD_SAMPLE = 512      # rows whose support the global step checks before any p
 
 
 def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
-    """Issue 12: the message when no kept row (or none of ``sampled`` rows) can have k
+    """The message when no kept row (or none of ``sampled`` rows) can have k
     supporting pairs."""
     who = (f"the best-supported row has {max_support}" if not sampled else
            f"the best-supported of {sampled} rows sampled has {max_support}")
@@ -46,20 +46,20 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 
 
 # hpm.clusters / hpm.probe null: clusters of ~256 rows, 60 of them probed, in both precisions.
-# Session 24: routing by <q, mu_c> + blocks.ROUTE_SPREAD spread_c finds at probe 60 (18.9k rows
+# Routing by <q, mu_c> + blocks.ROUTE_SPREAD spread_c finds at probe 60 (18.9k rows
 # scored per target) what probe 80 found by <q, mu_c> (23.6k rows); bf16 at 1M, 2 one-thread
 # workers: 274 us per target and recall@10/50/100 0.994 / 0.995 / 0.995. Clusters of ~128 rows
 # at probe 64 score 11.7k rows at the same recall but are no faster per target (483 against
 # 501 us on 1 thread, interleaved: routing against twice the means and smaller GEMMs) and
 # their layout takes 142 s instead of ~95.
-# Finer clusters score fewer rows for the same recall (1M synthetic, 300 exact targets, session
-# 20: ~256 rows / probe 80 score 23.6k rows per target at recall@10/50/100 0.991 / 0.995 / 0.995,
+# Finer clusters score fewer rows for the same recall (1M synthetic, 300 exact targets:
+# ~256 rows / probe 80 score 23.6k rows per target at recall@10/50/100 0.991 / 0.995 / 0.995,
 # ~512 / 60 score 35.0k at 0.995 / 0.995 / 0.996, ~1,024 / 30 35.3k at 0.984 / 0.989 / 0.991),
-# and since chunks span parts (32,768 rows) and small units run stacked, their units are no
-# longer bound by per-call costs. Interleaved rounds of 16,384 targets (this machine's rounds
-# differ by up to 1.6x): fp32 0.48-0.60 ms per target against 0.56-0.87 for session 19's code at
-# ~512 / 60; bf16 0.48-0.58 against 0.70-0.85 at the former bf16 default ~2,048 / 40 (82k rows
-# scored).
+# and with chunks spanning parts (32,768 rows) and small units run stacked, their units are
+# not bound by per-call costs. Interleaved rounds of 16,384 targets (this machine's rounds
+# differ by up to 1.6x): fp32 0.48-0.60 ms per target against 0.56-0.87 for the earlier code
+# at its fp32 default ~512 / 60; bf16 0.48-0.58 against 0.70-0.85 at the former bf16 default
+# ~2,048 / 40 (82k rows scored).
 AUTO = (256, 60)
 
 
@@ -120,7 +120,7 @@ def pass_dir(workdir: str) -> str:
 def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str,
                  recall: Optional[float] = None) -> PassState:
     """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, with
-    ``recall`` calibrate the probe (calibrate.py), and stop with issue 12's error when no row
+    ``recall`` calibrate the probe (calibrate.py), and stop with small_data_error when no row
     of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters."""
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]

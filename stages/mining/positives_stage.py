@@ -8,7 +8,7 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
 * its table is exactly the positives table (sample_id, ids, captions, relations, scores, count),
   which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
 
-Candidates (issue 15: one neighbour pass serves both stages): when hpm ran its neighbour pass
+Candidates (one neighbour pass serves both stages): when hpm ran its neighbour pass
 (hpm.method exact, blocks or auto), a row's candidates are its ``hpm_pair_ids``, every pair the
 pass found above hpm's floors (hpm.pair_image/text/cross, in the spaces this rule judges: the
 cross-modal one when there is one); this stage only applies the rule to them, with exact
@@ -25,7 +25,7 @@ no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-
 is found only if one of the pass's floors fires on it too (hpm.pair_cross = 0.24 below p1 =
 0.27 leaves a margin).
 
-Vectors (issue 15: stored once): with hpm's pass as the candidates, the global step collects
+Vectors (stored once): with hpm's pass as the candidates, the global step collects
 ids and positions only, and the rule reads hpm's vectors, sorted by cluster in hpm's
 ``_prepare/pass/``, at each row's sorted position (``sorted_rows.npy``, through
 store.Gathered; the runner hands the step hpm's state: ``read.prepared``). On an object store
@@ -207,7 +207,7 @@ def gather_recaptions(read: Callable[[int], pa.Table], n_parts: int, store: Stor
 def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
     """hpm's global step, when its pass gives this stage its candidates (exhaustive, or with
     one-space layouts) and its vectors: the rule then reads hpm's sorted copy through ``Gathered``,
-    and this stage collects ids only (issue 15: vectors stored once). None: hpm is not upstream,
+    and this stage collects ids only (vectors stored once). None: hpm is not upstream,
     ran FastHPM, or its state or files are gone; this stage then collects its own vectors."""
     prepared = getattr(read, "prepared", None)      # a plain function in a direct call
     hp = prepared(HPM) if prepared else None
@@ -295,7 +295,7 @@ class PositivesParams(Params):
 
 class PositivesStage(GlobalStage):
     name = "positives"
-    version = "3"        # 3: candidates from hpm's pass (issue 15)
+    version = "3"        # candidates from hpm's pass (hpm_pair_ids)
     Params = PositivesParams
     reads = ("hpm", "embed")   # hpm: the search and duplicate settings; embed: cross_model
     inputs = {EMBED: ()}

@@ -1,4 +1,4 @@
-"""hpm.precision int8: the neighbour pass's blocks screened by int8 GEMMs (issue 15), with a bound
+"""hpm.precision int8: the neighbour pass's blocks screened by int8 GEMMs, with a bound
 proven per row instead of bf16's fixed margin, then re-scored in fp32 like bf16's (screen.py).
 
 An int8 GEMM sums exact integer products in int32: on a CPU with AVX512-VNNI (or AMX) it runs at

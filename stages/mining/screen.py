@@ -1,5 +1,5 @@
-"""A block's pairs worth keeping, with exact fp32 similarities (issue 15: bf16 blocks with an
-fp32 re-score).
+"""A block's pairs worth keeping, with exact fp32 similarities (bf16 or int8 blocks
+re-scored in fp32).
 
 For a block (queries x members) the pass needs only the pairs that can score (S_I > tau_I and
 S_T > tau_T: Alg. 1) or that pass a candidate floor (blocks.FLOORS): well under 0.1% of the
@@ -46,7 +46,7 @@ DENSE_SHARE = 1 / 64
 # gathers) and the fallback ~27 ns per pair of the block (its fp32 GEMMs and pass, ~4x int8's
 # screen), so the break-even was ~1/16 of the block's pairs (interleaved, 32,768 targets: ~4%
 # faster than at 1/64). The C re-score (~0.13 us a pair) moves it towards ~1/5, but 8 and 16
-# measured no faster (session 27): no block of the 1M synthetic set falls back at all.
+# measured no faster: no block of the 1M synthetic set falls back at all.
 INT8_DENSE_GAIN = 4
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),

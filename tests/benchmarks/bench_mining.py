@@ -285,7 +285,7 @@ def bench_positives(img: np.ndarray, txt: np.ndarray, a) -> None:
           f"{t_fast / len(qs) * 1e6:.0f} us/target, recall {hit / max(want, 1):.4f}", flush=True)
 
 
-# --- the neighbour pass in dense blocks (issue 15) ---------------------------------------------------
+# --- the neighbour pass in dense blocks --------------------------------------------------------------
 def gemm_rate(d: int = 768, reps: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
     """GFLOP/s of a plain GEMM of the pass's shape (1024 x d by d x 8192), now, on ``device``
     (int8: torch._int_mm, GOP/s)."""

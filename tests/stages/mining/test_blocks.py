@@ -1,4 +1,4 @@
-"""The neighbour pass in dense blocks (issue 15) against the naive loops and exact HPM."""
+"""The neighbour pass in dense blocks against the naive loops and exact HPM."""
 from __future__ import annotations
 
 import dataclasses
@@ -106,7 +106,7 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
 @pytest.mark.parametrize("k, probe, tau, precision", [(5, 3, TAU, "fp32"), (500, 8, 0.5, "fp32"),
                                                       (5, 3, TAU, "bf16"), (5, 3, TAU, "int8")])
 def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device):
-    """Issue 12: among certified targets, every top-k equals exact HPM's (precision 100%), at
+    """Among certified targets, every top-k equals exact HPM's (precision 100%), at
     k = 5 and k = 500 (there: every row is a noise pair, certified only when no pair left out
     can score > 0), and at the prefixes k' <= k (certified_at) of the same pass. bf16: routed
     by bf16 GEMMs too, whose error the bound on a left-out pair is widened by; int8: laid out
@@ -261,7 +261,7 @@ def test_gather_caps_pairs_per_row_by_similarity():
 def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
     """The stage mines each chunk of each part on its own: any split of the rows (and any order)
     gives every row the same hard pairs, support, certificate and candidate pairs as mining
-    them all at once (issue 14). Scores agree to float rounding only: a GEMM's last bits depend
+    them all at once. Scores agree to float rounding only: a GEMM's last bits depend
     on its shape, which is why the runner fixes the chunks (run.chunk_rows) and threads. Exact
     ties: test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks."""
     img, txt = pairs(500, 16, seed=4, spread=0.6, n_clusters=8)

@@ -124,7 +124,7 @@ PARTIAL = {**EVERY_PAIR, "hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe":
 
 @pytest.mark.parametrize("dag", ["own search", "hpm pass", "partial hpm pass"])
 def test_sec_4_3_recaptions_reach_positives_over_k_captions(source, tmp_path, dag):
-    """Without hpm (positives' own search), and with hpm's pass as the candidates (issue 15),
+    """Without hpm (positives' own search), and with hpm's pass as the candidates,
     exhaustive or partial with its cross-modal one-space layouts (spaces.py): sec. 4.3 over
     images x k captions, equal to the exact rule every way."""
     # the tiny random CLIP's S_it sit around -0.1 (test 1 measures them): about half fire

@@ -45,7 +45,7 @@ def fixed(x: np.ndarray) -> pa.Array:
 
 
 class FakeEmbed(Stage):
-    """The embed stage's contract (issue 3) with given vectors, looked up by caption."""
+    """The embed stage's contract with given vectors, looked up by caption."""
     name = "embed"
     inputs = {"ingest": (F.CAPTION,)}
     output = tables.stage_table(E.image_emb(D), E.text_emb(D))
@@ -284,7 +284,7 @@ def test_store_skips_rows_without_embeddings_and_reads_float16(tmp_path):
 
 @pytest.mark.parametrize("k", [100, 40])
 def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
-    """Issue 12: 41 kept rows cannot support k = 100 (fewer rows than k) nor k = 40 (no row has
+    """41 kept rows cannot support k = 100 (fewer rows than k) nor k = 40 (no row has
     40 supporters): the run stops in hpm's global step with an actionable error."""
     kept = [i for i in range(N) if i not in FLAG]
     best = 40 if k == 100 else int(hpm.exact_hpm(IMG[kept], TXT[kept], k, 0.3, 0.3).support.max())
@@ -298,7 +298,7 @@ def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
 
 def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
     """hpm.max_pairs: the count of candidate pairs it cut is the stage's info and a NOTE of the
-    run summary (issue 12: no silent cap), and each row's pair list is capped."""
+    run summary (no silent cap), and each row's pair list is capped."""
     from vlcurate.pipeline.summary import format_summary
     results = run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}), dag(), executor="local",
                   log=quiet)
@@ -319,7 +319,7 @@ def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
 
 def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(source, tmp_path,
                                                                                monkeypatch):
-    """Issue 15, the seam hpm -> positives: positives' candidates are hpm's persisted pairs (its
+    """The seam hpm -> positives: positives' candidates are hpm's persisted pairs (its
     own search never runs), so hpm.max_pairs changes the positives; a positives threshold change
     reruns positives alone, reading the same pairs, with the result exact Eq. 1 again."""
     def runs(**over):
@@ -522,7 +522,7 @@ SORTED = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1, "hpm.pair_p
 
 
 def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, tmp_path):
-    """Issue 15, vectors stored once: positives collects ids only and reads hpm's sorted vectors
+    """Vectors stored once: positives collects ids only and reads hpm's sorted vectors
     at its rows' sorted positions (hpm's noise pairs dropped in between). With hpm's global
     step gone (a run directory from before, files deleted) it collects its own: the same bytes."""
     a, b = tmp_path / "a", tmp_path / "b"
