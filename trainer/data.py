@@ -157,7 +157,8 @@ class ShardSet:
         """The ``{key}.json`` of the first sample (every sample of an export has the same keys)."""
         if not len(self.index):
             raise ValueError(f"{storage.redact(self.uri)}: the shards hold no sample")
-        return read_sample(self.index.read(0), int(self.index.caption[0]))[1]
+        # its caption and json only: the driver's check reads no image bytes
+        return read_sample(self.index.read(0, (TXT, JSON)), int(self.index.caption[0]))[1]
 
     # --- random access -------------------------------------------------------------------------
     def fetch(self, sample_id: str) -> Optional[Sample]:
