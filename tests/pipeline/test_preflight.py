@@ -181,3 +181,21 @@ def test_a_parquet_source_checks_its_extra_columns(tmp_path):
     assert found(c, "ingest") == [
         "source.extra_columns: the source has no column 'lic' (columns: ['caption', 'image', "
         "'url']); remove it from source.extra_columns or fix its name"]
+
+
+def test_the_language_detectors_load_before_the_run(demo_data, tmp_path, monkeypatch):
+    """Each model of lang.detector is loaded by the preflight (the real ones here); one that
+    cannot load is a problem naming the key and the fix, not a worker's traceback later."""
+    from vlcurate.pipeline.preflight import check_lang
+    from vlcurate.stages.lang import stage as L
+    ok = check_lang(cfg(demo_data, tmp_path / "r"), {"lang"})
+    assert [f.ok for f in ok] == [True] and "fasttext+langid" in ok[0].text
+
+    def gone():
+        raise ImportError("No module named 'fasttext'")
+    monkeypatch.setattr(L, "fasttext_model", gone)
+    bad = check_lang(cfg(demo_data, tmp_path / "r"), {"lang"})
+    assert not bad[0].ok and bad[0].text.startswith("lang.detector: fasttext+langid cannot load")
+    assert "lang.detector=langid" in bad[0].text
+    only_langid = cfg(demo_data, tmp_path / "r", **{"lang.detector": "langid"})
+    assert check_lang(only_langid, {"lang"})[0].ok
