@@ -90,12 +90,14 @@ def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> boo
 SOURCE = "candidates.txt"      # the global step's word on where the candidates came from
 
 
-def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool) -> str:
-    """Where this run's candidate pairs come from (``pairs``: hpm's pass over ``n`` rows,
-    ``fast``: IVF-PQ), for the stage's info and the run summary."""
+def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool,
+           ran: Optional[blocks.PassParams] = None) -> str:
+    """Where this run's candidate pairs come from (``pairs``: hpm's pass over ``n`` rows, with
+    the parameters it ran with when known (``ran``: its calibrated probe), ``fast``: IVF-PQ),
+    for the stage's info and the run summary."""
     h = config.hpm
     if pairs:
-        p = pass_params(h, n)
+        p = ran or pass_params(h, n)
         how = ("exhaustive" if p.probe >= p.clusters(n) else
                f"partial: {p.probe} of {p.clusters(n)} joint clusters and "
                f"{p.space_probe} per one-space layout per row")
@@ -345,7 +347,7 @@ class PositivesStage(GlobalStage):
                        "sorted": hp and sorted_source(meta, hp, workdir)}
         with open(os.path.join(workdir, SOURCE), "w") as fh:
             fh.write(source(config, hp.state["pass"].n if hp else meta.n, meta.names, pairs,
-                            state["fast"]) + ("; vectors: hpm's sorted copy" if hp else
+                            state["fast"], hp.state["pass"].params if hp else None) + ("; vectors: hpm's sorted copy" if hp else
                                               "; vectors: its own collect"))
         store = open_store(state)
         if cross(config) and p.recaptions:
