@@ -52,41 +52,57 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _rule(default: Any, rule: Rule) -> Any:
-    return dataclasses.field(default=default, metadata={"rule": rule})
+def _rule(default: Any, rule: Optional[Rule], doc: str = "") -> Any:
+    """A field with its rule and its doc string (what the key means: the one place a key is
+    documented; example.yaml and the README's key reference are generated from it)."""
+    meta = {"doc": doc} if rule is None else {"rule": rule, "doc": doc}
+    if isinstance(default, (list, dict, set)) or (dataclasses.is_dataclass(default)
+                                                   and not isinstance(default, type)):
+        return dataclasses.field(default_factory=lambda d=default: d, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
-def positive(default: Any) -> Any:
+def doc(default: Any, text: str) -> Any:
+    """A field without a rule beyond its type, with its doc string."""
+    return _rule(default, None, text)
+
+
+def field_doc(f: dataclasses.Field) -> str:
+    return f.metadata.get("doc", "")
+
+
+def positive(default: Any, doc: str = "") -> Any:
     """An int > 0 (or null, where the field allows it)."""
     return _rule(default, lambda v: None if v is None or (
-        isinstance(v, int) and not isinstance(v, bool) and v > 0) else f"must be an int > 0, got {v!r}")
+        isinstance(v, int) and not isinstance(v, bool) and v > 0) else f"must be an int > 0, got {v!r}",
+        doc)
 
 
-def at_least(default: Any, lo: float) -> Any:
+def at_least(default: Any, lo: float, doc: str = "") -> Any:
     return _rule(default, lambda v: None if v is None or (_number(v) and v >= lo)
-                 else f"must be >= {lo}, got {v!r}")
+                 else f"must be >= {lo}, got {v!r}", doc)
 
 
-def above(default: Any, lo: float) -> Any:
+def above(default: Any, lo: float, doc: str = "") -> Any:
     return _rule(default, lambda v: None if v is None or (_number(v) and v > lo)
-                 else f"must be > {lo}, got {v!r}")
+                 else f"must be > {lo}, got {v!r}", doc)
 
 
-def within(default: Any, lo: float, hi: float, *, open_hi: bool = False) -> Any:
+def within(default: Any, lo: float, hi: float, *, open_hi: bool = False, doc: str = "") -> Any:
     """A number in [lo, hi] ([lo, hi) with ``open_hi``), or null where allowed."""
     def rule(v: Any) -> Optional[str]:
         ok = v is None or (_number(v) and lo <= v and (v < hi if open_hi else v <= hi))
         return None if ok else f"must be in [{lo}, {hi}{')' if open_hi else ']'}, got {v!r}"
-    return _rule(default, rule)
+    return _rule(default, rule, doc)
 
 
-def unit(default: Any) -> Any:
+def unit(default: Any, doc: str = "") -> Any:
     """A number in [0, 1] (a share, a threshold on a [0, 1] score), or null where allowed."""
-    return within(default, 0, 1)
+    return within(default, 0, 1, doc=doc)
 
 
-def nonempty(default: Any, hint: str = "") -> Any:
-    return _rule(default, lambda v: None if v else f"must not be empty{hint}")
+def nonempty(default: Any, hint: str = "", doc: str = "") -> Any:
+    return _rule(default, lambda v: None if v else f"must not be empty{hint}", doc)
 
 
 _BUILDING = contextvars.ContextVar("building", default=False)
