@@ -18,95 +18,115 @@ from typing import Any, ClassVar, Literal, Optional
 import yaml
 
 from .params import (ConfigError, FrozenMap, ModelSpec, Params, Resources, at_least, build,
-                     positive, to_dict, to_json, unit, unknown_key)
+                     doc, positive, to_dict, to_json, unit, unknown_key)
 
 
 @dataclass(frozen=True)
 class RunConfig(Params):
+    """The run: where it writes, which stages run, when it warns or stops."""
     section: ClassVar[str] = "run"
-    run_dir: str = "runs/default"        # a folder or a URI (s3://bucket/prefix, gs://...)
-    # Heavy stages skip rows already flagged upstream (they get nulls). True computes every
-    # ingested row, so that any later export policy finds its annotations.
-    compute_on_flagged: bool = False
-    progress: bool = True
-    # run only these stages of the DAG (ingest and export always run); empty = all of them
-    stages: tuple[str, ...] = ()
-    # a stage that flags more than this share of the rows it saw prints a WARNING naming its top
-    # reason and the setting to turn (console and summary)
-    warn_reject_fraction: float = unit(0.9)   # each filter warns lower (guards.EXPECTED)
-    # ... and above this share the run stops after that stage (null: never stop)
-    max_reject_fraction: Optional[float] = unit(None)
-    # a run whose export keeps no row exits with code 2, naming the reasons; true: exit 0
-    allow_empty: bool = False
-    # per-image results computed image by image (OCR) are kept by image hash in a cache that
-    # later runs reuse (stages/cache.py): a changed threshold, overlapping data or a second
-    # dataset never recomputes an image already seen. Default folder: <run_dir>/_cache; point
-    # several runs at one cache_dir (a path or URI) to share it. Changes speed, never output.
-    image_cache: bool = True
-    cache_dir: Optional[str] = None
+    run_dir: str = doc("runs/default", "the run's folder, a path or a URI (s3://bucket/prefix, "
+                                       "gs://...); a relative path is taken from the cwd")
+    compute_on_flagged: bool = doc(False, (
+        "heavy stages skip rows flagged upstream (they get nulls); true computes every "
+        "ingested row, so that any later export policy finds their annotations"))
+    progress: bool = doc(True, "print one progress bar per stage")
+    stages: tuple[str, ...] = doc((), (
+        "run only these stages of the DAG, with the stages they read columns from (ingest and "
+        "export always run); []: all of them"))
+    # each filter warns lower than this (guards.EXPECTED)
+    warn_reject_fraction: float = unit(0.9, doc=(
+        "a stage flagging more than this share of the rows it saw (or more than its own "
+        "expected share, pipeline/guards.py) prints a WARNING naming its top reason and setting"))
+    max_reject_fraction: Optional[float] = unit(None, doc=(
+        "above this share of flagged rows the run stops after that stage; null: never stop"))
+    allow_empty: bool = doc(False, "a run whose export keeps no row exits with code 2, naming "
+                                   "the reasons; true: exit 0")
+    # per-image results (OCR) kept by image hash (stages/cache.py): a changed threshold,
+    # overlapping data or a second dataset never recomputes an image already seen
+    image_cache: bool = doc(True, (
+        "keep per-image results (OCR) by image hash in a cache that later runs reuse; changes "
+        "speed, never output"))
+    cache_dir: Optional[str] = doc(None, (
+        "the image cache's folder or URI; null: <run_dir>/_cache; point several runs at one "
+        "folder to share it"))
 
     # Determinism (not resources): a stage is always called on chunks of chunk_rows rows of one
-    # part, aligned to the part's first row (hpm: hpm.chunk_rows rows across parts, see
+    # part, aligned to the part's first row (hpm: hpm.engine.chunk_rows rows across parts, see
     # stages.base.Stage.spans_parts), whatever resources.batch_size (rounded up to a multiple
     # of it), the concurrency or the executor; and with intra_op_threads torch/BLAS/
     # OpenMP threads. Both change numerics at ~1e-7, so a non-default value enters fingerprints.
-    chunk_rows: int = positive(1024)
-    intra_op_threads: int = positive(1)
+    chunk_rows: int = positive(1024, doc=(
+        "a stage is called on chunks of this many rows of one part, whatever the batch size, "
+        "concurrency or executor (determinism; a non-default value enters fingerprints)"))
+    intra_op_threads: int = positive(1, doc=(
+        "torch/BLAS/OpenMP threads in a stage call (determinism; a non-default value enters "
+        "fingerprints)"))
 
 
 @dataclass(frozen=True)
 class RayConfig(Params):
+    """Which Ray cluster runs the stages."""
     section: ClassVar[str] = "ray"
-    # None: $RAY_ADDRESS if set, else an embedded local Ray. "local" forces the embedded one.
-    address: Optional[str] = None
-    num_cpus: Optional[int] = positive(None)     # embedded Ray only
-    num_gpus: Optional[int] = at_least(None, 0)  # embedded Ray only
-    # Keep Ray's own per-operator progress bars (vlcurate prints one bar per stage anyway).
-    ray_progress_bars: bool = False
+    address: Optional[str] = doc(None, (
+        "a Ray cluster's address; null: $RAY_ADDRESS if set, else an embedded local Ray; "
+        "local: always the embedded one"))
+    num_cpus: Optional[int] = positive(None, doc="CPUs of the embedded Ray; null: Ray's own "
+                                                 "count")
+    num_gpus: Optional[int] = at_least(None, 0, doc="GPUs of the embedded Ray; null: Ray's "
+                                                    "own count")
+    ray_progress_bars: bool = doc(False, "keep Ray's own per-operator progress bars (vlcurate "
+                                         "prints one bar per stage anyway)")
 
 
 @dataclass(frozen=True)
 class FinetuneConfig(Params):
-    """The thin DDP trainer over the exported shards (trainer/)."""
+    """The thin DDP trainer over the exported shards (trainer/, vlcurate finetune)."""
     section: ClassVar[str] = "finetune"
-    shards: Optional[str] = None         # path or URI (s3://..); default: <run_dir>/export/shards
-    out_dir: Optional[str] = None        # a path or URI; default: <run_dir>/finetune
-    model: ModelSpec = ModelSpec(id="openai/clip-vit-base-patch32")
-    loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = "clip"
-    helip_seed_fraction: float = 0.5     # HELIP Alg. 3: the share of B used as seeds B'
-    helip_p: int = 1                     # hard pairs drawn per seed (HELIP sec. 4.1: p = 1)
-    helip_gamma: float = 1.0             # HNML weight (HELIP sec. 4.1: gamma = 1)
-    hn_alpha: float = 1.0                # DiHT Table A.2 (LAION): alpha, beta = 1.0, 0.25
-    hn_beta: float = 0.25
-    fff_recaptions: int = 5              # recaptions per image added as positives (sigmoid/mp_nce)
-    fff_mined_positives: bool = True     # the pipeline's FFF positives enter the mask M
-    mp_views: int = 1                    # UniCLIP: augmented views per image (mp_nce only)
-    mp_domain_weights: Optional[tuple[float, ...]] = None  # UniCLIP w_D [ii, it, tt]; null = N/#pairs per batch
-    clipc_fraction: float = 0.0          # CLIP-C: share of composite samples per batch
-    concept_weight: float = 0.0          # DiHT concept distillation (0.5 keeps the paper's balance)
-    # train on kept rows that lack an annotation the loss reads (the export's manifest counts
-    # them); false: refuse, naming the count and the setting
-    allow_missing: bool = False
-    n_objects: int = 0                   # concept head sizes (0: the run's vocabulary if concept_weight > 0)
-    n_attributes: int = 0
-    batch_size: int = 32                 # per rank
-    steps: int = 100
-    lr: float = 1e-5
-    weight_decay: float = 0.1
-    seed: int = 0
-    ckpt_every: int = 50
-    eval_fraction: float = 0.05          # share held out for zero-shot retrieval (by image-group hash)
-    eval_seed: int = 0                   # seeds the held-out hash (apart from `seed`: same eval set)
-    eval_batch_size: int = 64
-    shuffle_buffer: int = 256
-    bias_init_batches: int = 2           # FFF sec. 4.4: batches for the sigmoid bias search
-    amp: bool = True                     # bf16 autocast on GPU
-    nproc: int = 1                       # processes for `vlcurate finetune` (torchrun)
-    progress: bool = True                # rank 0's progress bar (loss, samples/s)
-
-
-
-
+    shards: Optional[str] = doc(None, "the shards' folder, a path or URI; null: "
+                                      "<run_dir>/export/shards")
+    out_dir: Optional[str] = doc(None, "checkpoints and metrics, a path or URI; null: "
+                                       "<run_dir>/finetune")
+    model: ModelSpec = doc(ModelSpec(id="openai/clip-vit-base-patch32"),
+                           "the CLIP model fine-tuned (transformers CLIPModel)")
+    loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = doc("clip", (
+        "clip: InfoNCE; helip: HELIP's HNML with mined hard pairs; hn_nce: DiHT's HN-NCE; "
+        "sigmoid: FFF's multi-positive sigmoid loss; mp_nce: UniCLIP's multi-positive NCE"))
+    helip_seed_fraction: float = doc(0.5, "HELIP Alg. 3: the share of a batch B used as seeds B'")
+    helip_p: int = doc(1, "hard pairs drawn per seed (HELIP sec. 4.1: p = 1)")
+    helip_gamma: float = doc(1.0, "HNML's weight (HELIP sec. 4.1: gamma = 1)")
+    hn_alpha: float = doc(1.0, "HN-NCE's alpha (DiHT Table A.2, LAION: 1.0)")
+    hn_beta: float = doc(0.25, "HN-NCE's beta, the hardness weight (DiHT Table A.2, LAION: 0.25)")
+    fff_recaptions: int = doc(5, "recaptions per image added as positives (sigmoid, mp_nce)")
+    fff_mined_positives: bool = doc(True, "the pipeline's FFF positives enter the positives "
+                                          "mask M")
+    mp_views: int = doc(1, "UniCLIP: augmented views per image (mp_nce only)")
+    mp_domain_weights: Optional[tuple[float, ...]] = doc(None, (
+        "UniCLIP's domain weights w_D [ii, it, tt]; null: N / (the domain's pairs) per batch"))
+    clipc_fraction: float = doc(0.0, "CLIP-C: the share of composite samples per batch")
+    concept_weight: float = doc(0.0, "DiHT concept distillation's weight; 0: off (0.5 keeps "
+                                     "the paper's balance)")
+    allow_missing: bool = doc(False, (
+        "train on kept rows that lack an annotation the loss reads (the export's manifest "
+        "counts them); false: refuse, naming the count and the setting"))
+    n_objects: int = doc(0, "object head size; 0: the run's vocabulary when concept_weight > 0")
+    n_attributes: int = doc(0, "attribute head size; 0: the run's vocabulary when "
+                               "concept_weight > 0")
+    batch_size: int = doc(32, "samples per rank and step")
+    steps: int = doc(100, "optimizer steps")
+    lr: float = doc(1e-5, "learning rate (AdamW)")
+    weight_decay: float = doc(0.1, "AdamW's weight decay")
+    seed: int = doc(0, "seeds torch (new weights, augmentations) and the batch order")
+    ckpt_every: int = doc(50, "steps between checkpoints")
+    eval_fraction: float = doc(0.05, "share of image groups held out for zero-shot retrieval "
+                                     "(by image-group hash)")
+    eval_seed: int = doc(0, "seeds the held-out hash (apart from seed: the same eval set)")
+    eval_batch_size: int = doc(64, "samples per evaluation batch")
+    shuffle_buffer: int = doc(256, "samples in the shuffle buffer of each rank's stream")
+    bias_init_batches: int = doc(2, "FFF sec. 4.4: batches for the sigmoid loss's bias search")
+    amp: bool = doc(True, "bf16 autocast on a GPU")
+    nproc: int = doc(1, "processes for vlcurate finetune (torchrun)")
+    progress: bool = doc(True, "rank 0's progress bar (loss, samples/s)")
 
 
 # --- composition --------------------------------------------------------------------------------
@@ -195,8 +215,34 @@ def from_dict(data: dict | None, dag: Any = None) -> Any:
 def from_snapshot(data: dict, dag: Any = None) -> Any:
     """The config a run recorded in its run.json, read as it ran. A model spec with both
     ``random_init`` and a ``path`` ran with random weights before such a spec became an error:
-    its path is dropped here, so that old run directories still export and train."""
-    return from_dict(_ignored_paths_dropped(copy.deepcopy(data)), dag)
+    its path is dropped here, so that old run directories still export and train; a key that
+    has moved since (``Params.moved_keys``) is read at its new place."""
+    data = _ignored_paths_dropped(copy.deepcopy(data))
+    return from_dict(moved_keys_applied(data, config_class(dag)), dag)
+
+
+def moved_keys_applied(data: dict, cls: type) -> dict:
+    """``data`` (a config mapping) with each moved key of its sections at its new dotted key
+    (one already set there wins; a null there meant the default, which it stays)."""
+    for f in dataclasses.fields(cls):
+        sec, moved = data.get(f.name), getattr(f.type, "moved_keys", {})
+        for old in [k for k in moved if isinstance(sec, dict) and k in sec]:
+            value = sec.pop(old)
+            try:
+                _get_dotted(data, moved[old])
+            except KeyError:
+                if value is not None:
+                    _set_dotted(data, moved[old], value)
+    return data
+
+
+def _get_dotted(data: dict, dotted: str) -> Any:
+    cur: Any = data
+    for p in dotted.split("."):
+        if not isinstance(cur, dict) or p not in cur:
+            raise KeyError(dotted)
+        cur = cur[p]
+    return cur
 
 
 def _ignored_paths_dropped(d: Any) -> Any:

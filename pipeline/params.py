@@ -116,6 +116,9 @@ class Params:
     # fields added after run directories existed: they enter fingerprints only when set away
     # from their defaults, so that an old run's stages are not redone for a field it never had
     fingerprint_when_set: ClassVar[tuple[str, ...]] = ()
+    # keys moved elsewhere: {old field: its new dotted key}; an old config naming one gets an
+    # error saying where it went (``hpm.probe: moved to hpm.engine.probe``)
+    moved_keys: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
         if not _BUILDING.get():
@@ -147,13 +150,18 @@ class ModelSpec(Params):
     local path. Loading order: ``path``, else the local cache, else (only with ``allow_download``)
     the hub. ``random_init`` builds the architecture with random weights (tests, demos) and every
     output row says so. ``options``: extra constructor arguments (e.g. a tiny test config)."""
-    id: str = ""
-    path: Optional[str] = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"   # auto: bf16 on GPU
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    random_init: bool = False
-    allow_download: bool = False
-    options: FrozenMap = FrozenMap()
+    id: str = doc("", "the model: a timm name, a Hugging Face repo id or a sentence-transformers "
+                      "id")
+    path: Optional[str] = doc(None, "a weights file, or a folder holding one; null: the local "
+                                    "Hugging Face cache")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = doc(
+        "auto", "the weights' dtype; auto: bf16 autocast on a GPU, float32 on a CPU")
+    device: Literal["auto", "cpu", "cuda"] = doc("auto", "auto: cuda when a GPU is visible")
+    random_init: bool = doc(False, "build the architecture with seeded random weights (tests, "
+                                   "demos); every output row says so")
+    allow_download: bool = doc(False, "fetch missing weights from the hub")
+    options: FrozenMap = doc(FrozenMap(), "extra constructor arguments (e.g. a tiny test "
+                                          "config)")
 
     def check(self) -> Iterable[tuple[str, str]]:
         if self.random_init and self.path:
@@ -166,10 +174,12 @@ class Resources(Params):
     """Resources for one stage. A stage class declares its defaults (``resources =
     Resources(num_cpus=1, batch_size=0)``); its config section's ``resources`` overrides them
     field by field; what neither sets is :data:`DEFAULT_RESOURCES`. ``None``: not set here."""
-    num_cpus: Optional[float] = at_least(None, 0)
-    num_gpus: Optional[float] = at_least(None, 0)
-    batch_size: Optional[int] = at_least(None, 0)   # rows per stage call; 0 = a whole part
-    concurrency: Optional[int] = at_least(None, 0)  # actor-pool size (stages on actors)
+    num_cpus: Optional[float] = at_least(None, 0, doc="CPUs per task or actor")
+    num_gpus: Optional[float] = at_least(None, 0, doc="GPUs (or a fraction) per actor")
+    batch_size: Optional[int] = at_least(None, 0, doc=(
+        "rows per stage call, rounded up to whole chunks; 0: a whole part"))
+    concurrency: Optional[int] = at_least(None, 0, doc=(
+        "actor-pool size (stages on actors); null: as large as the cluster allows"))
 
     def over(self, base: "Resources") -> "Resources":
         """These settings, with ``base``'s where these are unset."""
@@ -264,11 +274,15 @@ def build(cls: type, data: dict, prefix: str) -> Any:
     section edits that field's default (``--set embed.image_model.path=X`` keeps the default
     model's id), except a model spec naming another ``id``, which starts from a blank spec."""
     hints = typing.get_type_hints(cls)
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING
+                else f.default for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in defaults:
+            moved = getattr(cls, "moved_keys", {}).get(k)
+            if moved:
+                raise ConfigError(f"{key}: moved to {moved}")
             raise unknown_key(key, k, defaults)
         if isinstance(v, dict) and dataclasses.is_dataclass(defaults[k]) and \
                 not (isinstance(defaults[k], ModelSpec) and "id" in v):

@@ -35,7 +35,7 @@ from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
 from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline import storage
-from vlcurate.pipeline.params import Params, positive
+from vlcurate.pipeline.params import Params, doc, positive
 from vlcurate.stages.base import Resources, SinkStage
 from vlcurate.stages.layout import samples
 
@@ -62,18 +62,21 @@ def drop_reasons(all_reasons: Iterable[str], patterns: Iterable[str]) -> list[st
 
 @dataclass(frozen=True)
 class ExportParams(Params):
-    # fnmatch patterns of reason codes that drop a row; "ingest.*" always drops.
-    drop: tuple[str, ...] = ("*",)
-    samples_per_shard: int = positive(10_000)
-    shard_prefix: str = "shard"
-    exclude_columns: tuple[str, ...] = ()  # left out of the annotated table and the shard json
-    # image: one sample per image (its bytes once, every kept caption in its json); pair: one
-    # sample per row (open_clip's one .txt per sample). See stages/layout.py
-    layout: Literal["image", "pair"] = "pair"
-    # embed's vectors to add to each sample as binary members ({key}.{name}.npy: one vector, or
-    # in the image layout the captions' vectors stacked), e.g. [image_emb, cross_image_emb]
-    embeddings: tuple[str, ...] = ()
-    out_dir: Optional[str] = None          # default: <run_dir>/export; a folder or a URI
+    """The keep policy and the outputs (stage ``export``): annotated Parquet and shards."""
+    drop: tuple[str, ...] = doc(("*",), (
+        "fnmatch patterns of reason codes that drop a row; ingest.* always drops"))
+    samples_per_shard: int = positive(10_000, doc="rows per shard (the image layout counts rows "
+                                                  "too)")
+    shard_prefix: str = doc("shard", "shard file names: <prefix>-000000.tar")
+    exclude_columns: tuple[str, ...] = doc((), "columns left out of the annotated table and "
+                                               "the shards' json")
+    layout: Literal["image", "pair"] = doc("pair", (
+        "pair: one sample per kept row (open_clip sees every caption); image: one sample per "
+        "image, its bytes once, every kept caption in its json (stages/layout.py)"))
+    embeddings: tuple[str, ...] = doc((), (
+        "embed's vectors added to each sample as {key}.{name}.npy members (the image layout: "
+        "the captions' vectors stacked), e.g. [image_emb, cross_image_emb]"))
+    out_dir: Optional[str] = doc(None, "a folder or URI; null: <run_dir>/export")
     resources: Resources = Resources()
 
     def check(self) -> Iterable[tuple[str, str]]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline.params import Params, at_least, positive
+from vlcurate.pipeline.params import Params, at_least, doc, positive
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
@@ -30,22 +30,26 @@ from .optional import decide, skip_status, skipped_table
 @dataclass(frozen=True)
 class CatParams(Params):
     """DiHT's CAT parse (stage ``cat``): complexity and actions of each caption (spaCy)."""
-    # package name, pipeline directory (UD or ClearNLP labels), or auto: the first installed
-    # English pipeline (en_core_web_* first)
-    spacy_model: str = "auto"
-    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
-    n_process: int = positive(1)          # nlp.pipe processes inside one stage instance
-    pipe_batch_size: int = positive(512)  # nlp.pipe batch size
-    gemm: Literal["numpy", "blis"] = "numpy"   # thinc dense layers: numpy's BLAS (faster) or BLIS
-    min_complexity: int = at_least(1, -1)  # keep complexity >= this (-1: no object; C0, C1, ...)
-    require_action: bool = True           # keep only captions with an action
-    participle_actions: bool = True       # DiHT: "running person" is an attribute and an action
-    # a noun the parse shows to be a verb (its own subject disagreeing in number, "a dog leaps";
-    # "a [dog zips]"; an -ing clause modifier) is read as a verb: the tagger's mistake
-    verb_nouns: bool = True
-    # lower: parse a Title Case caption ("Bravo Apple Juice") in lower case, since the tagger reads
-    # capitalised words as proper nouns, never objects; keep: as written (DiHT)
-    title_case: Literal["keep", "lower"] = "keep"
+    spacy_model: str = doc("auto", (
+        "a spaCy package name or pipeline directory (UD or ClearNLP labels); auto: the first "
+        "installed English pipeline, en_core_web_* first"))
+    if_missing: Literal["error", "skip"] = doc("error", "no spaCy pipeline: stop (error), or "
+                                                        "run without the parse, saying so")
+    n_process: int = positive(1, doc="nlp.pipe processes inside one stage instance")
+    pipe_batch_size: int = positive(512, doc="nlp.pipe batch size")
+    gemm: Literal["numpy", "blis"] = doc("numpy", "thinc's dense layers: numpy's BLAS (faster) "
+                                                  "or BLIS")
+    min_complexity: int = at_least(1, -1, doc=(
+        "keep captions of complexity >= this (-1: no object; DiHT's C0, C1, ...)"))
+    require_action: bool = doc(True, "keep only captions with an action (DiHT's best filter)")
+    participle_actions: bool = doc(True, "DiHT: \"running person\" is an attribute and an "
+                                         "action")
+    verb_nouns: bool = doc(True, (
+        "read as a verb a noun the parse shows to be one (its subject disagreeing in number: \"a "
+        "dog leaps\"), the tagger's mistake"))
+    title_case: Literal["keep", "lower"] = doc("keep", (
+        "lower: parse a Title Case caption in lower case (the tagger reads capitalised words as "
+        "proper nouns, never objects); keep: as written (DiHT)"))
     resources: Resources = Resources()
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, at_least, positive, unit
+from vlcurate.pipeline.params import Params, at_least, doc, positive, unit
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
@@ -23,23 +23,32 @@ from .optional import decide, skip_status, skipped_table
 @dataclass(frozen=True)
 class TextSpotParams(Params):
     """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
-    backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
-    mode: Literal["fast", "full"] = "fast"   # rapidocr: fast reads what the rule needs; full: all
-    det_pixels: int = positive(196_608)   # fast: the text detector's input size (~512 x 384)
-    keep_texts: bool = False              # fast: recognise every box, so ocr_texts lists every line
-    device: Literal["cpu", "cuda"] = "cpu"   # rapidocr's onnxruntime (cuda: onnxruntime-gpu)
-    if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
-    min_conf: float = unit(0.8)           # DiHT: spotting confidence >= 0.8 ...
-    min_chars: int = positive(5)          # ... and >= 5 characters matching the caption
-    max_side: int = positive(1024)        # images are downscaled to this longer side before OCR
-    max_texts: int = positive(32)         # spotted lines kept per image (best confidence first)
-    threads: int = at_least(1, 0)         # OCR threads per stage instance (0: the backend's own)
-    tesseract_lang: str = "eng"
-    tesseract_psm: int = 11               # page segmentation mode 11: sparse text (scene text)
-    mmocr_det: str = "DBNet"
-    mmocr_rec: str = "SAR"
-    mmocr_det_weights: Optional[str] = None
-    mmocr_rec_weights: Optional[str] = None
+    backend: Literal["rapidocr", "tesseract", "mmocr"] = doc("rapidocr", "the OCR engine")
+    mode: Literal["fast", "full"] = doc("fast", (
+        "rapidocr: fast reads only what the rule needs (docs/textspot.md); full: the full OCR"))
+    det_pixels: int = positive(196_608, doc=(
+        "fast: the text detector's input size in pixels (~512 x 384)"))
+    keep_texts: bool = doc(False, "fast: recognise every box, so ocr_texts lists every line "
+                                  "read")
+    device: Literal["cpu", "cuda"] = doc("cpu", "rapidocr's onnxruntime device (cuda needs "
+                                                "onnxruntime-gpu)")
+    if_missing: Literal["error", "skip"] = doc("error", "no OCR backend: stop (error), or run "
+                                                        "without it, saying so")
+    min_conf: float = unit(0.8, doc="DiHT: a spotted line needs this OCR confidence ...")
+    min_chars: int = positive(5, doc="... and this many letters or digits in common with the "
+                                     "caption")
+    max_side: int = positive(1024, doc="images are downscaled to this longer side before OCR")
+    max_texts: int = positive(32, doc="spotted lines kept per image, best confidence first")
+    threads: int = at_least(1, 0, doc="OCR threads per stage instance; 0: the backend's own")
+    tesseract_lang: str = doc("eng", "tesseract's language")
+    tesseract_psm: int = doc(11, "tesseract's page segmentation mode (11: sparse text, scene "
+                                 "text)")
+    mmocr_det: str = doc("DBNet", "mmocr's text detector")
+    mmocr_rec: str = doc("SAR", "mmocr's text recogniser")
+    mmocr_det_weights: Optional[str] = doc(None, "the detector's weights file; null: mmocr's "
+                                                 "own download")
+    mmocr_rec_weights: Optional[str] = doc(None, "the recogniser's weights file; null: mmocr's "
+                                                 "own download")
     resources: Resources = Resources()
 
 

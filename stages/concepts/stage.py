@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline.params import (ConfigError, FrozenMap, ModelSpec, Params, positive,
+from vlcurate.pipeline.params import (ConfigError, FrozenMap, ModelSpec, Params, doc, positive,
                                       within)
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
@@ -74,35 +74,45 @@ def _empty(problem: Optional[str], c: Any, workdir: str) -> Optional[str]:
 class ConceptsParams(Params):
     """DiHT concept-distillation targets (stage ``concepts``): WordNet vocabulary from the CAT
     parse, frozen teacher features, linear heads, top-k soft targets per image."""
-    # DiHT: SWAG ViT-H/14. torchvision/<name> (+ options.weights) or any timm backbone
-    teacher: ModelSpec = ModelSpec(id="torchvision/vit_h_14",
-                                   options=FrozenMap({"weights": "IMAGENET1K_SWAG_LINEAR_V1"}))
-    teacher_batch_size: int = positive(64)
-    # the heads train on at most this many still-kept rows, those with the smallest seeded hash
-    # of their sample_id (null: every row); the vocabulary is still counted over every kept row.
+    teacher: ModelSpec = doc(ModelSpec(id="torchvision/vit_h_14", options=FrozenMap(
+        {"weights": "IMAGENET1K_SWAG_LINEAR_V1"})), (
+        "the frozen teacher (DiHT: SWAG ViT-H/14): torchvision/<name> (with options.weights) or "
+        "any timm backbone"))
+    teacher_batch_size: int = positive(64, doc="images per teacher forward pass")
     # It bounds the global step's memory: rows x the teacher's width x 2 bytes (ViT-H/14:
     # 1.3 GB at 500k).
-    train_rows: Optional[int] = positive(500_000)
-    wordnet_dir: str = "/usr/share/wordnet"   # WordNet 3.0 dict files (Debian: wordnet-base)
-    min_object_count: int = 250         # DiHT: noun synsets in >= 250 images (over LAION)
-    min_attribute_count: int = 250
-    # an object or attribute vocabulary the thresholds leave empty: stop and name the key to
-    # lower (error), or go on with empty targets of that kind, said in the run summary (warn)
-    if_empty: Literal["error", "warn"] = "error"
-    max_objects: Optional[int] = positive(None)  # the most frequent ones; ids are uint16
-    hypernym_backoff: bool = False      # a rare synset counts as its nearest kept hypernym
-    min_sharedness: int = 3             # distinct vocabulary objects an attribute describes
-    min_visualness: Optional[float] = within(0.6, 0, 1, open_hi=True)  # held-out AUC; null = off
-    max_attributes: Optional[int] = positive(1200)  # DiHT keeps 1200 (by visualness, sharedness)
-    holdout_fraction: float = within(0.1, 0, 1, open_hi=True)  # images held out for visualness
-    top_k: int = positive(10)           # DiHT: top-10 objects and attributes per image
-    epochs: int = positive(10)
-    resample_length: Optional[int] = positive(None)   # draws per epoch (DiHT: 50M); null = images
-    batch_size: int = positive(256)     # head training
-    base_lr: float = 0.001              # lr = base_lr * batch_size / 256 (linear scaling rule)
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
+    train_rows: Optional[int] = positive(500_000, doc=(
+        "the heads train on at most this many kept rows, those with the smallest seeded hash of "
+        "their sample_id; null: every row (the vocabulary still counts every kept row)"))
+    wordnet_dir: str = doc("/usr/share/wordnet", (
+        "WordNet 3.0 dict files (Debian: wordnet-base); without them there, the copy shipped "
+        "with vlcurate"))
+    min_object_count: int = doc(250, "DiHT: noun synsets in at least this many images become "
+                                     "objects (250 over LAION)")
+    min_attribute_count: int = doc(250, "the same for attributes")
+    if_empty: Literal["error", "warn"] = doc("error", (
+        "a vocabulary the thresholds leave empty: stop, naming the key to lower (error), or go "
+        "on with empty targets of that kind, said in the run summary (warn)"))
+    max_objects: Optional[int] = positive(None, doc=(
+        "keep only the most frequent objects (ids are uint16, at most 65535); null: no cap"))
+    hypernym_backoff: bool = doc(False, "a rare synset counts as its nearest kept hypernym")
+    min_sharedness: int = doc(3, "distinct vocabulary objects an attribute must describe")
+    min_visualness: Optional[float] = within(0.6, 0, 1, open_hi=True, doc=(
+        "an attribute's teacher head must reach this held-out AUC; null: off"))
+    max_attributes: Optional[int] = positive(1200, doc=(
+        "attributes kept, by visualness then sharedness (DiHT: 1200); null: all"))
+    holdout_fraction: float = within(0.1, 0, 1, open_hi=True, doc=(
+        "share of images held out to measure visualness"))
+    top_k: int = positive(10, doc="objects and attributes kept per image (DiHT: top-10)")
+    epochs: int = positive(10, doc="the heads' training epochs")
+    resample_length: Optional[int] = positive(None, doc=(
+        "draws per epoch (DiHT: 50M); null: the number of training images"))
+    batch_size: int = positive(256, doc="rows per head-training batch")
+    base_lr: float = doc(0.001, "the heads' lr = base_lr x batch_size / 256 (linear scaling "
+                                "rule)")
+    momentum: float = doc(0.9, "SGD momentum of the heads")
+    weight_decay: float = doc(1e-4, "the heads' weight decay")
+    seed: int = doc(0, "seeds the training sample, the holdout and the heads")
     resources: Resources = Resources()
 
     def check(self) -> Iterable[tuple[str, str]]:

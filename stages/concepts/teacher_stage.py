@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, at_least
+from vlcurate.pipeline.params import Params, at_least, doc
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages.arrow import fixed_lists
@@ -27,10 +27,11 @@ from .teacher import Teacher
 
 @dataclass(frozen=True)
 class TeacherParams(Params):
-    # decode and transform images in this many threads inside the actor, ahead of the model
-    # (speed only: the same features; 0: on the actor's own thread). On an H100 the one thread
-    # held ViT-H/14 to 360 of its 935 img/s
-    decode_threads: int = at_least(4, 0)
+    """DiHT's frozen concept teacher (stage ``teacher``): its features of every kept image."""
+    # speed only (the same features); on an H100 one thread held ViT-H/14 to 360 of its 935 img/s
+    decode_threads: int = at_least(4, 0, doc=(
+        "threads decoding and transforming images inside the actor, ahead of the model (speed "
+        "only); 0: on the actor's own thread"))
     resources: Resources = Resources()
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
-from vlcurate.pipeline.params import ModelSpec, Params, positive
+from vlcurate.pipeline.params import ModelSpec, Params, doc, positive
 from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources, once_per_image
 
@@ -34,19 +34,23 @@ def random_note(stage: str, key: str, spec: Any, what: str) -> str:
 @dataclass(frozen=True)
 class EmbedParams(Params):
     """HELIP's unimodal encoders: DINO ViT-S/8 (CLS token) and a SentenceTransformer."""
-    image_model: ModelSpec = ModelSpec(id="vit_small_patch8_224.dino")
-    text_model: ModelSpec = ModelSpec(id="sentence-transformers/all-mpnet-base-v2")
-    # FFF sec. 4.1: one image-text (CLIP-style, transformers CLIPModel) model for S_it, S_ii and
-    # S_tt; null = none (positives then run without Eq. 1's main clause, and the summary says so)
-    cross_model: Optional[ModelSpec] = None
-    cross_batch_size: int = positive(64)   # images / captions per cross-model forward pass
-    image_batch_size: int = positive(64)
-    text_batch_size: int = positive(256)
-    float16_storage: bool = False
-    # decode and preprocess images in `threads` inside the encoder actor, overlapping the model,
-    # or in the CPU `tasks` that read each part, ahead of the actor
-    decode: Literal["threads", "tasks"] = "threads"
-    decode_threads: int = positive(4)
+    image_model: ModelSpec = doc(ModelSpec(id="vit_small_patch8_224.dino"), (
+        "HELIP's image encoder (its CLS token, L2-normalised)"))
+    text_model: ModelSpec = doc(ModelSpec(id="sentence-transformers/all-mpnet-base-v2"), (
+        "HELIP's text encoder (a SentenceTransformer)"))
+    cross_model: Optional[ModelSpec] = doc(None, (
+        "FFF sec. 4.1: an image-text model (CLIP-style, transformers CLIPModel) for S_it, X_ii "
+        "and X_tt, e.g. {id: openai/clip-vit-large-patch14}; null: none (positives then lacks "
+        "Eq. 1's main clause)"))
+    cross_batch_size: int = positive(64, doc="images or captions per cross-model forward pass "
+                                             "(a fixed shape)")
+    image_batch_size: int = positive(64, doc="images per image-encoder forward pass")
+    text_batch_size: int = positive(256, doc="captions per text-encoder forward pass")
+    float16_storage: bool = doc(False, "store the embeddings as float16 (half the bytes)")
+    decode: Literal["threads", "tasks"] = doc("threads", (
+        "decode and preprocess images in threads inside the encoder actor, overlapping the "
+        "model, or in the CPU tasks that read each part, ahead of the actor"))
+    decode_threads: int = positive(4, doc="decode: threads, the threads per actor")
     resources: Resources = Resources()
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, positive, unit, within
+from vlcurate.pipeline.params import Params, doc, positive, unit, within
 from vlcurate.stages.base import Resources, SourceStage
 
 from . import captions, census, images, keys, readers, sources
@@ -36,32 +36,45 @@ def _read_detail(ref: str, extra: str | None) -> str:
 class SourceParams(Params):
     """Where the records come from (section ``source``; the readers see only this section, so
     the read limits live here)."""
-    kind: Literal["folder", "parquet", "webdataset", "img2dataset"] = "folder"
-    path: str = ""                       # a folder or a URI (s3://, gs://, ...)
-    name: Optional[str] = None           # default: the source folder's name
-    # folder: a captions CSV or JSONL (relative to path) and the folder the images are in
-    captions_file: Optional[str] = None  # default: captions.csv, captions.jsonl or metadata.jsonl
-    images_dir: str = "images"           # relative to path; "" = path itself
-    image_column: str = "image"          # folder/parquet: file name / path / bytes column
-    caption_column: str = "caption"
-    key_column: Optional[str] = None     # default: image name (+ "#n" for its n-th caption)
-    extra_columns: tuple[str, ...] = ()  # copied into the `extra` JSON column
-    max_captions_per_image: Optional[int] = positive(None)
-    rows_per_part: int = positive(1000)  # folder/parquet: rows per part; tars: one part per tar
-    # Untrusted input: a file, tar member or Parquet cell over max_image_bytes is rejected
-    # (ingest.file_too_large) before it is read; an image path resolving outside source.path is
-    # ingest.outside_source unless allowed; a Parquet list<string> caption column is a config
-    # error unless caption_list: first.
-    max_image_bytes: int = positive(64 * 1024 * 1024)
-    allow_outside_source: bool = False
-    caption_list: Literal["error", "first"] = "error"
-    # quick trials (stages/ingest/sources.py): a share of the records, chosen by sample_id (so
-    # independent of order), and/or the first `limit` records (`vlcurate run --limit N`)
-    sample: Optional[float] = unit(None)
-    limit: Optional[int] = positive(None)
-    # more sources in the same run, each a section like this one (a top-level `sources:` list
-    # in YAML is the same thing); sample_id keeps each record's source name
-    also: tuple["SourceParams", ...] = ()
+    kind: Literal["folder", "parquet", "webdataset", "img2dataset"] = doc("folder", (
+        "the reader: folder (images + a captions file), parquet, webdataset (tars) or "
+        "img2dataset's output"))
+    path: str = doc("", "a folder or a URI (s3://, gs://, ...); relative: to the config file")
+    name: Optional[str] = doc(None, "the source's name in sample ids; null: the folder's name")
+    captions_file: Optional[str] = doc(None, (
+        "folder: a CSV, TSV or JSONL of captions, relative to path; null: captions.csv, "
+        "captions.jsonl or metadata.jsonl"))
+    images_dir: str = doc("images", "folder: the images' folder, relative to path; \"\": path "
+                                    "itself")
+    image_column: str = doc("image", "folder, parquet: the image's file name, path or bytes "
+                                     "column")
+    caption_column: str = doc("caption", "the caption's column")
+    key_column: Optional[str] = doc(None, (
+        "a record's key column; null: the image name, plus #n for its n-th caption"))
+    extra_columns: tuple[str, ...] = doc((), (
+        "columns copied into the extra JSON column and each sample's .json"))
+    max_captions_per_image: Optional[int] = positive(None, doc=(
+        "keep at most this many captions of an image; null: all"))
+    rows_per_part: int = positive(1000, doc=(
+        "folder, parquet: rows per part, the unit of work and of commit (tars: one part per "
+        "tar)"))
+    # Untrusted input: nothing over these limits is read.
+    max_image_bytes: int = positive(64 * 1024 * 1024, doc=(
+        "a larger file, tar member or Parquet cell is ingest.file_too_large, never read (64 "
+        "MiB)"))
+    allow_outside_source: bool = doc(False, (
+        "true lets image paths resolve outside path (.., absolute paths, symlinks); false: "
+        "ingest.outside_source"))
+    caption_list: Literal["error", "first"] = doc("error", (
+        "a Parquet list<string> caption column: a config error, or take its first element"))
+    sample: Optional[float] = unit(None, doc=(
+        "quick trials: a share (0, 1] of the records, chosen by sample_id (order-independent); "
+        "null: all"))
+    limit: Optional[int] = positive(None, doc=(
+        "quick trials: the first N records in plan order (vlcurate run --limit N); null: all"))
+    also: tuple["SourceParams", ...] = doc((), (
+        "more sources in this run, each a section like this one (a top-level sources: list is "
+        "the same); names must differ"))
     fingerprint_when_set = ("sample", "limit", "also")
 
     def check(self) -> Iterable[tuple[str, str]]:
@@ -72,13 +85,17 @@ class SourceParams(Params):
 
 @dataclass(frozen=True)
 class IngestParams(Params):
-    max_pixels: int = positive(89_478_485)   # PIL's own bomb threshold; larger headers rejected
-    min_side: int = positive(8)
-    max_caption_chars: int = positive(2048)
-    # auto: keep the source bytes when they are an RGB JPEG needing no EXIF rotation, else
-    # re-encode the decoded RGB image as JPEG; always: always re-encode
-    reencode: Literal["auto", "always"] = "auto"
-    jpeg_quality: int = within(95, 1, 100)
+    """Decoding and normalising each record (stage ``ingest``); every record is one row."""
+    max_pixels: int = positive(89_478_485, doc=(
+        "an image header declaring more pixels is ingest.image_too_large, before any pixel is "
+        "decoded (PIL's bomb threshold)"))
+    min_side: int = positive(8, doc="an image with a shorter side is ingest.image_too_small")
+    max_caption_chars: int = positive(2048, doc=(
+        "a longer caption (after normalisation) is ingest.caption_too_long"))
+    reencode: Literal["auto", "always"] = doc("auto", (
+        "auto: keep an RGB JPEG's bytes unless it needs an EXIF rotation, re-encode anything "
+        "else as an RGB JPEG; always: re-encode every image"))
+    jpeg_quality: int = within(95, 1, 100, doc="JPEG quality of re-encoded images")
     resources: Resources = Resources()
 
 

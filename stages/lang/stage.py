@@ -30,7 +30,7 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import lang as S
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, nonempty, unit
+from vlcurate.pipeline.params import Params, doc, nonempty, unit
 from vlcurate.stages.base import MapStage, Resources, reasons_array
 
 
@@ -119,10 +119,12 @@ class LangParams(Params):
     """Language ID (stage ``lang``): flag captions not in the kept languages, before the CAT parse."""
     keep: tuple[str, ...] = nonempty(("en",), " (name at least one language, ISO 639-1, e.g. "
                                      "[en]; to run without the filter, leave `lang` out of "
-                                     "run.stages)")  # DiHT's CAT parse is English
-    min_prob: float = unit(0.5)           # a detector keeps the caption when P(one of keep) >= this
-    # fasttext+langid: flag only when both say "not kept" (short captions fool each of them)
-    detector: Literal["fasttext+langid", "fasttext", "langid"] = "fasttext+langid"
+                                     "run.stages)", doc=(
+        "ISO 639-1 codes of the languages kept (DiHT's CAT parse is English)"))
+    min_prob: float = unit(0.5, doc="a detector keeps a caption when P(one of keep) >= this")
+    detector: Literal["fasttext+langid", "fasttext", "langid"] = doc("fasttext+langid", (
+        "fasttext+langid: flag only when both say not kept (short captions fool each of them); "
+        "fasttext or langid: that one alone"))
     resources: Resources = Resources()
 
 

@@ -16,8 +16,8 @@ support, noise flag, certificate and (pass only) their candidate pairs with exac
 (``hpm_pair_*``), which the positives stage can read.
 
 ``finalize`` hands the run summary the pass's figures (``_info.json``), from the committed
-parts: the candidate pairs that ``hpm.max_pairs`` cut (a NOTE when any: no silent
-cap), clusters, probe, the certified fraction.
+parts: the candidate pairs that ``positives.candidates.max_pairs`` cut (a NOTE when any: no
+silent cap), clusters, probe, the certified fraction.
 
 Noise pairs: ``noise_action: drop`` sets the reason ``hpm.noise_pair`` (export then drops the row
 under the default policy, and later stages skip it, as for any filter); ``mark`` only fills
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import DataError, Params, at_least, positive, unit, within
+from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import blocks, hpm
@@ -72,95 +72,104 @@ def columns(read: Callable[[int], pa.Table], n_parts: int) -> tuple[str, ...]:
     return COLUMNS + (CROSS if all(c in names for c in CROSS) else ())
 
 
-CHUNK_ROWS = 32768      # hpm.chunk_rows' default: rows per call, across parts
+CHUNK_ROWS = 32768      # hpm.engine.chunk_rows' default: rows per call, across parts
+
+
+@dataclass(frozen=True)
+class EngineParams(Params):
+    """The neighbour pass's internals (``hpm.engine``): its layout, probe and blocks."""
+    clusters: Optional[int] = positive(None, doc=(
+        "k-means clusters of the pass's layout; null: one per 256 kept rows, round(n / 256) "
+        "(pass_io.AUTO)"))
+    probe: Optional[int] = positive(None, doc=(
+        "clusters searched per row; null: calibrated in the global step, the smallest probe "
+        "whose recall@k on a seeded sample's exact neighbours reaches `recall` (60, "
+        "pass_io.AUTO, when the sample has no pair)"))
+    recall: float = within(0.995, 0, 1, doc="the calibrated probe's target recall (probe: null)")
+    pair_probe: int = at_least(8, 0, doc=(
+        "a partial pass also searches this many clusters per row of each one-space layout for "
+        "the positives' candidate pairs; 0: none (positives then searches on its own above "
+        "exact_max_n)"))
+    precision: Literal["auto", "fp32", "bf16", "int8"] = doc("auto", (
+        "the pass's GEMMs: fp32, or a bf16 / int8 screen with a proven margin then an fp32 "
+        "re-score (the same pairs); auto: int8 where the device has int8 GEMMs in hardware, "
+        "else fp32"))
+    chunk_rows: int = positive(CHUNK_ROWS, doc=(
+        "rows mined per call, consecutive across parts; more rows per call is faster per row "
+        "and uses more memory; a numerics key (a similarity's last bits may change)"))
+    block_size: int = positive(8192, doc="member rows per score block (exact and the pass)")
+    query_block: int = positive(1024, doc="target rows per score block (exact and the pass)")
+
+
+@dataclass(frozen=True)
+class FastParams(Params):
+    """FastHPM's IVF-PQ index (``hpm.fast``; method fast, legacy)."""
+    pool_size: Optional[int] = positive(None, doc=(
+        "candidate pool C, a seeded uniform sample of the kept rows; null: every kept row"))
+    nlist: Optional[int] = positive(None, doc=(
+        "IVF lists; null: the power of 2 nearest sqrt(C), at most C / 39 (hpm.auto_params)"))
+    pq_m: Optional[int] = positive(None, doc=(
+        "PQ sub-quantizers of the joint vector; null: the largest divisor of its dimension d "
+        "up to d / 2"))
+    pq_nbits: int = within(4, 1, 16, doc="bits per PQ code: 4, FAISS fast-scan (CPU); 8, plain "
+                                         "IVF-PQ (GPU)")
+    nprobe: Optional[int] = positive(None, doc="IVF lists probed per query; null: max(64, nlist "
+                                                "/ 16)")
+    k_prime: Optional[int] = positive(None, doc="candidates re-scored exactly per target; null: "
+                                                 "4 x hpm.k")
+    widen: Literal["noise", "all", "off"] = doc("noise", (
+        "search uncertified targets again with 4 x k_prime, up to k_prime_max: noise, those about "
+        "to be flagged as noise pairs; all, every uncertified one; off, none"))
+    k_prime_max: Optional[int] = positive(None, doc="the widened search's limit; null: 4 x "
+                                                     "k_prime")
+    train_size: Optional[int] = positive(None, doc=(
+        "IVF-PQ training rows; null: max(64 x nlist, 40 x 2^pq_nbits), at most C"))
 
 
 @dataclass(frozen=True)
 class HpmParams(Params):
     """HELIP hard-pair mining (stage ``hpm``); ``positives`` reads its method/search settings."""
-    k: int = positive(100)        # hard pairs per target (HELIP's released code; Table 9 uses 500)
-    tau_image: float = unit(0.5)  # HELIP sec. 4.1: tau = 0.5; similarities <= tau count as 0
-    tau_text: float = unit(0.5)
-    # a pair with S_I or S_T above it is a duplicate: a positive, never a hard pair; null = off
-    dup_threshold: Optional[float] = unit(0.98)
-    # drop: flag noise pairs with hpm.noise_pair (export drops them, later stages skip them);
-    # mark: only the hpm_is_noise column, no reason
-    noise_action: Literal["drop", "mark"] = "drop"
-    # exact: a row the pass finds with fewer than k supporters is searched again, wider and then
-    # everywhere, until its count is exact (HELIP's rule: no good row flagged on a partial
-    # count; a true noise row then costs what exact HPM costs for it). probed: decide on the
-    # probed clusters' count: much faster where many rows are noise pairs, but a good row near
-    # the threshold can be flagged (blocks.complete)
-    noise_count: Literal["exact", "probed"] = "exact"
-    # blocks: one neighbour pass in dense blocks (each cluster x the rows routed to it, exact GEMM);
-    # exact: the same pass probing every cluster; auto: exact up to exact_max_n rows, then
-    # blocks; fast: FastHPM (FAISS IVF-PQ, legacy: finds no FFF candidate pairs)
-    method: Literal["auto", "exact", "blocks", "fast"] = "auto"
-    exact_max_n: int = positive(50_000)
-    # blocks: k-means clusters; null = about n / 256 (pass_io.AUTO: finer clusters score fewer
-    # rows per target for the same recall)
-    clusters: Optional[int] = positive(None)
-    # blocks: clusters searched per row (best by routing); null = calibrated in the global step:
-    # the smallest probe whose recall@k (and @10, @50, @100 up to k) on a seeded sample's exact
-    # neighbours reaches hpm.recall (stages/mining/calibrate.py; the run summary says which)
-    probe: Optional[int] = positive(None)
-    recall: float = within(0.995, 0, 1)    # the calibrated probe's target (hpm.probe null)
-    # candidate pairs kept for the positives stage, which reads them instead of searching (its
-    # thresholds must not be below these: the preflight checks); X_*: on the cross-modal model
-    pair_image: float = within(0.9, -1, 1)    # S_ii or X_ii > pair_image
-    pair_text: float = within(0.9, -1, 1)     # S_tt or X_tt > pair_text
-    pair_cross: float = within(0.24, -1, 1)   # S_it > pair_cross (cross-modal embeddings only)
-    max_pairs: int = positive(256)      # per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first
-    # a partial pass (blocks above exact_max_n) also lays out each space the positives rule
-    # judges on its own (clusters of ~512 rows) and searches this many of its clusters per row
-    # for pairs above the floors (stages/mining/spaces.py: pairs near in one space only); 0:
-    # none, and positives then runs its own search above exact_max_n
-    pair_probe: int = at_least(8, 0)
-    # the pass's GEMMs: fp32, or bf16 screening the pairs with a proven margin, then an fp32
-    # re-score of those that pass (stages/mining/screen.py): the same pairs, similarities equal
-    # to fp32's up to their last bits. bf16 also runs the GEMMs that only decide where to
-    # search in bf16 (the layout's k-means and assignment, each row's routing; the
-    # certificate's bound is widened by the screen's margin), so the clusters and routes
-    # differ a little from fp32's; the one-space searches screen in bf16 too, each hit
-    # accepted on its fp32 dot product (spaces.py). For GPU tensor cores and CPUs with AMX
-    # or AVX512-BF16 (see deploy/SIZING.md); a CPU without native bf16 GEMMs emulates them,
-    # slower than fp32. int8 screens the joint blocks by int8 GEMMs instead, with a bound
-    # proven per row (stages/mining/q8.py): ~1.6-2x bf16's rate with AVX512-VNNI, AMX or GPU
-    # tensor cores, the same pairs; its layout, routing (each row's bound widens the
-    # certificate) and one-space searches in int8 too
-    # auto: int8 where the device has int8 GEMMs in hardware (a GPU with int8 tensor cores, a
-    # CPU with AVX512-VNNI or AMX: pass_io.int8_native), else fp32; the same pairs either way,
-    # the run summary's hpm.precision says which ran
-    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    # rows mined per call (null: CHUNK_ROWS): chunks of this many consecutive input rows,
-    # across parts (the stage spans_parts; a call mines the chunk's kept rows). A chunk's rows
-    # are routed together, so its units (a cluster x the rows routed to it) hold ~kept rows x
-    # probe / clusters queries; per target at 1M rows (fp32 defaults, 2 threads): 2.2 ms for
-    # ~400 kept rows (a 1,024-row chunk of one part), 1.05
-    # ms for 1,024, 0.70 ms for 8,192 to 12,800, 0.63 ms for 32,768. On an H100: 65,536 with
-    # query_block 8192 and block_size 16384. Memory per actor grows with it (+0.42 GB peak for
-    # 32,768 kept rows at 1M; pairs add up to ~0.3 GB). A numerics key (in the fingerprint): a
-    # row's similarities may differ in their last bits with it.
-    chunk_rows: Optional[int] = positive(None)
-    pool_size: Optional[int] = positive(None)   # FastHPM candidate pool C (uniform, seeded); null = all
-    nlist: Optional[int] = positive(None)       # IVF lists; null = auto (power of 2 near sqrt(C))
-    pq_m: Optional[int] = positive(None)        # PQ sub-quantizers of the joint vector; null = dim / 2
-    pq_nbits: int = within(4, 1, 16)    # 4: FAISS fast-scan codes (CPU); 8: plain IVF-PQ (GPU)
-    nprobe: Optional[int] = positive(None)      # null = auto (max(64, nlist / 16))
-    k_prime: Optional[int] = positive(None)     # candidates re-scored per target; null = 4 k
-    # search uncertified targets again with k' x 4 up to k_prime_max (null = 4 k'): `noise`
-    # only those about to be flagged as noise pairs, `all` every uncertified one, `off` none
-    widen: Literal["noise", "all", "off"] = "noise"
-    k_prime_max: Optional[int] = positive(None)
-    train_size: Optional[int] = positive(None)  # IVF-PQ training sample; null = auto
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"    # torch matmuls and the FAISS index
-    block_size: int = positive(8192)    # exact and the pass: member rows per score block
-    query_block: int = positive(1024)   # exact and the pass: targets per score block
-    # threads of the global step (k-means layout, FastHPM's index build); null = all. Mining
-    # itself runs per part on the stage's actors (hpm.resources), with run.intra_op_threads
-    build_threads: Optional[int] = positive(None)
+    k: int = positive(100, doc="hard pairs per target (HELIP's released code; its Table 9 uses "
+                               "500)")
+    tau_image: float = unit(0.5, doc="HELIP sec. 4.1: an image similarity <= tau_image counts "
+                                     "as 0 in a pair's score")
+    tau_text: float = unit(0.5, doc="the same for the text similarity")
+    dup_threshold: Optional[float] = unit(0.98, doc=(
+        "a pair with S_ii or S_tt above it is a duplicate: a positive, never a hard pair; null: "
+        "off"))
+    noise_action: Literal["drop", "mark"] = doc("drop", (
+        "drop: flag noise pairs (fewer than k supporters) with hpm.noise_pair, so export drops "
+        "them; mark: only fill the hpm_is_noise column"))
+    noise_count: Literal["exact", "probed"] = doc("exact", (
+        "exact: a row found with fewer than k supporters is searched again until its count is "
+        "exact (HELIP's rule); probed: decide on the probed clusters' count, faster, but a good "
+        "row near the threshold can be flagged"))
+    method: Literal["auto", "exact", "blocks", "fast"] = doc("auto", (
+        "exact: the pass probing every cluster; blocks: the pass probing hpm.engine.probe "
+        "clusters; auto: exact up to exact_max_n rows, then blocks; fast: FastHPM (IVF-PQ, "
+        "legacy, no candidate pairs)"))
+    exact_max_n: int = positive(50_000, doc="method auto: the most kept rows mined exactly")
+    device: Literal["auto", "cpu", "cuda"] = doc("auto", (
+        "where the mining runs (torch and FAISS); auto: cuda when a GPU is visible; name it "
+        "where reruns on other machines must match byte for byte"))
+    seed: int = doc(0, "seeds the k-means layout, the calibration sample and FastHPM's pool")
+    build_threads: Optional[int] = positive(None, doc=(
+        "threads of the global step (layout, FastHPM's index); null: every CPU of its node; "
+        "mining runs on the stage's actors with run.intra_op_threads"))
+    engine: EngineParams = doc(EngineParams(), "the neighbour pass's internals")
+    fast: FastParams = doc(FastParams(), "FastHPM's index (method fast)")
     resources: Resources = Resources()
+    # old keys' new places: an old config gets an error naming them, an old run's snapshot
+    # is read with them moved (config.from_snapshot)
+    moved_keys: ClassVar[dict[str, str]] = {
+        **{k: f"hpm.engine.{k}" for k in ("clusters", "probe", "recall", "pair_probe",
+                                           "precision", "chunk_rows", "block_size",
+                                           "query_block")},
+        **{k: f"hpm.fast.{k}" for k in ("pool_size", "nlist", "pq_m", "pq_nbits", "nprobe",
+                                         "k_prime", "widen", "k_prime_max", "train_size")},
+        "pair_image": "positives.candidates.image", "pair_text": "positives.candidates.text",
+        "pair_cross": "positives.candidates.cross",
+        "max_pairs": "positives.candidates.max_pairs"}
 
 
 class HpmStage(GlobalStage):
@@ -168,6 +177,7 @@ class HpmStage(GlobalStage):
     version = "15"       # hard pairs, exact support (short rows searched again), noise flag,
                          # certificate and candidate pairs of the pass; history: CHANGELOG.md
     Params = HpmParams
+    reads = ("positives.candidates",)   # the candidate pairs' floors the pass keeps
     speed_only = ("build_threads",)   # threads of the global step
     inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
     output = M.HARD_PAIRS
@@ -178,7 +188,7 @@ class HpmStage(GlobalStage):
 
     @classmethod
     def chunk_rows(cls, config: Any) -> int:
-        return config.hpm.chunk_rows or CHUNK_ROWS
+        return config.hpm.engine.chunk_rows
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
@@ -201,21 +211,23 @@ class HpmStage(GlobalStage):
             state.update(_build_fast(cfg, meta, workdir))
         elif meta.n:
             device = hpm.resolve_device(cfg.device)
-            state["pass"] = prepare_pass(Store(meta), pass_params(cfg, meta.n, device), workdir,
-                                         device, None if cfg.probe else cfg.recall)
+            state["pass"] = prepare_pass(Store(meta), pass_params(config, meta.n, device),
+                                         workdir, device,
+                                         None if cfg.engine.probe else cfg.engine.recall)
             state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
         return state
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
         """The pass's figures for the run summary (``_info.json``), from the committed parts:
-        pairs cut by hpm.max_pairs (with a note when any), clusters, probe, certified fraction."""
+        pairs cut by positives.candidates.max_pairs (with a note when any), clusters, probe,
+        certified fraction."""
         cols = (M.CERTIFIED.name, M.PAIRS_CUT.name)
         tables = [ctx.read(cls.name, part, list(cols)) for part in range(len(ctx.counts))]
         cert, cut = ([np.asarray(t.column(c).drop_null().to_numpy(zero_copy_only=False), dtype)
                       for t in tables] for c, dtype in zip(cols, (bool, np.int64)))
         cat = lambda xs, dtype: np.concatenate(xs) if xs else np.zeros(0, dtype)  # noqa: E731
-        return pass_info(config.hpm, cat(cert, bool), cat(cut, np.int64), ran_in(ctx.workdir))
+        return pass_info(config, cat(cert, bool), cat(cut, np.int64), ran_in(ctx.workdir))
 
     def setup(self) -> None:
         config, state = self.config, self.state
@@ -238,8 +250,8 @@ class HpmStage(GlobalStage):
         if self.fast is not None:
             v = self.store.vec
             return self.fast.query(v[E.IMAGE_EMB_NAME][gidx], v[E.TEXT_EMB_NAME][gidx], gidx,
-                                   c.k, c.tau_image, c.tau_text, c.dup_threshold, c.k_prime,
-                                   c.k_prime_max, c.widen), None
+                                   c.k, c.tau_image, c.tau_text, c.dup_threshold,
+                                   c.fast.k_prime, c.fast.k_prime_max, c.fast.widen), None
         r = self.miner.mine(gidx)
         return hpm.TopK(r.idx, r.score, r.support, r.certified), r
 
@@ -291,9 +303,10 @@ def _build_fast(cfg: Any, meta, workdir: str) -> dict:
     """FastHPM's pool and IVF-PQ index of its joint vectors (hpm.method: fast)."""
     store = Store(meta)
     img, txt = store.vec[E.IMAGE_EMB_NAME], store.vec[E.TEXT_EMB_NAME]
-    pool = hpm.sample_pool(meta.n, cfg.pool_size, cfg.seed)
-    params = hpm.auto_params(len(pool), img.shape[1] + txt.shape[1], cfg.nlist, cfg.pq_m,
-                             cfg.pq_nbits, cfg.nprobe, cfg.train_size)
+    f = cfg.fast
+    pool = hpm.sample_pool(meta.n, f.pool_size, cfg.seed)
+    params = hpm.auto_params(len(pool), img.shape[1] + txt.shape[1], f.nlist, f.pq_m,
+                             f.pq_nbits, f.nprobe, f.train_size)
     sub = (img, txt) if len(pool) == meta.n else (img[pool], txt[pool])
     index = hpm.build_ivfpq(hpm.JointView(*sub), params, cfg.seed)
     hpm.save_index(index, os.path.join(workdir, "joint.ivfpq"))

@@ -45,7 +45,7 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
             f"more rows.")
 
 
-# hpm.clusters / hpm.probe null: clusters of ~256 rows, 60 of them probed, in both precisions.
+# hpm.engine.clusters / probe null: clusters of ~256 rows, 60 of them probed, in both precisions.
 # Routing by <q, mu_c> + blocks.ROUTE_SPREAD spread_c finds at probe 60 (18.9k rows
 # scored per target) what probe 80 found by <q, mu_c> (23.6k rows); bf16 at 1M, 2 one-thread
 # workers: 274 us per target and recall@10/50/100 0.994 / 0.995 / 0.995. Clusters of ~128 rows
@@ -86,21 +86,24 @@ def resolve_precision(precision: str, device: str) -> str:
     return "int8" if int8_native(device) else "fp32"
 
 
-def pass_params(cfg: Any, n: int, device: Optional[str] = None) -> blocks.PassParams:
-    """hpm config -> pass parameters; method exact (or auto up to exact_max_n rows) probes
-    every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.precision auto is resolved
-    for ``device`` (None: hpm.device's)."""
+def pass_params(config: Any, n: int, device: Optional[str] = None) -> blocks.PassParams:
+    """The run's config (``hpm`` and its ``engine``; ``positives.candidates``: the candidate
+    pairs' floors) -> pass parameters; method exact (or auto up to exact_max_n rows) probes
+    every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.engine.precision auto is
+    resolved for ``device`` (None: hpm.device's)."""
+    cfg, cand = config.hpm, config.positives.candidates
+    e = cfg.engine
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
     rows, probe = AUTO
-    c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=cfg.clusters,
+    c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=e.clusters,
                           cluster_rows=rows).clusters(n)
     return blocks.PassParams(
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
-        floor_i=cfg.pair_image, floor_t=cfg.pair_text, floor_x=cfg.pair_cross,
-        n_clusters=c, probe=c if exact else (cfg.probe or probe), seed=cfg.seed,
-        query_block=cfg.query_block, block_size=cfg.block_size, max_pairs=cfg.max_pairs,
-        precision=resolve_precision(cfg.precision, device or hpm.resolve_device(cfg.device)),
-        space_probe=0 if exact else cfg.pair_probe, cluster_rows=rows,
+        floor_i=cand.image, floor_t=cand.text, floor_x=cand.cross,
+        n_clusters=c, probe=c if exact else (e.probe or probe), seed=cfg.seed,
+        query_block=e.query_block, block_size=e.block_size, max_pairs=cand.max_pairs,
+        precision=resolve_precision(e.precision, device or hpm.resolve_device(cfg.device)),
+        space_probe=0 if exact else e.pair_probe, cluster_rows=rows,
         exact_noise=cfg.noise_count == "exact")
 
 
@@ -193,27 +196,28 @@ def ran_in(workdir: str) -> dict:
         return json.load(f)
 
 
-def pass_info(cfg: Any, certified: np.ndarray, cut: np.ndarray, ran: Optional[dict] = None
+def pass_info(config: Any, certified: np.ndarray, cut: np.ndarray, ran: Optional[dict] = None
               ) -> dict:
     """The run summary's figures from the committed parts (``certified``: every mined row's
     flag, ``cut``: the pass's rows' hpm_pairs_cut): clusters and probe (the pass), the
     precision it ran in (``ran``: ``ran_in``'s), the certified fraction, and the pairs
-    hpm.max_pairs cut (a note when any)."""
+    positives.candidates.max_pairs cut (a note when any)."""
     info: dict = {"certified": float(certified.mean()) if len(certified) else 1.0}
-    if cfg.method == "fast" or not len(certified):
+    if config.hpm.method == "fast" or not len(certified):
         return info
-    p = pass_params(cfg, len(certified), "cpu")
+    p = pass_params(config, len(certified), "cpu")
     ran = ran or {}
     info.update(clusters=p.clusters(len(certified)),
                 probe=min(ran.get("probe", p.probe), p.clusters(len(certified))),
                 precision=ran.get("precision", p.precision),
-                pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=cfg.max_pairs)
+                pair_probe=p.space_probe, pairs_cut=int(cut.sum()), max_pairs=p.max_pairs)
     if info["pairs_cut"]:
         info["notes"] = [
-            f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above hpm.pair_*) were cut "
-            f"by hpm.max_pairs = {cfg.max_pairs} per row (each row keeps its highest "
-            f"max(S_ii, S_tt, S_it, X_ii, X_tt); hpm_pairs_cut counts them per row); the "
-            f"positives stage never sees them: raise hpm.max_pairs to keep them"]
+            f"hpm: {info['pairs_cut']} candidate pairs (S_ii/S_tt/S_it above "
+            f"positives.candidates) were cut by positives.candidates.max_pairs = "
+            f"{p.max_pairs} per row (each row keeps its highest max(S_ii, S_tt, S_it, X_ii, "
+            f"X_tt); hpm_pairs_cut counts them per row); the "
+            f"positives stage never sees them: raise positives.candidates.max_pairs to keep them"]
     return info
 
 

@@ -8,22 +8,22 @@ Why a stage of its own, after ``hpm``, rather than more columns of ``hpm``:
 * its table is exactly the positives table (sample_id, ids, captions, relations, scores, count),
   which the trainer reads on its own; changing an FFF threshold reruns this stage, not HPM.
 
-Candidates (one neighbour pass serves both stages): when hpm ran its neighbour pass
-(hpm.method exact, blocks or auto), a row's candidates are its ``hpm_pair_ids``, every pair the
-pass found above hpm's floors (hpm.pair_image/text/cross, in the spaces this rule judges: the
+Candidates (one neighbour pass serves both stages): when hpm ran its neighbour pass (hpm.method
+exact, blocks or auto), a row's candidates are its ``hpm_pair_ids``, every pair the pass found
+above hpm's floors (positives.candidates.image/text/cross, in the spaces this rule judges: the
 cross-modal one when there is one); this stage only applies the rule to them, with exact
 similarities, and searches nothing. The floors must not be above the thresholds, which the
 preflight checks (``floor_problems``). With an exhaustive pass (exact, or auto up to
 hpm.exact_max_n rows) the result is then exact Eq. 1 (tested), short only of pairs
-hpm.max_pairs cut (counted in the summary). A partial pass routes each row on the joint HELIP
-vector, which alone misses pairs near in one space only (an image with an unrelated caption:
-53-63% found, tests/benchmarks/bench_one_space_pairs.py), so it also searches one-space
-layouts (stages/mining/spaces.py, hpm.pair_probe clusters per row and space): with the
-default 8, 0.99-1.0 of those planted pairs are found. With hpm.pair_probe 0, hpm.method fast or
-no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-space IVF-PQ
-(``use_fast``). Sec. 4.3's recaptions join after hpm, so a pair whose only link is a recaption
-is found only if one of the pass's floors fires on it too (hpm.pair_cross = 0.24 below p1 =
-0.27 leaves a margin).
+positives.candidates.max_pairs cut (counted in the summary). A partial pass routes each row on the
+joint HELIP vector, which alone misses pairs near in one space only (an image with an unrelated
+caption: 53-63% found, tests/benchmarks/bench_one_space_pairs.py), so it also searches one-space
+layouts (stages/mining/spaces.py, hpm.engine.pair_probe clusters per row and space): with the
+default 8, 0.99-1.0 of those planted pairs are found. With hpm.engine.pair_probe 0, hpm.method fast
+or no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-space IVF-PQ
+(``use_fast``). Sec. 4.3's recaptions join after hpm, so a pair whose only link is a recaption is
+found only if one of the pass's floors fires on it too (positives.candidates.cross = 0.24 below p1
+= 0.27 leaves a margin).
 
 Vectors (stored once): with hpm's pass as the candidates, the global step collects
 ids and positions only, and the rule reads hpm's vectors, sorted by cluster in hpm's
@@ -53,7 +53,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
-from vlcurate.pipeline.params import DataError, Params, at_least, positive, within
+from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
@@ -77,13 +77,13 @@ HPM = "hpm"
 def uses_pass(config: Any, names: Sequence[str], n: Optional[int] = None) -> bool:
     """Candidates from hpm's pass: its table has the pair lists, hpm ran the pass, and (given
     ``n``, the rows mined) the pass is exhaustive or also searched its one-space layouts
-    (hpm.pair_probe > 0): the joint routing alone misses pairs close in one space only (an
+    (hpm.engine.pair_probe > 0): the joint routing alone misses pairs close in one space only (an
     image with an unrelated caption: FFF's main case)."""
     if config.hpm.method == "fast" or M.PAIR_IDS.name not in names:
         return False
     if n is None:
         return True
-    p = pass_params(config.hpm, n)
+    p = pass_params(config, n)
     return p.probe >= p.clusters(n) or p.space_probe > 0
 
 
@@ -97,7 +97,7 @@ def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool,
     for the stage's info and the run summary."""
     h = config.hpm
     if pairs:
-        p = ran or pass_params(h, n)
+        p = ran or pass_params(config, n)
         how = ("exhaustive" if p.probe >= p.clusters(n) else
                f"partial: {p.probe} of {p.clusters(n)} joint clusters and "
                f"{p.space_probe} per one-space layout per row")
@@ -106,7 +106,7 @@ def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool,
         return "none: no row to search"
     why = ("hpm.method is fast" if h.method == "fast" else
            "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in names else
-           f"hpm's pass is partial and hpm.pair_probe is 0: {n} rows, hpm.method "
+           f"hpm's pass is partial and hpm.engine.pair_probe is 0: {n} rows, hpm.method "
            f"{h.method}, hpm.exact_max_n {h.exact_max_n}")
     return f"its own {'per-space IVF-PQ' if fast else 'exact'} search ({why})"
 
@@ -115,13 +115,14 @@ def floor_problems(config: Any) -> list[tuple[str, str]]:
     """(key, message) for each FFF threshold below the hpm floor that keeps its candidates (the
     pass would not keep every pair the rule needs)."""
     h, p = config.hpm, config.positives
-    need = [("positives.p2", p.p2, "hpm.pair_image", h.pair_image),
-            ("positives.p3", p.p3, "hpm.pair_text", h.pair_text)]
+    c, at = p.candidates, "positives.candidates."
+    need = [("positives.p2", p.p2, at + "image", c.image),
+            ("positives.p3", p.p3, at + "text", c.text)]
     if cross(config):
-        need.append(("positives.p1", p.p1, "hpm.pair_cross", h.pair_cross))
+        need.append(("positives.p1", p.p1, at + "cross", c.cross))
     if p.duplicates and h.dup_threshold is not None:
-        need += [("hpm.dup_threshold", h.dup_threshold, "hpm.pair_image", h.pair_image),
-                 ("hpm.dup_threshold", h.dup_threshold, "hpm.pair_text", h.pair_text)]
+        need += [("hpm.dup_threshold", h.dup_threshold, at + "image", c.image),
+                 ("hpm.dup_threshold", h.dup_threshold, at + "text", c.text)]
     return [(key, f"{key} = {v} is below {floor} = {f}: hpm's pass keeps only the pairs above "
                   f"{floor} as the positives' candidates, so the pairs between them would be "
                   f"missed; lower {floor} to at most {v} (or raise {key})")
@@ -268,7 +269,7 @@ def _build_indexes(config: Any, f: fff.Features, workdir: str) -> dict:
     """The fast method's per-space IVF-PQ indexes: {space: (file, nprobe)}."""
     out = {}
     for key, (base, _, _) in fff.index_sources(f).items():
-        prm = hpm.auto_params(len(base), base.shape[1], nbits=config.hpm.pq_nbits,
+        prm = hpm.auto_params(len(base), base.shape[1], nbits=config.hpm.fast.pq_nbits,
                               nprobe=config.positives.nprobe)
         path = os.path.join(workdir, f"{key}.ivfpq")
         hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, config.hpm.seed), path)
@@ -277,21 +278,39 @@ def _build_indexes(config: Any, f: fff.Features, workdir: str) -> dict:
 
 
 @dataclass(frozen=True)
+class Candidates(Params):
+    """The floors above which hpm's pass keeps a pair as a candidate for this stage
+    (``positives.candidates``); X_*: on the cross-modal model."""
+    image: float = within(0.9, -1, 1, doc="S_ii or X_ii above this keeps a pair (at most p2)")
+    text: float = within(0.9, -1, 1, doc="S_tt or X_tt above this keeps a pair (at most p3)")
+    cross: float = within(0.24, -1, 1, doc=(
+        "S_it above this keeps a pair (cross-modal embeddings only; at most p1)"))
+    max_pairs: int = positive(256, doc=(
+        "candidate pairs kept per row, highest max(S_ii, S_tt, S_it, X_ii, X_tt) first; the "
+        "rest are counted in hpm_pairs_cut and the run summary"))
+
+
+@dataclass(frozen=True)
 class PositivesParams(Params):
     """FFF Eq. 1 positives (+ HELIP duplicates): stage ``positives``."""
-    p1: float = within(0.27, -1, 1)         # S_it > p1 (needs a cross-modal embedding)
-    p1_text: float = within(0.24, -1, 1)    # p1': a text-text positive also needs S_it > p1'
-    p2: float = within(0.92, -1, 1)         # S_ii > p2
-    p3: float = within(0.99, -1, 1)         # S_tt > p3
-    duplicates: bool = True     # list HELIP duplicates (hpm.dup_threshold) as positives
-    # per row: best relation first, then highest similarity; the rest are cut and counted
-    # (positive_count, the stage's info and the run summary)
-    max_positives: int = positive(64)
-    # FFF sec. 4.3: recaptions per image that join its caption as the k captions (needs
-    # embed.cross_model; 0 = sec. 4.1 on the original captions only)
-    recaptions: int = at_least(5, 0)
-    k_prime: int = positive(64)             # fast method: candidates per modality
-    nprobe: Optional[int] = positive(None)  # fast method; null = auto
+    p1: float = within(0.27, -1, 1, doc="FFF Eq. 1: S_it > p1 makes a positive (needs "
+                                        "embed.cross_model)")
+    p1_text: float = within(0.24, -1, 1, doc="p1': a text-text positive also needs S_it > p1'")
+    p2: float = within(0.92, -1, 1, doc="S_ii > p2 makes a positive")
+    p3: float = within(0.99, -1, 1, doc="S_tt > p3 makes a positive")
+    duplicates: bool = doc(True, "list HELIP duplicates (above hpm.dup_threshold) as positives")
+    max_positives: int = positive(64, doc=(
+        "positives kept per row, best relation first, then highest similarity; the rest are cut "
+        "and counted (positive_count, the run summary)"))
+    recaptions: int = at_least(5, 0, doc=(
+        "FFF sec. 4.3: recaptions per image that join its caption as the k captions (needs "
+        "embed.cross_model); 0: sec. 4.1 on the original captions only"))
+    candidates: Candidates = doc(Candidates(), "the candidate pairs hpm's pass keeps for this "
+                                               "stage")
+    k_prime: int = positive(64, doc="own IVF-PQ search (hpm.method fast): candidates per "
+                                    "modality")
+    nprobe: Optional[int] = positive(None, doc=(
+        "own IVF-PQ search: lists probed; null: max(64, nlist / 16) (hpm.auto_params)"))
     resources: Resources = Resources()
 
 
@@ -405,8 +424,8 @@ class PositivesStage(GlobalStage):
             return self.search.score(gidx, self.candidates(batch), self.rule, p.max_positives)
         if self.search is not None:
             return self.search.query(gidx, self.rule, p.max_positives, p.k_prime)
-        return fff.search(self.features, self.rule, p.max_positives, gidx, h.block_size,
-                          h.query_block, self.device)
+        return fff.search(self.features, self.rule, p.max_positives, gidx, h.engine.block_size,
+                          h.engine.query_block, self.device)
 
     def candidates(self, batch: pa.Table) -> np.ndarray:
         """[rows, C] the rows' hpm pair lists as this stage's rows (-1: padding, or a row not kept

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import recaption as R
-from vlcurate.pipeline.params import ModelSpec, Params, at_least, positive
+from vlcurate.pipeline.params import ModelSpec, Params, at_least, doc, positive
 from vlcurate.stages.base import MapStage, Resources, once_per_image
 
 from .captioner import Captioner
@@ -25,17 +25,23 @@ from .captioner import Captioner
 @dataclass(frozen=True)
 class RecaptionParams(Params):
     """FFF's BLIP-2 pseudo-captions (stage ``recaption``): beam search, every beam kept."""
-    # weights in model.dtype on GPU (auto: bf16; float16 also works); float32 on CPU
-    model: ModelSpec = ModelSpec(id="Salesforce/blip2-opt-2.7b")
-    prompt: str = ""                    # "" = plain captioning; e.g. "a photo of"
-    prompt_in_caption: bool = False     # prepend the prompt to the stored captions
-    num_beams: int = positive(5)        # FFF: five captions per image, by beam search
-    num_return_sequences: int = positive(5)   # <= num_beams; all are kept, best score first
-    max_new_tokens: int = positive(30)
-    length_penalty: float = 1.0         # sequence score = sum log p / length ** length_penalty
-    repetition_penalty: float = 1.0     # 1.0 = off (plain beam search)
-    max_repeats: int = at_least(3, 2)   # an n-gram (n <= 3) this often back to back: repetitive
-    batch_size: int = positive(16)      # images per generate call
+    model: ModelSpec = doc(ModelSpec(id="Salesforce/blip2-opt-2.7b"), (
+        "the captioner (BLIP-2); on a GPU in model.dtype (auto: bf16; float16 also works), on a "
+        "CPU in float32"))
+    prompt: str = doc("", "the text generation starts from; \"\": plain captioning; e.g. \"a "
+                          "photo of\"")
+    prompt_in_caption: bool = doc(False, "prepend the prompt to the stored captions")
+    num_beams: int = positive(5, doc="beam width (FFF: five captions per image, by beam search)")
+    num_return_sequences: int = positive(5, doc="captions kept per image, at most num_beams, "
+                                                "best score first")
+    max_new_tokens: int = positive(30, doc="the longest caption generated, in tokens")
+    length_penalty: float = doc(1.0, "a sequence's score is sum log p / length ** "
+                                     "length_penalty")
+    repetition_penalty: float = doc(1.0, "generation's repetition penalty; 1.0: off (plain beam "
+                                         "search)")
+    max_repeats: int = at_least(3, 2, doc="an n-gram (n <= 3) repeated this often back to back "
+                                          "marks a caption repetitive")
+    batch_size: int = positive(16, doc="images per generate call")
     resources: Resources = Resources()
 
     def check(self) -> Iterable[tuple[str, str]]:

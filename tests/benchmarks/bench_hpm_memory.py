@@ -10,7 +10,7 @@ then ``pass_io.Miner`` over every part in chunks of --chunk rows, as the stage's
 as the stage writes them to the part's table; --every n mines every n-th part only, which leaves
 a chunk's memory as it is and saves time at 1M). The vectors are drawn part by part, so the
 process never holds them all: its peak is the step's and the mining's. The vectors are dense clusters, so that most rows
-have hpm.max_pairs candidate pairs above the floors: the worst case for the pairs' memory.
+have positives.candidates.max_pairs candidate pairs above the floors: the worst case for the pairs' memory.
 
 Printed per N: wall time and peak RSS (ru_maxrss of the process, which never goes down, read
 after each phase) of the global step and of the mining, candidate pairs kept and cut, and the
@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--probe", type=int, default=8)
     ap.add_argument("--max-pairs", type=int, default=256)
-    ap.add_argument("--floor", type=float, default=0.6, help="hpm.pair_image/text")
+    ap.add_argument("--floor", type=float, default=0.6, help="positives.candidates.image/text")
     ap.add_argument("--part", type=int, default=10_000)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--every", type=int, default=1,

@@ -13,7 +13,7 @@ default measurement is 200k rows; --targets mines a random sample of rows, every
 The stage mines on an actor pool of 1-thread actors (run.intra_op_threads 1): --procs P mines
 the same chunks again on P such processes (memory-mapping the layout and vectors as the actors
 do), and the per-target figures are then theirs, timed in the workers (one chunk per process
-at least: --targets >= P x hpm.chunk_rows), the one-space layouts' pass too (as the stage mines
+at least: --targets >= P x hpm.engine.chunk_rows), the one-space layouts' pass too (as the stage mines
 a partial pass; without --procs, scaled by the in-process ratio):
 
     .venv/bin/python tests/benchmarks/bench_mining.py --set synth --n 1000000 --targets 65536 \
@@ -308,15 +308,17 @@ def gemm_rate(d: int = 768, reps: int = 5, device: str = "cpu", dtype=torch.floa
 
 
 def pass_config(a, k: int):
-    """The hpm config of the run: the defaults (stages/mining/hpm_stage.py HpmParams), k = the largest
-    measured k, and only what the command line overrides."""
-    from dataclasses import replace
-    from vlcurate.stages.mining.hpm_stage import HpmParams as HpmConfig
-    over = {"tau_image": a.tau, "tau_text": a.tau, "probe": a.probe, "clusters": a.clusters,
-            "pair_image": a.floor, "pair_text": a.floor, "exact_max_n": a.exact_max_n,
-            "method": a.method, "precision": a.precision, "query_block": a.query_block,
-            "block_size": a.block_size, "recall": a.recall}
-    return replace(HpmConfig(), k=k, **{f: v for f, v in over.items() if v is not None})
+    """The run's config as the pass reads it: the defaults (hpm, hpm.engine,
+    positives.candidates), k = the largest measured k, and only what the command line
+    overrides."""
+    from vlcurate.pipeline import config as C
+    e, c = "hpm.engine.", "positives.candidates."
+    over = {"hpm.tau_image": a.tau, "hpm.tau_text": a.tau, e + "probe": a.probe,
+            e + "clusters": a.clusters, c + "image": a.floor, c + "text": a.floor,
+            "hpm.exact_max_n": a.exact_max_n, "hpm.method": a.method,
+            e + "precision": a.precision, e + "query_block": a.query_block,
+            e + "block_size": a.block_size, e + "recall": a.recall}
+    return C.load(None, {"hpm.k": k, **{f: v for f, v in over.items() if v is not None}})
 
 
 def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
@@ -333,13 +335,14 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     from vlcurate.stages.mining import spaces as S
     from vlcurate.stages.mining.pass_io import pass_params, resident
     n, kmax = len(img), max(a.ks)
-    cfg = pass_config(a, kmax)
-    p = pass_params(cfg, n)
+    config = pass_config(a, kmax)
+    cfg = config.hpm
+    p = pass_params(config, n)
     tau, dup = (p.tau_i, p.tau_t), p.dup
     dims = img.shape[1] + txt.shape[1]
     exhaustive = p.probe >= p.clusters(n)
     print(f"\n== pass: {name}: N = {n}, tau = {tau}, dup = {dup}, method {cfg.method}, "
-          f"precision {cfg.precision} ({p.precision}) "
+          f"precision {cfg.engine.precision} ({p.precision}) "
           f"(exact_max_n {cfg.exact_max_n}), {p.clusters(n)} clusters, probe {p.probe}"
           f"{' = exhaustive (exact HPM)' if exhaustive else ''}; load average "
           f"{os.getloadavg()[0]:.1f} ==", flush=True)
@@ -357,14 +360,14 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # low copies as stored
     vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_lay = time.time() - t
-    if cfg.probe is None and p.probe < lay.n_clusters:     # hpm.probe null: as prepare_pass
+    if cfg.engine.probe is None and p.probe < lay.n_clusters:     # hpm.engine.probe null: as prepare_pass
         from dataclasses import replace
         from vlcurate.stages.mining import calibrate
-        p = replace(p, probe=calibrate.probe_for(lay, vec, p, cfg.recall, dev))
+        p = replace(p, probe=calibrate.probe_for(lay, vec, p, cfg.engine.recall, dev))
     t_build = time.time() - t
     print(f"layout {t_lay:.1f}s; probe {p.probe} ("
-          + (f"calibrated to recall {cfg.recall} on {calibrate.SAMPLE} rows' exact neighbours "
-             f"in {t_build - t_lay:.1f}s)" if cfg.probe is None and t_build > t_lay else
+          + (f"calibrated to recall {cfg.engine.recall} on {calibrate.SAMPLE} rows' exact neighbours "
+             f"in {t_build - t_lay:.1f}s)" if cfg.engine.probe is None and t_build > t_lay else
              "as given)"), flush=True)
     sp = S.layouts(vec, p, dev) if p.space_probe and not exhaustive else []
     t_spaces = time.time() - t - t_build
@@ -390,7 +393,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
         print(f"one-space layouts {[s.name for s in sp]}: built in {t_spaces:.1f}s, pass with "
               f"them {1e6 * t_sp / len(pos):.0f} us per target against "
               f"{1e6 * t_here / len(pos):.0f} without ({t_sp / t_here:.2f}x, same run, both in "
-              f"this process; hpm.pair_probe {p.space_probe})", flush=True)
+              f"this process; hpm.engine.pair_probe {p.space_probe})", flush=True)
     found = B.PassResult.concat(parts)
     by_row = ("idx", "score", "support", "certified", "bound", "cut")
     r = B.PassResult(**{f: np.zeros((n,) + getattr(found, f).shape[1:], getattr(found, f).dtype)
@@ -630,20 +633,20 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/vlcurate_bench"))
     ap.add_argument("--fasthpm", action="store_true", help="also the FastHPM grid (slow)")
     ap.add_argument("--clusters", type=int, help="pass: k-means clusters (default auto)")
-    ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.probe)")
+    ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.engine.probe)")
     ap.add_argument("--recall", type=float, help="pass: the calibrated probe's target "
-                                                 "(default: hpm.recall)")
+                                                 "(default: hpm.engine.recall)")
     ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
     ap.add_argument("--chunk", type=int, help="pass: rows mined together (default: "
-                    "hpm.chunk_rows, whose chunks span parts; a call mines its kept rows)")
+                    "hpm.engine.chunk_rows, whose chunks span parts; a call mines its kept rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
     ap.add_argument("--precisions", choices=("auto", "fp32", "bf16", "int8"), nargs="+",
                     default=[None],
-                    help="pass: one run per hpm.precision, in this process (default: the config's)")
+                    help="pass: one run per hpm.engine.precision, in this process (default: the config's)")
     ap.add_argument("--device", default="cpu", help="pass and exact HPM: cpu or cuda (the "
                     "layout, the blocks and the exact reference on it; vectors resident on the GPU)")
-    ap.add_argument("--query-block", type=int, help="pass: default hpm.query_block")
-    ap.add_argument("--block-size", type=int, help="pass: default hpm.block_size")
+    ap.add_argument("--query-block", type=int, help="pass: default hpm.engine.query_block")
+    ap.add_argument("--block-size", type=int, help="pass: default hpm.engine.block_size")
     ap.add_argument("--warm", type=int, default=1,
                     help="pass: first mine one untimed chunk of other rows (1), as a long-running "
                          "actor has (oneDNN builds a bf16 kernel per GEMM shape on its first use)")
@@ -651,7 +654,7 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=1,
                     help="pass: also mine the same chunks on this many processes of 1 thread, as "
                          "hpm's actors do (the per-target figures are then theirs; CPU only)")
-    ap.add_argument("--floor", type=float, help="pass: pair floors (default hpm.pair_*)")
+    ap.add_argument("--floor", type=float, help="pass: pair floors (default positives.candidates.*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 100],
                     help="the pass is mined at the largest (every row it finds short of k "
                          "supporters is searched until its count is exact: at k = 500 most are)")

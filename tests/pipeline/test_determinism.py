@@ -37,7 +37,7 @@ def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurre
     # 2 batches per part; 0 is a whole part per batch. Micro-batches of 4 inside each chunk.
     # hpm's chunks of 10 rows span parts (rows 20-29: parts 0 and 1).
     cfg = cfg_for(data, run_dir, **{"run.stages": list(STAGES[1:-1]), "source.rows_per_part": 24,
-                                    "run.chunk_rows": 4, "hpm.chunk_rows": 10,
+                                    "run.chunk_rows": 4, "hpm.engine.chunk_rows": 10,
                                     "embed.text_batch_size": 2,
                                     "embed.image_batch_size": 2, "export.samples_per_shard": 20,
                                     **resources(batch_size, concurrency)})

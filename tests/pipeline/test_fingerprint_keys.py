@@ -53,6 +53,8 @@ def test_pinned_keys_per_stage():
     assert got["teacher"] == {"concepts": ["teacher", "teacher_batch_size"]}   # fields it reads
     assert "decode" not in got["embed"]["embed"] and "decode_threads" not in got["embed"]["embed"]
     assert "build_threads" not in got["hpm"]["hpm"] and "k" in got["hpm"]["hpm"]
+    assert {"engine", "fast"} <= set(got["hpm"]["hpm"])
+    assert got["hpm"]["positives"] == ["candidates"]     # the floors its pass keeps pairs by
 
 
 def test_only_the_numerics_of_the_run_section_enter_fingerprints():

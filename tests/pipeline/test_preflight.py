@@ -117,20 +117,20 @@ def test_cli_check_passes_on_a_runnable_config(demo_data, tmp_path, capsys):
 
 def test_fff_thresholds_below_the_hpm_floors_are_refused(tmp_path):
     """positives reads its candidates from hpm's pass, which keeps only the pairs above
-    hpm.pair_*: a threshold below its floor would miss positives silently."""
+    positives.candidates.*: a threshold below its floor would miss positives silently."""
     def found(config, *stages):                          # (no source here: not what is tested)
         return [p for p in problems(preflight(config, stages)) if not p.startswith("source:")]
     c = C.load(None, {"run.run_dir": str(tmp_path / "r"), "positives.p2": 0.8,
                       "embed.cross_model": {"id": "tiny-clip", "random_init": True},
                       "positives.p1": 0.2})
     assert found(c, "hpm", "positives") == [
-        "positives.p2 = 0.8 is below hpm.pair_image = 0.9: hpm's pass keeps only the pairs above "
-        "hpm.pair_image as the positives' candidates, so the pairs between them would be "
-        "missed; lower hpm.pair_image to at most 0.8 (or raise positives.p2)",
-        "positives.p1 = 0.2 is below hpm.pair_cross = 0.24: hpm's pass keeps only the pairs "
-        "above hpm.pair_cross as the positives' candidates, so the pairs between them would be "
-        "missed; lower hpm.pair_cross to at most 0.2 (or raise positives.p1)"]
-    assert found(c.replace(**{"hpm.pair_image": 0.8, "hpm.pair_cross": 0.2}), "hpm",
+        "positives.p2 = 0.8 is below positives.candidates.image = 0.9: hpm's pass keeps only the pairs above "
+        "positives.candidates.image as the positives' candidates, so the pairs between them would be "
+        "missed; lower positives.candidates.image to at most 0.8 (or raise positives.p2)",
+        "positives.p1 = 0.2 is below positives.candidates.cross = 0.24: hpm's pass keeps only the pairs "
+        "above positives.candidates.cross as the positives' candidates, so the pairs between them would be "
+        "missed; lower positives.candidates.cross to at most 0.2 (or raise positives.p1)"]
+    assert found(c.replace(**{"positives.candidates.image": 0.8, "positives.candidates.cross": 0.2}), "hpm",
                  "positives") == []
     assert found(c.replace(**{"hpm.method": "fast"}), "hpm", "positives") == []  # own search
     assert found(c, "positives") == []                     # no hpm stage: its own search

@@ -220,7 +220,7 @@ def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypat
 
 
 def test_int8_assignment_is_the_argmax_of_the_quantized_products(monkeypatch, device):
-    """hpm.precision int8 lays out by int8 GEMMs: each row's centroid is the argmax of its
+    """hpm.engine.precision int8 lays out by int8 GEMMs: each row's centroid is the argmax of its
     integer sums (rows scaled each by its own largest |value|, the centroids by one scale), as
     a naive int64 product finds it (first index on ties), the same as fp32's for most rows;
     a two-level layout (coarse centroids scored in bf16) with every cluster probed is still

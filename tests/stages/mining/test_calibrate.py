@@ -1,4 +1,4 @@
-"""hpm.probe null: the probe calibrated on a sample's exact neighbours (calibrate.py), checked
+"""hpm.engine.probe null: the probe calibrated on a sample's exact neighbours (calibrate.py), checked
 against brute-force HPM in float64 on that sample."""
 from __future__ import annotations
 

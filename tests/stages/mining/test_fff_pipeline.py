@@ -113,13 +113,13 @@ def test_cross_clause_reaches_positives_and_changes_them(source, tmp_path):
 
 # hpm's pass with floors that keep every pair as a candidate: positives must then be exact
 EVERY_PAIR = {"hpm.k": 1, "hpm.tau_image": 0.0, "hpm.tau_text": 0.0, "hpm.noise_action": "mark",
-              "hpm.pair_image": -1.0, "hpm.pair_text": -1.0, "hpm.pair_cross": -1.0,
+              "positives.candidates.image": -1.0, "positives.candidates.text": -1.0, "positives.candidates.cross": -1.0,
               "hpm.method": "exact"}
 
 
 # a partial pass (1 of 4 joint clusters per row) whose one-space layouts search everything
-PARTIAL = {**EVERY_PAIR, "hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1,
-           "hpm.pair_probe": 4}
+PARTIAL = {**EVERY_PAIR, "hpm.method": "blocks", "hpm.engine.clusters": 4, "hpm.engine.probe": 1,
+           "hpm.engine.pair_probe": 4}
 
 
 @pytest.mark.parametrize("dag", ["own search", "hpm pass", "partial hpm pass"])

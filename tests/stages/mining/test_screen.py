@@ -1,4 +1,4 @@
-"""hpm.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen with a
+"""hpm.engine.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen with a
 proven margin, then an fp32 re-score, finds exactly the pairs fp32 finds, with fp32's
 similarities."""
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_int8_quantization_a_few_rows_at_a_time_equals_all_at_once(grouped, monk
 
 
 def test_one_space_hits_in_int8_hold_every_pair_above_the_floor(monkeypatch, device):
-    """q8.hits (spaces.py's blocks under hpm.precision int8): each query against its proven
+    """q8.hits (spaces.py's blocks under hpm.engine.precision int8): each query against its proven
     threshold, the members' cluster copy: a superset of the pairs above the floor in fp32;
     without the bound, some are missed."""
     x, rows, m, floor, want = pairs_at_a_floor(device)

@@ -114,7 +114,7 @@ def test_a_pair_at_a_floor_is_listed_once():
 
 def test_int8_one_space_copies_written_by_build_are_the_ones_load_gives_the_search(
         tmp_path, monkeypatch):
-    """hpm.precision int8, the seam from the global step to the workers: spaces.build writes
+    """hpm.engine.precision int8, the seam from the global step to the workers: spaces.build writes
     each space's int8 copy with its clusters' scales and bounds, spaces.load hands it to the
     search (no block is quantized on the fly: q8.block is never called), and the pairs equal
     those of the in-memory layouts."""

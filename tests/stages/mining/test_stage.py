@@ -100,8 +100,8 @@ def cfg(source: Path, run_dir: Path, **over) -> C.Config:
     return C.load(None, {"source.path": str(source), "source.rows_per_part": 10,
                          "run.run_dir": str(run_dir), "run.progress": False,
                          "hpm.k": K, "hpm.tau_image": 0.3, "hpm.tau_text": 0.3,
-                         "positives.p2": 0.9, "positives.p3": 0.95, "hpm.pair_image": 0.6,
-                         "hpm.pair_text": 0.6, **over})
+                         "positives.p2": 0.9, "positives.p3": 0.95, "positives.candidates.image": 0.6,
+                         "positives.candidates.text": 0.6, **over})
 
 
 def table(run_dir: Path, stage: str) -> pa.Table:
@@ -183,8 +183,8 @@ def test_stage_tables_reasons_and_flagged_rows(source, tmp_path):
 
 
 def test_mark_keeps_noise_pairs_and_fast_method_matches(source, tmp_path):
-    over = {"hpm.noise_action": "mark", "hpm.method": "fast", "hpm.nlist": 2, "hpm.nprobe": 2,
-            "hpm.k_prime": 64, "hpm.pq_m": 4}
+    over = {"hpm.noise_action": "mark", "hpm.method": "fast", "hpm.fast.nlist": 2, "hpm.fast.nprobe": 2,
+            "hpm.fast.k_prime": 64, "hpm.fast.pq_m": 4}
     res = {r.manifest["stage"]: r.manifest for r in
            run(cfg(source, tmp_path, **over), dag(), executor="local", log=quiet)}
     ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
@@ -208,7 +208,7 @@ def test_ray_executor_gives_the_same_tables(source, tmp_path, ray_local):
              Node(HpmStage, after=("embed",)), Node(PositivesStage, after=("hpm",))]
     local, remote = tmp_path / "local", tmp_path / "ray"
     over = {"source.rows_per_part": N // 2, "ray.address": "local", "hpm.method": "blocks",
-            "hpm.clusters": 4, "hpm.probe": 2}
+            "hpm.engine.clusters": 4, "hpm.engine.probe": 2}
     run(cfg(source, local, **over), small, executor="local", log=quiet)
     shutil.copytree(local, remote, ignore=shutil.ignore_patterns("hpm", "positives"))
     # every part mined on an actor pool of 2 (resources: the same fingerprint, the same bytes)
@@ -297,10 +297,10 @@ def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
 
 
 def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
-    """hpm.max_pairs: the count of candidate pairs it cut is the stage's info and a NOTE of the
+    """positives.candidates.max_pairs: the count of candidate pairs it cut is the stage's info and a NOTE of the
     run summary (no silent cap), and each row's pair list is capped."""
     from vlcurate.pipeline.summary import format_summary
-    results = run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}), dag(), executor="local",
+    results = run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}), dag(), executor="local",
                   log=quiet)
     info = {r.manifest["stage"]: r.info for r in results}["hpm"]
     kept = [i for i in range(N) if i not in FLAG]
@@ -308,11 +308,11 @@ def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
     above = ((sii > 0.6) | (stt > 0.6)) & ~np.eye(len(kept), dtype=bool)
     want = int(np.maximum(above.sum(1) - 2, 0).sum())
     assert info["pairs_cut"] == want > 0 and info["max_pairs"] == 2
-    assert any("hpm.max_pairs = 2" in n and str(want) in n for n in info["notes"])
+    assert any("positives.candidates.max_pairs = 2" in n and str(want) in n for n in info["notes"])
     assert all(len(x or []) <= 2 for x in table(tmp_path, "hpm").column(M.PAIR_IDS.name).to_pylist())
     assert f"{want} candidate pairs" in format_summary(results)
     # an up-to-date rerun reads the same info back from _info.json
-    again = {r.manifest["stage"]: r for r in run(cfg(source, tmp_path, **{"hpm.max_pairs": 2}),
+    again = {r.manifest["stage"]: r for r in run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}),
                                                  dag(), executor="local", log=quiet)}["hpm"]
     assert again.status == "skipped" and again.info["pairs_cut"] == want
 
@@ -320,7 +320,7 @@ def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
 def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(source, tmp_path,
                                                                                monkeypatch):
     """The seam hpm -> positives: positives' candidates are hpm's persisted pairs (its
-    own search never runs), so hpm.max_pairs changes the positives; a positives threshold change
+    own search never runs), so positives.candidates.max_pairs changes the positives; a positives threshold change
     reruns positives alone, reading the same pairs, with the result exact Eq. 1 again."""
     def runs(**over):
         with monkeypatch.context() as m:
@@ -348,7 +348,7 @@ def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(
     assert status["hpm"] == "skipped" and status["positives"] == "ran"
     assert check(0.7) > before > 0
     # fewer candidate pairs from hpm: fewer positives (the values cross the seam)
-    runs(**{"hpm.max_pairs": 1})
+    runs(**{"positives.candidates.max_pairs": 1})
     counts = table(tmp_path, "positives").column(M.POSITIVE_COUNT.name).to_pylist()
     assert 0 < sum(c or 0 for c in counts) < before
     assert max(c or 0 for c in counts) <= 1
@@ -360,7 +360,7 @@ def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(
 def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, tmp_path,
                                                                       monkeypatch):
     """A partial pass (probe < clusters) routes on the joint vector and misses pairs near in one
-    space only. With hpm.pair_probe 0 positives keeps its own (here exact) search; with its
+    space only. With hpm.engine.pair_probe 0 positives keeps its own (here exact) search; with its
     one-space layouts (stages/mining/spaces.py) the pass finds more pairs, positives reads them
     and searches nothing. Either way the result is exact Eq. 1."""
     calls = []
@@ -368,8 +368,8 @@ def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, t
     monkeypatch.setattr(fff, "search", lambda *a, **k: calls.append(1) or search(*a, **k))
 
     def runs(pair_probe):
-        over = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1,
-                "hpm.pair_probe": pair_probe}
+        over = {"hpm.method": "blocks", "hpm.engine.clusters": 4, "hpm.engine.probe": 1,
+                "hpm.engine.pair_probe": pair_probe}
         calls.clear()
         res = run(cfg(source, tmp_path, **over), dag()[:-1], executor="local", log=quiet)
         said = {x.manifest["stage"]: x.info for x in res}["positives"]["candidates"]
@@ -393,7 +393,7 @@ def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, t
 @pytest.mark.parametrize("precision", ["bf16", "int8", "auto"])
 def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, source, tmp_path,
                                                                 monkeypatch):
-    """Config to stage: hpm.precision bf16 (or int8) screens every block (DENSE_SHARE 1: this
+    """Config to stage: hpm.engine.precision bf16 (or int8) screens every block (DENSE_SHARE 1: this
     data is dense) and re-scores; the hard pairs, noise flags and candidate pairs equal fp32's.
     The workers read the low copies the global step wrote (int8: with each cluster's scale and
     bounds, q8.Copy). auto: int8 on a CPU with AVX512-VNNI or AMX, else fp32; the run summary
@@ -402,7 +402,7 @@ def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, sour
     from vlcurate.stages.mining.pass_io import int8_native
     ran = {"auto": "int8" if int8_native("cpu") else "fp32"}.get(precision, precision)
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
-    run(cfg(source, tmp_path / "fp32", **{"hpm.precision": "fp32"}), dag()[:-2],
+    run(cfg(source, tmp_path / "fp32", **{"hpm.engine.precision": "fp32"}), dag()[:-2],
         executor="local", log=quiet)
     want = table(tmp_path / "fp32", "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     calls, stored = [], []
@@ -410,7 +410,7 @@ def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, sour
     monkeypatch.setattr(screen, "rescore", lambda *a: calls.append(1) or rescore(*a))
     monkeypatch.setattr(screen, "low_rows", lambda *a: stored.append(1) or low_rows(*a))
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    results = run(cfg(source, tmp_path / precision, **{"hpm.precision": precision}),
+    results = run(cfg(source, tmp_path / precision, **{"hpm.engine.precision": precision}),
                   dag()[:-2], executor="local", log=quiet)
     got = table(tmp_path / precision, "hpm").select(cols).sort_by(F.SAMPLE_ID.name)
     assert got.equals(want)
@@ -423,7 +423,7 @@ def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, sour
 
 def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(source, tmp_path,
                                                                            monkeypatch):
-    """hpm.chunk_rows: the stage is called on chunks of that many rows (across parts, not
+    """hpm.engine.chunk_rows: the stage is called on chunks of that many rows (across parts, not
     run.chunk_rows); its batch is one chunk whatever resources.batch_size, so the tables are
     byte-identical; the pairs equal the default chunks' (a row's result does not depend on
     the rows mined with it)."""
@@ -434,7 +434,7 @@ def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(sour
     monkeypatch.setattr(HpmStage, "mine", lambda self, g: sizes.append(len(g)) or mine(self, g))
     tables_ = []
     for i, batch in enumerate((0, 3)):
-        run(cfg(source, tmp_path / f"c{i}", **{"hpm.chunk_rows": 4,
+        run(cfg(source, tmp_path / f"c{i}", **{"hpm.engine.chunk_rows": 4,
                                                "hpm.resources": {"batch_size": batch}}),
             dag()[:-2], executor="local", log=quiet)
         tables_.append(table(tmp_path / f"c{i}", "hpm").sort_by(F.SAMPLE_ID.name))
@@ -446,11 +446,11 @@ def test_hpm_chunk_rows_sets_the_rows_mined_together_and_batches_keep_to_it(sour
 
 def test_hpm_chunks_span_parts_and_a_resumed_run_mines_the_same_chunks(source, tmp_path,
                                                                        monkeypatch):
-    """hpm.chunk_rows 15 over 10-row parts: a call mines rows of two parts. A run stopped on
+    """hpm.engine.chunk_rows 15 over 10-row parts: a call mines rows of two parts. A run stopped on
     its second call (part 0 committed, part 1 half written) resumes on the same chunks: the
     first one reads part 0 again, for context, and does not rewrite it; the tables are
     byte-identical to an uninterrupted run's."""
-    over = {"hpm.chunk_rows": 15}
+    over = {"hpm.engine.chunk_rows": 15}
     calls: list = []
     real = HpmStage.__call__
 
@@ -485,7 +485,7 @@ def test_a_spanning_stage_resumes_on_ray_on_the_same_chunks(source, tmp_path, ra
     """On Ray too: an in-process run's tables with hpm's part 1 lost (its commit record and its
     data). The Ray rerun mines only the chunks holding part 1's rows (parts 0 and 2 read as
     context, never rewritten) and the tables are byte-identical to the uninterrupted run's."""
-    over = {"hpm.chunk_rows": 15, "ray.address": "local"}
+    over = {"hpm.engine.chunk_rows": 15, "ray.address": "local"}
     run(cfg(source, tmp_path / "clean", **over), dag()[:-2], executor="local", log=quiet)
     shutil.copytree(tmp_path / "clean", tmp_path / "run")
     hpm_dir = tmp_path / "run" / "hpm"
@@ -518,7 +518,7 @@ def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
 
 
 # a partial pass with one-space layouts: hpm's sorted order is far from the row order
-SORTED = {"hpm.method": "blocks", "hpm.clusters": 4, "hpm.probe": 1, "hpm.pair_probe": 4}
+SORTED = {"hpm.method": "blocks", "hpm.engine.clusters": 4, "hpm.engine.probe": 1, "hpm.engine.pair_probe": 4}
 
 
 def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, tmp_path):
@@ -557,7 +557,7 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
 
 
 def test_positives_read_a_bf16_pass_and_find_fp32s_positives(source, tmp_path):
-    """Seam hpm -> positives under hpm.precision bf16: hpm lays out and routes with bf16 GEMMs
+    """Seam hpm -> positives under hpm.engine.precision bf16: hpm lays out and routes with bf16 GEMMs
     and stores bf16 copies; positives reads hpm's fp32 sorted vectors at its rows' positions in
     that layout and finds the same positives as in an fp32 run (this data's spaces are searched
     whole)."""
@@ -565,7 +565,7 @@ def test_positives_read_a_bf16_pass_and_find_fp32s_positives(source, tmp_path):
     got = {}
     for precision in ("fp32", "bf16"):
         d = tmp_path / precision
-        res = run(cfg(source, d, **SORTED, **{"hpm.precision": precision}), dag()[:-1],
+        res = run(cfg(source, d, **SORTED, **{"hpm.engine.precision": precision}), dag()[:-1],
                   executor="local", log=quiet)
         said = {r.manifest["stage"]: r.info for r in res}["positives"]["candidates"]
         assert said.endswith("vectors: hpm's sorted copy"), said

@@ -1,0 +1,71 @@
+"""The config is documented once, in the Params: example.yaml and the README's key reference are
+generated from them (pipeline/keys.py) and must not drift."""
+import dataclasses
+
+import pytest
+import yaml
+
+from vlcurate.pipeline import config as C
+from vlcurate.pipeline import keys
+from vlcurate.pipeline.params import ModelSpec, Resources
+
+
+def test_example_yaml_and_the_readme_reference_are_generated_from_the_params():
+    stale = [str(p.relative_to(keys.ROOT)) for p, text in keys.generated().items()
+             if p.read_text() != text]
+    assert not stale, f"{stale} drifted from the Params: run {keys.COMMAND}"
+
+
+def test_example_yaml_loads_as_the_defaults():
+    assert C.load(keys.EXAMPLE) == C.default()
+
+
+def test_every_key_has_a_short_doc():
+    cfg, own = C.default(), keys.stage_resources()
+    fields = [(name, f) for name, obj in [*keys.sections(cfg), ("model", ModelSpec()),
+                                          ("resources", Resources())]
+              for f in dataclasses.fields(obj)]
+    assert len(fields) > 200
+    bad = [f"{name}.{f.name}" for name, f in fields
+           if not 0 < len(keys.doc_of(name, f, own)) <= 250]
+    assert not bad, f"fields without a doc (or one over 250 characters): {bad}"
+
+
+def test_the_reference_has_a_table_per_section_and_short_cells():
+    ref = keys.reference(C.default())
+    for name in ("run", "hpm", "hpm.engine", "hpm.fast", "positives.candidates", "finetune"):
+        assert f"#### `{name}`" in ref
+    cells = [c for line in ref.splitlines() if line.startswith("| `")
+             for c in line.strip("|").split(" | ")]
+    assert max(len(c) for c in cells) <= 300
+    assert "| `probe` | `null` | clusters searched per row; null: calibrated" in ref
+
+
+def test_a_changed_default_shows_as_drift():
+    """The generator reads the fields: a new default changes example.yaml, so the drift test
+    would fail until it is regenerated."""
+    before = keys.example_yaml(C.default())
+    cfg = C.default().replace(**{"hpm.engine.recall": 0.9})
+    after = keys.example_yaml(cfg)
+    assert "recall: 0.995" in before and "recall: 0.9 " in after
+    assert yaml.safe_load(after)["hpm"]["engine"]["recall"] == 0.9
+
+
+def test_the_readme_markers_are_required(tmp_path):
+    with pytest.raises(SystemExit, match="markers"):
+        keys.readme_with("# no markers\n", "ref")
+    assert keys.readme_with(f"a\n{keys.BEGIN}\nold\n{keys.END}\nb\n", "NEW") == "a\nNEW\nb\n"
+
+
+def test_the_command_reports_drift(tmp_path, monkeypatch, capsys):
+    example = tmp_path / "example.yaml"
+    example.write_text("run: {}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(keys.README.read_text())
+    monkeypatch.setattr(keys, "EXAMPLE", example)
+    monkeypatch.setattr(keys, "README", readme)
+    monkeypatch.setattr(keys, "ROOT", tmp_path)
+    assert keys.main([]) == 1
+    assert f"example.yaml is out of date: run {keys.COMMAND}" in capsys.readouterr().out
+    assert keys.main(["--write"]) == 0 and keys.main([]) == 0
+    assert C.load(example) == C.default()
