@@ -323,7 +323,7 @@ def load(path: str | Path | None = None, overrides: list[str] | dict | None = No
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for k, v in (overrides or {}).items():
-        _set_dotted(data, k, v)
+        _set_dotted(data, k, copy.deepcopy(v))     # a later dotted key never edits the caller's
     return from_dict(data, dag)
 
 

@@ -11,6 +11,7 @@ nested section, except a model spec and ``resources``, whose fields are listed o
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -145,7 +146,8 @@ def example_yaml(config: Any) -> str:
 
 # --- the README's key reference ----------------------------------------------------------------
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell: pipes escaped, and a < that would open an HTML tag (<run_dir>)."""
+    return re.sub(r"<(?=[A-Za-z/])", "&lt;", text.replace("|", "\\|").replace("\n", " "))
 
 
 def _table(rows: list[tuple[str, str, str]]) -> list[str]:
@@ -157,8 +159,7 @@ def reference(config: Any) -> str:
     """The README's key reference: one table per section (nested sections their own), then
     the fields of a model spec and of resources."""
     own = stage_resources()
-    out = [BEGIN, "", f"Generated from the `Params` by `{COMMAND}`; a test fails when it "
-           "drifts. The same keys, as YAML: [`example.yaml`](pipeline/configs/example.yaml).", ""]
+    out = [BEGIN, ""]
     for name, obj in [*sections(config), ("model spec", ModelSpec()),
                       ("resources", Resources())]:
         rows = [(f.name, yaml_value(getattr(obj, f.name), short=True), doc_of(name, f, own))

@@ -10,7 +10,8 @@ then ``pass_io.Miner`` over every part in chunks of --chunk rows, as the stage's
 as the stage writes them to the part's table; --every n mines every n-th part only, which leaves
 a chunk's memory as it is and saves time at 1M). The vectors are drawn part by part, so the
 process never holds them all: its peak is the step's and the mining's. The vectors are dense clusters, so that most rows
-have positives.candidates.max_pairs candidate pairs above the floors: the worst case for the pairs' memory.
+have positives.candidates.max_pairs candidate pairs above the floors: the worst case for the
+pairs' memory.
 
 Printed per N: wall time and peak RSS (ru_maxrss of the process, which never goes down, read
 after each phase) of the global step and of the mining, candidate pairs kept and cut, and the

@@ -13,7 +13,8 @@ default measurement is 200k rows; --targets mines a random sample of rows, every
 The stage mines on an actor pool of 1-thread actors (run.intra_op_threads 1): --procs P mines
 the same chunks again on P such processes (memory-mapping the layout and vectors as the actors
 do), and the per-target figures are then theirs, timed in the workers (one chunk per process
-at least: --targets >= P x hpm.engine.chunk_rows), the one-space layouts' pass too (as the stage mines
+at least: --targets >= P x hpm.engine.chunk_rows), the one-space layouts' pass too (as the stage
+mines
 a partial pass; without --procs, scaled by the in-process ratio):
 
     .venv/bin/python tests/benchmarks/bench_mining.py --set synth --n 1000000 --targets 65536 \
@@ -360,13 +361,14 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # low copies as stored
     vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_lay = time.time() - t
-    if cfg.engine.probe is None and p.probe < lay.n_clusters:     # hpm.engine.probe null: as prepare_pass
+    if cfg.engine.probe is None and p.probe < lay.n_clusters:     # probe null: as prepare_pass
         from dataclasses import replace
         from vlcurate.stages.mining import calibrate
         p = replace(p, probe=calibrate.probe_for(lay, vec, p, cfg.engine.recall, dev))
     t_build = time.time() - t
     print(f"layout {t_lay:.1f}s; probe {p.probe} ("
-          + (f"calibrated to recall {cfg.engine.recall} on {calibrate.SAMPLE} rows' exact neighbours "
+          + (f"calibrated to recall {cfg.engine.recall} on {calibrate.SAMPLE} rows' exact "
+             f"neighbours "
              f"in {t_build - t_lay:.1f}s)" if cfg.engine.probe is None and t_build > t_lay else
              "as given)"), flush=True)
     sp = S.layouts(vec, p, dev) if p.space_probe and not exhaustive else []
@@ -642,7 +644,8 @@ def main() -> int:
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")
     ap.add_argument("--precisions", choices=("auto", "fp32", "bf16", "int8"), nargs="+",
                     default=[None],
-                    help="pass: one run per hpm.engine.precision, in this process (default: the config's)")
+                    help="pass: one run per hpm.engine.precision, in this process (default: the "
+                         "config's)")
     ap.add_argument("--device", default="cpu", help="pass and exact HPM: cpu or cuda (the "
                     "layout, the blocks and the exact reference on it; vectors resident on the GPU)")
     ap.add_argument("--query-block", type=int, help="pass: default hpm.engine.query_block")
@@ -654,7 +657,8 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=1,
                     help="pass: also mine the same chunks on this many processes of 1 thread, as "
                          "hpm's actors do (the per-target figures are then theirs; CPU only)")
-    ap.add_argument("--floor", type=float, help="pass: pair floors (default positives.candidates.*)")
+    ap.add_argument("--floor", type=float,
+                    help="pass: pair floors (default positives.candidates.*)")
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 100],
                     help="the pass is mined at the largest (every row it finds short of k "
                          "supporters is searched until its count is exact: at k = 500 most are)")

@@ -63,7 +63,8 @@ def synthetic_embed(clusters: int):
     sample id alone (so batching changes nothing), around one of ``clusters`` centres per space
     (cosine ~0.9 to it; N / 200 of them, so every N has the same density), like a trained
     encoder's clusters. The demo's random ViT instead puts almost
-    every pair of pictures above positives.candidates.image (cosine 0.94-0.999), so each row fills its 256
+    every pair of pictures above positives.candidates.image (cosine 0.94-0.999), so each row fills
+    its 256
     candidate pairs: a worst case that made hpm ~3 h of the 1M run alone."""
     import zlib
 

@@ -124,14 +124,16 @@ def test_fff_thresholds_below_the_hpm_floors_are_refused(tmp_path):
                       "embed.cross_model": {"id": "tiny-clip", "random_init": True},
                       "positives.p1": 0.2})
     assert found(c, "hpm", "positives") == [
-        "positives.p2 = 0.8 is below positives.candidates.image = 0.9: hpm's pass keeps only the pairs above "
-        "positives.candidates.image as the positives' candidates, so the pairs between them would be "
-        "missed; lower positives.candidates.image to at most 0.8 (or raise positives.p2)",
-        "positives.p1 = 0.2 is below positives.candidates.cross = 0.24: hpm's pass keeps only the pairs "
-        "above positives.candidates.cross as the positives' candidates, so the pairs between them would be "
-        "missed; lower positives.candidates.cross to at most 0.2 (or raise positives.p1)"]
-    assert found(c.replace(**{"positives.candidates.image": 0.8, "positives.candidates.cross": 0.2}), "hpm",
-                 "positives") == []
+        "positives.p2 = 0.8 is below positives.candidates.image = 0.9: hpm's pass keeps only the "
+        "pairs above positives.candidates.image as the positives' candidates, so the pairs "
+        "between them would be missed; lower positives.candidates.image to at most 0.8 (or raise "
+        "positives.p2)",
+        "positives.p1 = 0.2 is below positives.candidates.cross = 0.24: hpm's pass keeps only the "
+        "pairs above positives.candidates.cross as the positives' candidates, so the pairs "
+        "between them would be missed; lower positives.candidates.cross to at most 0.2 (or raise "
+        "positives.p1)"]
+    assert found(c.replace(**{"positives.candidates.image": 0.8,
+                              "positives.candidates.cross": 0.2}), "hpm", "positives") == []
     assert found(c.replace(**{"hpm.method": "fast"}), "hpm", "positives") == []  # own search
     assert found(c, "positives") == []                     # no hpm stage: its own search
 

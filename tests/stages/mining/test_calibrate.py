@@ -1,5 +1,5 @@
-"""hpm.engine.probe null: the probe calibrated on a sample's exact neighbours (calibrate.py), checked
-against brute-force HPM in float64 on that sample."""
+"""hpm.engine.probe null: the probe calibrated on a sample's exact neighbours (calibrate.py),
+checked against brute-force HPM in float64 on that sample."""
 from __future__ import annotations
 
 import numpy as np

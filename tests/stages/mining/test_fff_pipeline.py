@@ -113,7 +113,7 @@ def test_cross_clause_reaches_positives_and_changes_them(source, tmp_path):
 
 # hpm's pass with floors that keep every pair as a candidate: positives must then be exact
 EVERY_PAIR = {"hpm.k": 1, "hpm.tau_image": 0.0, "hpm.tau_text": 0.0, "hpm.noise_action": "mark",
-              "positives.candidates.image": -1.0, "positives.candidates.text": -1.0, "positives.candidates.cross": -1.0,
+              "positives.candidates": {"image": -1.0, "text": -1.0, "cross": -1.0},
               "hpm.method": "exact"}
 
 

@@ -1,5 +1,5 @@
-"""hpm.engine.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen with a
-proven margin, then an fp32 re-score, finds exactly the pairs fp32 finds, with fp32's
+"""hpm.engine.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen
+with a proven margin, then an fp32 re-score, finds exactly the pairs fp32 finds, with fp32's
 similarities."""
 from __future__ import annotations
 

@@ -100,8 +100,8 @@ def cfg(source: Path, run_dir: Path, **over) -> C.Config:
     return C.load(None, {"source.path": str(source), "source.rows_per_part": 10,
                          "run.run_dir": str(run_dir), "run.progress": False,
                          "hpm.k": K, "hpm.tau_image": 0.3, "hpm.tau_text": 0.3,
-                         "positives.p2": 0.9, "positives.p3": 0.95, "positives.candidates.image": 0.6,
-                         "positives.candidates.text": 0.6, **over})
+                         "positives.p2": 0.9, "positives.p3": 0.95,
+                         "positives.candidates": {"image": 0.6, "text": 0.6}, **over})
 
 
 def table(run_dir: Path, stage: str) -> pa.Table:
@@ -183,8 +183,8 @@ def test_stage_tables_reasons_and_flagged_rows(source, tmp_path):
 
 
 def test_mark_keeps_noise_pairs_and_fast_method_matches(source, tmp_path):
-    over = {"hpm.noise_action": "mark", "hpm.method": "fast", "hpm.fast.nlist": 2, "hpm.fast.nprobe": 2,
-            "hpm.fast.k_prime": 64, "hpm.fast.pq_m": 4}
+    over = {"hpm.noise_action": "mark", "hpm.method": "fast",
+            "hpm.fast": {"nlist": 2, "nprobe": 2, "k_prime": 64, "pq_m": 4}}
     res = {r.manifest["stage"]: r.manifest for r in
            run(cfg(source, tmp_path, **over), dag(), executor="local", log=quiet)}
     ids = table(tmp_path, "ingest").column(F.SAMPLE_ID.name).to_pylist()
@@ -297,11 +297,11 @@ def test_small_data_stops_before_hpm_naming_hpm_k(source, tmp_path, k):
 
 
 def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
-    """positives.candidates.max_pairs: the count of candidate pairs it cut is the stage's info and a NOTE of the
-    run summary (no silent cap), and each row's pair list is capped."""
+    """positives.candidates.max_pairs: the count of candidate pairs it cut is the stage's info and
+    a NOTE of the run summary (no silent cap), and each row's pair list is capped."""
     from vlcurate.pipeline.summary import format_summary
-    results = run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}), dag(), executor="local",
-                  log=quiet)
+    results = run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}), dag(),
+                  executor="local", log=quiet)
     info = {r.manifest["stage"]: r.info for r in results}["hpm"]
     kept = [i for i in range(N) if i not in FLAG]
     sii, stt = IMG[kept] @ IMG[kept].T, TXT[kept] @ TXT[kept].T
@@ -312,16 +312,17 @@ def test_pairs_cut_by_max_pairs_reach_the_run_summary(source, tmp_path):
     assert all(len(x or []) <= 2 for x in table(tmp_path, "hpm").column(M.PAIR_IDS.name).to_pylist())
     assert f"{want} candidate pairs" in format_summary(results)
     # an up-to-date rerun reads the same info back from _info.json
-    again = {r.manifest["stage"]: r for r in run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}),
-                                                 dag(), executor="local", log=quiet)}["hpm"]
+    again = {r.manifest["stage"]: r
+             for r in run(cfg(source, tmp_path, **{"positives.candidates.max_pairs": 2}),
+                          dag(), executor="local", log=quiet)}["hpm"]
     assert again.status == "skipped" and again.info["pairs_cut"] == want
 
 
 def test_positives_read_hpms_pairs_and_a_threshold_change_reruns_positives_only(source, tmp_path,
                                                                                monkeypatch):
     """The seam hpm -> positives: positives' candidates are hpm's persisted pairs (its
-    own search never runs), so positives.candidates.max_pairs changes the positives; a positives threshold change
-    reruns positives alone, reading the same pairs, with the result exact Eq. 1 again."""
+    own search never runs), so positives.candidates.max_pairs changes the positives; a positives
+    threshold change reruns positives alone, reading the same pairs, with the result exact Eq. 1 again."""
     def runs(**over):
         with monkeypatch.context() as m:
             m.setattr(fff, "search", no_search)
@@ -518,7 +519,8 @@ def test_hpm_on_the_gpu_finds_the_pairs_of_the_cpu(source, tmp_path, cuda):
 
 
 # a partial pass with one-space layouts: hpm's sorted order is far from the row order
-SORTED = {"hpm.method": "blocks", "hpm.engine.clusters": 4, "hpm.engine.probe": 1, "hpm.engine.pair_probe": 4}
+SORTED = {"hpm.method": "blocks", "hpm.engine.clusters": 4, "hpm.engine.probe": 1,
+          "hpm.engine.pair_probe": 4}
 
 
 def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, tmp_path):
@@ -557,8 +559,8 @@ def test_positives_read_hpms_sorted_vectors_and_equal_their_own_collect(source, 
 
 
 def test_positives_read_a_bf16_pass_and_find_fp32s_positives(source, tmp_path):
-    """Seam hpm -> positives under hpm.engine.precision bf16: hpm lays out and routes with bf16 GEMMs
-    and stores bf16 copies; positives reads hpm's fp32 sorted vectors at its rows' positions in
+    """Seam hpm -> positives under hpm.engine.precision bf16: hpm lays out and routes with bf16
+    GEMMs and stores bf16 copies; positives reads hpm's fp32 sorted vectors at its rows' positions in
     that layout and finds the same positives as in an fp32 run (this data's spaces are searched
     whole)."""
     cols = [F.SAMPLE_ID.name, M.POSITIVE_IDS.name, M.POSITIVE_COUNT.name]
