@@ -52,7 +52,8 @@ def _plain(v: Any) -> Any:
         [_plain(x) for x in v] if isinstance(v, list) else v
 
 
-def is_section(f: dataclasses.Field, v: Any) -> bool:
+def is_section(v: Any) -> bool:
+    """A nested section (``hpm.engine``), not a value written as one mapping."""
     return dataclasses.is_dataclass(v) and not isinstance(v, VALUES)
 
 
@@ -62,7 +63,7 @@ def sections(config: Any) -> Iterator[tuple[str, Any]]:
         yield name, obj
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
-            if is_section(f, v):
+            if is_section(v):
                 yield from walk(f"{name}.{f.name}", v)
     for f in dataclasses.fields(config):
         yield from walk(f.name, getattr(config, f.name))
@@ -130,7 +131,7 @@ def example_yaml(config: Any) -> str:
     def section(name: str, obj: Any, indent: str) -> None:
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
-            if is_section(f, v):
+            if is_section(v):
                 lines.extend(_entry(f"{indent}{f.name}:", field_doc(f), indent))
                 section(f"{name}.{f.name}", v, indent + "  ")
             else:
@@ -163,7 +164,7 @@ def reference(config: Any) -> str:
     for name, obj in [*sections(config), ("model spec", ModelSpec()),
                       ("resources", Resources())]:
         rows = [(f.name, yaml_value(getattr(obj, f.name), short=True), doc_of(name, f, own))
-                for f in dataclasses.fields(obj) if not is_section(f, getattr(obj, f.name))]
+                for f in dataclasses.fields(obj) if not is_section(getattr(obj, f.name))]
         head = f"`{name}`" if " " not in name and name != "resources" else name
         out += [f"#### {head}", "", f"<details><summary>{title(obj)}</summary>", "",
                 *_table(rows), "", "</details>", ""]
@@ -186,11 +187,12 @@ def generated() -> dict[Path, str]:
 
 
 def main(argv: list[str]) -> int:
-    stale = [p for p, text in generated().items() if not p.exists() or p.read_text() != text]
+    texts = generated()
+    stale = [p for p, text in texts.items() if not p.exists() or p.read_text() != text]
     if "--write" in argv:
         for p in stale:
-            p.write_text(generated()[p])
-        print("".join(f"wrote {p.relative_to(ROOT)}\n" for p in stale) or "up to date", end="")
+            p.write_text(texts[p])
+        print("".join(f"wrote {p.relative_to(ROOT)}\n" for p in stale) or "up to date\n", end="")
         return 0
     for p in stale:
         print(f"{p.relative_to(ROOT)} is out of date: run {COMMAND}")
