@@ -54,7 +54,7 @@ class SourceParams(Params):
     extra_columns: tuple[str, ...] = doc((), (
         "columns copied into the extra JSON column and each sample's .json"))
     max_captions_per_image: Optional[int] = positive(None, doc=(
-        "keep at most this many captions of an image; null: all"))
+        "folder: keep at most this many captions of an image; null: all"))
     rows_per_part: int = positive(1000, doc=(
         "folder, parquet: rows per part, the unit of work and of commit (tars: one part per "
         "tar)"))
