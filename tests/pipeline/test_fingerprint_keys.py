@@ -62,3 +62,17 @@ def test_only_the_numerics_of_the_run_section_enter_fingerprints():
     from vlcurate.pipeline.runner import _NUMERICS
     assert set(_NUMERICS) == {"chunk_rows", "intra_op_threads"}
     assert {"image_cache", "cache_dir"} <= set(C.to_dict(C.Config().run))
+
+
+def test_hpm_reruns_when_the_candidate_floors_change_not_when_a_positives_threshold_does():
+    """hpm's pass keeps candidate pairs by positives.candidates: they enter hpm's fingerprint;
+    the positives stage's own thresholds do not."""
+    from vlcurate.stages.mining.hpm_stage import HpmStage
+
+    def hpm_config(**over):
+        return stage_config(HpmStage, C.load(None, over))
+    base = hpm_config()
+    assert hpm_config(**{"positives.p2": 0.95, "positives.max_positives": 8}) == base
+    changed = hpm_config(**{"positives.candidates.image": 0.8})
+    assert changed != base and changed["positives"]["candidates"]["image"] == 0.8
+    assert hpm_config(**{"hpm.engine.probe": 7})["hpm"]["engine"]["probe"] == 7
