@@ -94,7 +94,8 @@ class ConceptsParams(Params):
         "a vocabulary the thresholds leave empty: stop, naming the key to lower (error), or go "
         "on with empty targets of that kind, said in the run summary (warn)"))
     max_objects: Optional[int] = positive(None, doc=(
-        "keep only the most frequent objects (ids are uint16, at most 65535); null: no cap"))
+        "keep only this many most frequent objects; null: up to 65535 (vocab.MAX_VOCAB: ids are "
+        "uint16)"))
     hypernym_backoff: bool = doc(False, "a rare synset counts as its nearest kept hypernym")
     min_sharedness: int = doc(3, "distinct vocabulary objects an attribute must describe")
     min_visualness: Optional[float] = within(0.6, 0, 1, open_hi=True, doc=(

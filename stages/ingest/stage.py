@@ -42,8 +42,9 @@ class SourceParams(Params):
     path: str = doc("", "a folder or a URI (s3://, gs://, ...); relative: to the config file")
     name: Optional[str] = doc(None, "the source's name in sample ids; null: the folder's name")
     captions_file: Optional[str] = doc(None, (
-        "folder: a CSV, TSV or JSONL of captions, relative to path; null: captions.csv, "
-        "captions.jsonl or metadata.jsonl"))
+        "folder: a CSV, TSV or JSONL of captions, relative to path; null: the first of "
+        "readers.CAPTION_FILES found (captions.csv, captions.jsonl, metadata.jsonl, "
+        "captions.tsv)"))
     images_dir: str = doc("images", "folder: the images' folder, relative to path; \"\": path "
                                     "itself")
     image_column: str = doc("image", "folder, parquet: the image's file name, path or bytes "
