@@ -69,12 +69,21 @@ def sections(config: Any) -> Iterator[tuple[str, Any]]:
         yield from walk(f.name, getattr(config, f.name))
 
 
-def title(obj: Any) -> str:
-    """A section's one-line description: its class docstring's first sentence."""
-    doc = " ".join((type(obj).__doc__ or "").split())
-    if doc.startswith(type(obj).__name__ + "("):       # dataclass's own: no docstring
-        return ""
-    return doc.split(". ")[0].rstrip(".").replace("``", "`")
+def first_sentence(doc: str) -> str:
+    """Up to the first full stop that ends a sentence ("sec. 4.3" does not)."""
+    return re.split(r"\.\s+(?=[A-Z])", " ".join(doc.split()))[0].rstrip(".").replace("``", "`")
+
+
+def title(obj: Any, name: str = "") -> str:
+    """A section's one-line description: its class docstring's first sentence; for a stage
+    without parameters (``NoParams``), its module's."""
+    from vlcurate.stages.base import NoParams
+    if isinstance(obj, NoParams):
+        from .dag import default_dag
+        stage = next((n.stage for n in default_dag() if n.name == name), None)
+        return first_sentence(sys.modules[stage.__module__].__doc__ or "") if stage else ""
+    doc = type(obj).__doc__ or ""
+    return "" if doc.startswith(type(obj).__name__ + "(") else first_sentence(doc)
 
 
 def stage_resources() -> dict[str, Resources]:
@@ -140,7 +149,7 @@ def example_yaml(config: Any) -> str:
 
     for f in dataclasses.fields(config):
         obj = getattr(config, f.name)
-        lines += ["", *_comment(title(obj), ""), f"{f.name}:"]
+        lines += ["", *_comment(title(obj, f.name), ""), f"{f.name}:"]
         section(f.name, obj, "  ")
     return "\n".join(lines) + "\n"
 
@@ -166,7 +175,7 @@ def reference(config: Any) -> str:
         rows = [(f.name, yaml_value(getattr(obj, f.name), short=True), doc_of(name, f, own))
                 for f in dataclasses.fields(obj) if not is_section(getattr(obj, f.name))]
         head = f"`{name}`" if " " not in name and name != "resources" else name
-        out += [f"#### {head}", "", f"<details><summary>{title(obj)}</summary>", "",
+        out += [f"#### {head}", "", f"<details><summary>{title(obj, name)}</summary>", "",
                 *_table(rows), "", "</details>", ""]
     return "\n".join(out + [END])
 

@@ -307,10 +307,11 @@ class PositivesParams(Params):
         "embed.cross_model); 0: sec. 4.1 on the original captions only"))
     candidates: Candidates = doc(Candidates(), "the candidate pairs hpm's pass keeps for this "
                                                "stage")
-    k_prime: int = positive(64, doc="own IVF-PQ search (hpm.method fast): candidates per "
-                                    "modality")
+    k_prime: int = positive(64, doc=(
+        "its own search (no candidates from hpm's pass), IVF-PQ above hpm.exact_max_n rows: "
+        "candidates per modality"))
     nprobe: Optional[int] = positive(None, doc=(
-        "own IVF-PQ search: lists probed; null: max(64, nlist / 16) (hpm.auto_params)"))
+        "its own IVF-PQ search: lists probed; null: max(64, nlist / 16) (hpm.auto_params)"))
     resources: Resources = Resources()
 
 
