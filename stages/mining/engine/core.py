@@ -56,7 +56,7 @@ class PassParams:
     query_block: int = 1024
     block_size: int = 8192
     max_pairs: Optional[int] = None    # candidate pairs kept per row (highest similarity first)
-    precision: str = "fp32"        # the blocks' GEMMs: fp32, or a bf16 / int8 screen (screen.py)
+    precision: str = "fp32"        # a name in precision.registry(): the blocks' arithmetic
     space_probe: int = 0           # one-space layouts' clusters searched per row (spaces.py;
                                    # 0: none)
     cluster_rows: int = 2048       # the auto cluster size
@@ -79,8 +79,8 @@ COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather c
 
 class Vectors:
     """The sorted vectors a unit reads: arrays or memmaps [N, d] in layout order; ``low``, with
-    hpm.precision bf16, their bf16 copies (screen.py: int16 bits on disk, or device tensors)
-    by name, which the screen otherwise casts block by block; int8: q8.Copy's."""
+    a low precision, their copies in it by name (the precision's low_copy: bf16's int16 bits on
+    disk or device tensors, int8's q8.Copy), which the screen otherwise casts block by block."""
 
     def __init__(self, img, txt, ximg=None, xtxt=None, low: Optional[dict] = None) -> None:
         self.img, self.txt, self.ximg, self.xtxt = img, txt, ximg, xtxt

@@ -16,16 +16,15 @@ import numpy as np
 import torch
 
 from ..hpm import as_tensor
-from . import precision
 from .core import PassParams, _rows, cache_rows
-from .precision import Precision
+from .precision import Precision, get
 
 
 @dataclass
 class Layout:
     """Rows sorted by cluster: sorted position p holds global row order[p]; cluster c is
     positions bounds[c]:bounds[c+1], with member mean means[c] and radius radius[c]. What a
-    worker needs to mine any rows (``mine``): O(C x D + N) numbers, no routing table."""
+    worker needs to mine any rows (engine.mine): O(C x D + N) numbers, no routing table."""
     means: np.ndarray         # [C, D] member means
     radius: np.ndarray        # [C]
     order: np.ndarray         # [N] int64
@@ -147,7 +146,7 @@ class Centroids:
     fine: torch.Tensor
     coarse: Optional[torch.Tensor] = None
     start: Optional[np.ndarray] = None
-    precision: Precision = precision.get("fp32")     # the assignment GEMMs' (nearest)
+    precision: Precision = get("fp32")     # the assignment GEMMs' (nearest)
 
     def nearest(self, x: torch.Tensor) -> torch.Tensor:
         if self.coarse is None:
@@ -195,7 +194,7 @@ def kmeans(img, txt, c: int, p: PassParams, device: str = "cpu") -> Centroids:
     rng = np.random.default_rng(p.seed)
     pick = np.sort(rng.choice(n, size=min(n, p.sample * c, max(MAX_SAMPLE, c)), replace=False))
     x = space_t(as_tensor(img[pick], device), None if txt is None else as_tensor(txt[pick], device))
-    prec = precision.get(p.precision)
+    prec = get(p.precision)
     if n * c <= TWO_LEVEL_WORK:
         return Centroids(_spherical(x, c, rng, p.iters, prec), precision=prec)
     coarse = _spherical(x, math.isqrt(c), rng, p.iters, prec)

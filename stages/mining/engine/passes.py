@@ -90,8 +90,9 @@ COUNTS = ("scored", "widened", "everywhere")     # PassResult's counts: summed b
 
 def mine_routed(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, device: str = "cpu",
                 routed: Optional[tuple] = None) -> tuple[PassResult, np.ndarray]:
-    """``mine``, and each row's routes (spaces.py's add_pairs reads them), the support of rows
-    found short completed (``complete``, with p.exact_noise)."""
+    """Mine the rows at sorted positions ``pos`` (engine.mine's first step), with each row's
+    routes (spaces.add_pairs reads them); with p.exact_noise the support of rows found short
+    completed (``complete``)."""
     pos = np.asarray(pos, np.int64)
     with freed_memory_kept():
         r, routes = _mine(lay, vec, pos, p, device, routed)

@@ -2,7 +2,7 @@
 re-scored in fp32).
 
 For a block (queries x members) the pass needs only the pairs that can score (S_I > tau_I and
-S_T > tau_T: Alg. 1) or that pass a candidate floor (blocks.FLOORS): well under 0.1% of the
+S_T > tau_T: Alg. 1) or that pass a candidate floor (PassParams.floors): well under 0.1% of the
 pairs on real data (0.03% at 200k synthetic rows, 0.1% on the real-derived 65k; the demo's
 random encoders are the dense exception). ``hpm.precision``:
 
@@ -15,7 +15,7 @@ random encoders are the dense exception). ``hpm.precision``:
   the re-score's own K 2^-24 and keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its
   screened similarities are within that margin of a threshold, so no pair that passes in
   fp32 is missed (tested against fp32 on pairs placed at the thresholds). A block (or a
-  stack of small units, blocks.run_stack, decided as one) whose candidates are over
+  stack of small units, units.run_stack, decided as one) whose candidates are over
   DENSE_SHARE of its pairs is computed in fp32 instead (a re-scored pair costs many times
   a GEMM's share of it).
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
@@ -131,7 +131,7 @@ def where(keep) -> tuple[np.ndarray, np.ndarray]:
 
 class QueryRows:
     """A block's query vectors: ``low``, gathered in the screen's precision (its GEMM operands),
-    and the fp32 ones, rows ``index`` of ``base`` (a chunk's copy, blocks.Queries), gathered
+    and the fp32 ones, rows ``index`` of ``base`` (a chunk's copy, units.Queries), gathered
     only where needed: the whole block for an fp32 GEMM (``full``); after a low screen, the
     re-score reads the pairs' rows of ``base`` (``rescore``), not a copy of every query."""
 
