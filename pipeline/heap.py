@@ -8,7 +8,7 @@ glibc's dynamic rule, so "back to the default" is not on offer; SETTLED is what 
 process reaches by itself.
 
 Two users: ``bounded_heap`` (a global step's ``prepare``, executors/tasks.prepare_step) and
-stages/mining/blocks.freed_memory_kept (every ``mine()``, often inside the former). A no-op
+stages/mining/engine/core.freed_memory_kept (every ``mine()``, often inside the former). A no-op
 without glibc (macOS, musl) or when the user tunes malloc through ``MALLOC_*`` variables
 (theirs win).
 """

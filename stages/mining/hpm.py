@@ -363,7 +363,7 @@ def set_nprobe(index, nprobe: int) -> None:
 def index_to_device(index, device: str):
     """The GPU copy of a FAISS index when faiss has GPU support and a GPU is in use. FAISS has no
     GPU version of every index (fast-scan PQ among them): those stay on the CPU, with a warning,
-    and only the torch re-scoring runs on the GPU (set hpm.pq_nbits to 8 for a GPU index)."""
+    and only the torch re-scoring runs on the GPU (set hpm.fast.pq_nbits to 8 for a GPU index)."""
     if device != "cuda" or not faiss_gpu_available():
         return index
     import faiss

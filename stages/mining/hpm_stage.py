@@ -2,11 +2,11 @@
 
 Global step (``prepare``, once): the image/text (and cross-modal, when embed wrote them)
 embeddings of every kept row go to files in the stage's workdir (store.py, the one collect of
-mining: positives reads the sorted copy). Methods exact/blocks/auto: the neighbour pass's layout (k-means of the joint vectors,
-rows sorted by cluster: blocks.py, pass_io.py); ``fast``: FastHPM's pool and IVF-PQ index
+mining: positives reads the sorted copy). Methods exact/blocks/auto: the neighbour pass's
+layout (k-means of the joint vectors, rows sorted by cluster: engine/, pass_io.py); ``fast``: FastHPM's pool and IVF-PQ index
 (legacy). Before any part is mined it stops with an actionable error naming ``hpm.k`` when no
 row of a seeded sample (every row, on small data) can have k supporting pairs (every
-row would be a noise pair). The state it returns is paths.
+row would be a noise pair). The state it returns (``HpmState``) is paths.
 
 Per part (``on_actors``: each actor memory-maps the layout and vectors, or loads the index,
 once): the part's rows are mined there, chunk by chunk, so the pass runs on the stage's actor
@@ -41,15 +41,34 @@ from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
-from . import blocks, hpm
-from .pass_io import Miner, pass_info, pass_params, prepare_pass, ran_in, small_data_error
+from . import engine, hpm
+from .pass_io import (Miner, PassState, pass_info, pass_params, prepare_pass, ran_in,
+                      small_data_error)
 from vlcurate.stages.arrow import list_array, masked_lists, spread
 
-from .store import Store, collect, drop_vectors
+from .store import Store, StoreMeta, collect, drop_vectors
 
 EMBED = "embed"
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
+
+
+@dataclass(frozen=True)
+class FastIndex:
+    """hpm.method fast: FastHPM's parameters, and the files of its IVF-PQ index and pool."""
+    params: Any              # hpm.auto_params'
+    index: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class HpmState:
+    """What hpm's global step hands every actor (pickled; paths, no arrays): the collected rows
+    (``store``) and either the neighbour pass on disk (``pass_state``) or FastHPM's index
+    (``fast``); neither when no row was kept."""
+    store: StoreMeta
+    pass_state: Optional[PassState] = None
+    fast: Optional[FastIndex] = None
 
 
 def set_threads(n: Optional[int]) -> None:
@@ -198,7 +217,8 @@ class HpmStage(GlobalStage):
         return list(COLUMNS) + (cross if len(cross) == len(CROSS) else [])
 
     @classmethod
-    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int,
+                workdir: str) -> HpmState:
         """Collect the kept rows' vectors once; then the neighbour pass's layout (method
         exact/blocks: the rows are mined in chunks across parts, on the actors) or FastHPM's index."""
         cfg = config.hpm
@@ -206,16 +226,14 @@ class HpmStage(GlobalStage):
         meta = collect(read, n_parts, workdir, columns(read, n_parts))
         if 0 < meta.n <= cfg.k:                      # no row can have k supporters
             raise DataError(small_data_error(cfg.k, meta.n, meta.n - 1))
-        state: dict = {"store": meta, "fast": cfg.method == "fast" and meta.n > 1}
-        if state["fast"]:
-            state.update(_build_fast(cfg, meta, workdir))
-        elif meta.n:
-            device = hpm.resolve_device(cfg.device)
-            state["pass"] = prepare_pass(Store(meta), pass_params(config, meta.n, device),
-                                         workdir, device,
-                                         None if cfg.engine.probe else cfg.engine.recall)
-            state["store"] = drop_vectors(meta)     # the pass's sorted copy is the only one
-        return state
+        if cfg.method == "fast" and meta.n > 1:
+            return HpmState(meta, fast=_build_fast(cfg, meta, workdir))
+        if not meta.n:
+            return HpmState(meta)
+        device = hpm.resolve_device(cfg.device)
+        done = prepare_pass(Store(meta), pass_params(config, meta.n, device), workdir, device,
+                            None if cfg.engine.probe else cfg.engine.recall)
+        return HpmState(drop_vectors(meta), done)   # the pass's sorted copy is the only one
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
@@ -233,18 +251,18 @@ class HpmStage(GlobalStage):
         config, state = self.config, self.state
         self.cfg = config.hpm
         self.device = hpm.resolve_device(self.cfg.device)
-        self.store = Store(state["store"])
+        self.store = Store(state.store)
         self.fast = self.miner = None
-        if state["fast"]:
+        if state.fast is not None:
             img, txt = self.store.vec[E.IMAGE_EMB_NAME], self.store.vec[E.TEXT_EMB_NAME]
-            pool = np.load(state["pool"])
-            index = hpm.load_index(state["index"], state["params"].nprobe, self.device)
+            pool = np.load(state.fast.pool)
+            index = hpm.load_index(state.fast.index, state.fast.params.nprobe, self.device)
             sub = (img, txt) if len(pool) == self.store.n else (img[pool], txt[pool])
             self.fast = hpm.FastHPM(index, pool, *sub, self.device)
-        elif self.store.n:
-            self.miner = Miner(state["pass"], self.device)
+        elif state.pass_state is not None:
+            self.miner = Miner(state.pass_state, self.device)
 
-    def mine(self, gidx: np.ndarray) -> tuple[hpm.TopK, Optional[blocks.PassResult]]:
+    def mine(self, gidx: np.ndarray) -> tuple[hpm.TopK, Optional[engine.PassResult]]:
         """Hard pairs of global rows ``gidx`` (and, from the pass, their candidate pairs)."""
         c = self.cfg
         if self.fast is not None:
@@ -279,7 +297,7 @@ class HpmStage(GlobalStage):
                  for f, s in zip(flag, support.to_pylist())], pa.string()),
         }, schema=self.output)
 
-    def pair_columns(self, found: Optional[blocks.PassResult], present: np.ndarray) -> dict:
+    def pair_columns(self, found: Optional[engine.PassResult], present: np.ndarray) -> dict:
         """The pass's candidate pairs (hpm_pair_*, hpm_pairs_cut); nulls for FastHPM, and for
         the cross-modal similarities without cross-modal embeddings."""
         if found is None:
@@ -299,7 +317,7 @@ PAIR_SIMS = {M.PAIR_SII: "pair_sii", M.PAIR_STT: "pair_stt", M.PAIR_SIT: "pair_s
 PAIR_COLUMNS = (M.PAIR_IDS, *PAIR_SIMS, M.PAIRS_CUT)
 
 
-def _build_fast(cfg: Any, meta, workdir: str) -> dict:
+def _build_fast(cfg: Any, meta, workdir: str) -> FastIndex:
     """FastHPM's pool and IVF-PQ index of its joint vectors (hpm.method: fast)."""
     store = Store(meta)
     img, txt = store.vec[E.IMAGE_EMB_NAME], store.vec[E.TEXT_EMB_NAME]
@@ -311,5 +329,5 @@ def _build_fast(cfg: Any, meta, workdir: str) -> dict:
     index = hpm.build_ivfpq(hpm.JointView(*sub), params, cfg.seed)
     hpm.save_index(index, os.path.join(workdir, "joint.ivfpq"))
     np.save(os.path.join(workdir, "pool.npy"), pool)
-    return dict(params=params, index=os.path.join(workdir, "joint.ivfpq"),
-                pool=os.path.join(workdir, "pool.npy"))
+    return FastIndex(params, os.path.join(workdir, "joint.ivfpq"),
+                     os.path.join(workdir, "pool.npy"))

@@ -8,8 +8,6 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
   then a tree) and ``_lane_dots`` repeats it in torch elementwise ops, which round the same on
   any device. On a CPU the C loop reads the rows in place, ~2-3x faster than torch's gathers
   (1 thread, 384 dimensions: ~0.13 against ~0.3-0.45 us a pair).
-* ``screen_pairs``: the int8 screen's candidate rule (exact integer compares) in one pass over
-  a block's sums instead of a bool array per compare.
 * ``top_columns``: routing's probe best clusters of each query (equal scores by the lower
   cluster: the same set on any device, hpm.top_columns in torch), and the certificate's
   bound over the others (the k-th largest is bounded below by the k-th largest maximum of
@@ -17,14 +15,12 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
   forms int8 routing's scores from the GEMM's integer sums row by row, as torch would, and
   selects the same way: no [n, C] float copy (1 thread, 1,073 x 3,906: ~6 ms against ~25
   for torch's scores and NaN scan plus the former C selection, ~66 for torch's top-k).
-* ``row_best``: the merged top-k of a chunk's targets (blocks.Best.dense): a counting sort by
+* ``row_best``: the merged top-k of a chunk's targets (engine.topk.Best.dense): a counting sort by
   row, then a sort within each row, instead of sorting every entry; ``stable_order``: the
-  (query, cluster) entries by cluster (blocks.by_cluster), a counting sort.
-* ``screen_int8``: an int8 block's two GEMMs (S_ii, S_tt) and screen_pairs' rule in one pass
-  with AVX512-VNNI (members packed per block as u8 panels, each query's thresholds shifted
-  by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
-  screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
-  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
+  (query, cluster) entries by cluster (engine.passes.by_cluster), a counting sort.
+
+The int8 screen's kernels are the int8 package's (int8/kernels.py, int8/screen_int8.c),
+built the same way (``build``).
 
 The build is cached under ``$VLCURATE_NATIVE_DIR`` (default ``~/.cache/vlcurate/native``, a
 temporary directory where that cannot be written), keyed by the source and flags; a cluster's
@@ -62,18 +58,27 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 @functools.lru_cache(maxsize=None)
 def library() -> Optional[ctypes.CDLL]:
     """native.c, built and loaded; None when turned off or when it cannot be built."""
+    return build(SOURCE, _declare)
+
+
+def build(source: Path, declare) -> Optional[ctypes.CDLL]:
+    """The C file ``source`` built (cached, ``_built``) and loaded, its functions' types set by
+    ``declare(lib)``; None when VLCURATE_NATIVE=0 or when it cannot be built (a warning)."""
     if os.environ.get("VLCURATE_NATIVE", "1") == "0":
         return None
     try:
-        lib = ctypes.CDLL(str(_built()))
+        lib = ctypes.CDLL(str(_built(source)))
     except (OSError, subprocess.SubprocessError) as e:
         said = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()[-500:]
-        log.warning("vlcurate: native mining kernels unavailable (%s%s); using torch (same "
-                    "results, slower)", e, f": {said}" if said else "")
+        log.warning("vlcurate: native mining kernels unavailable (%s: %s%s); using torch (same "
+                    "results, slower)", source.name, e, f": {said}" if said else "")
         return None
+    declare(lib)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     lib.pair_dots.argtypes = [_P, _I, _P, _P, _I, _P, _I, _I, _P]
-    lib.screen_pairs.argtypes = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P]
-    lib.screen_pairs.restype = _I
     lib.top_columns.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.top_columns.restype = _I
     lib.route_columns.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
@@ -81,24 +86,19 @@ def library() -> Optional[ctypes.CDLL]:
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
     lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.row_best.restype = _I
-    lib.screen_int8.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
-                                _P, _P]
-    lib.screen_int8.restype = _I
-    lib.vnni_ready.restype = ctypes.c_int
-    return lib
 
 
-def _built() -> Path:
+def _built(source: Path) -> Path:
     """The shared library's path, compiled there first if it is not cached yet (written to a
     temporary name and renamed: processes building at once each get a whole file)."""
     cc = shlex.split(os.environ.get("CC") or "cc")       # e.g. "ccache gcc"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*cc, *FLAGS]).encode()).hexdigest()
-    out = _cache_dir() / f"mining-{key[:16]}.so"
+    key = hashlib.sha256(source.read_bytes() + " ".join([*cc, *FLAGS]).encode()).hexdigest()
+    out = _cache_dir() / f"mining-{source.stem}-{key[:16]}.so"
     if not out.exists():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            subprocess.run([*cc, *FLAGS, "-o", tmp, str(SOURCE)], check=True, timeout=300,
+            subprocess.run([*cc, *FLAGS, "-o", tmp, str(source)], check=True, timeout=300,
                            capture_output=True)
             os.replace(tmp, out)
         finally:
@@ -176,66 +176,6 @@ def _lane_dots(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         acc = acc[:, :w] + acc[:, w:2 * w]
         w //= 2
     return acc[:, 0]
-
-
-def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
-                 extra: Optional[np.ndarray], first: int) -> Optional[np.ndarray]:
-    """first + the flat indices of a block's pairs that pass the rule (q8.rule's, on int32 sums
-    di and dt [nq, nm] against each row's [floor, tau] of img and txt: int32 [nq, 1]; ``extra``
-    a bool mask OR-ed in, or None), ascending; None without the native library."""
-    lib = library()
-    if lib is None:
-        return None
-    di, dt = np.ascontiguousarray(di, np.int32), np.ascontiguousarray(dt, np.int32)
-    lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
-    extra = None if extra is None else np.ascontiguousarray(extra, np.uint8)
-    nq, nm = di.shape
-    if dt.shape != di.shape or any(t.shape != (nq, 1) for t in lims) or (
-            extra is not None and extra.shape != di.shape):
-        raise ValueError("screen_pairs: sums, thresholds and mask of different shapes")
-    out, keep = np.empty(nq * nm, np.int64), np.empty(max(nm, 1), np.uint8)
-    n = lib.screen_pairs(di.ctypes.data, dt.ctypes.data, nq, nm, *(t.ctypes.data for t in lims),
-                         None if extra is None else extra.ctypes.data, first,
-                         out.ctypes.data, keep.ctypes.data)
-    return out[:n]
-
-
-def vnni() -> bool:
-    """Whether screen_int8 runs on this CPU (the library, and AVX512-VNNI)."""
-    lib = library()
-    return lib is not None and bool(lib.vnni_ready())
-
-
-def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
-                mt: Optional[torch.Tensor], lim_i: list, lim_t: Optional[list], first: int
-                ) -> Optional[np.ndarray]:
-    """first + the flat indices (ascending) of the pairs of queries qi, qt [nq, d] x members
-    mi, mt [nm, d] (int8 tensors) that pass screen_pairs' rule against each row's [floor, tau]
-    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with
-    AVX512-VNNI, no int32 sums written. qt None: one similarity, the pairs above lim_i's
-    floor alone (q8.hits). None without the library, on a GPU, on a CPU without AVX512-VNNI
-    or with a dimension that is not a multiple of 4 (the caller multiplies)."""
-    lib = library()
-    ops = (qi, mi) if qt is None else (qi, mi, qt, mt)
-    if lib is None or any(x.device.type != "cpu" for x in ops):
-        return None
-    a = [np.ascontiguousarray(x.numpy(), np.int8) for x in ops]
-    lims = [np.ascontiguousarray(t, np.int32) for t in (lim_i[:1] if qt is None else
-                                                        (*lim_i, *lim_t))]
-    (nq, di), nm = a[0].shape, len(a[1])
-    dt = 0 if qt is None else a[2].shape[1]
-    if a[1].shape != (nm, di) or (qt is not None and (a[2].shape[0] != nq or a[3].shape != (
-            nm, dt))) or any(t.shape != (nq, 1) for t in lims):
-        raise ValueError("screen_int8: queries, members and thresholds of different shapes")
-    panels = -(-nm // 16)
-    scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
-    out = np.empty(max(nq * nm, 1), np.int64)
-    txt = (None, 0, 0, None, 0) if qt is None else (a[2].ctypes.data, dt, dt, a[3].ctypes.data, dt)
-    lims += [lims[0]] * (4 - len(lims))                  # unread with one similarity
-    n = lib.screen_int8(a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:],
-                        nm, *(t.ctypes.data for t in lims), first, out.ctypes.data,
-                        scratch.ctypes.data)
-    return None if n < 0 else out[:n]
 
 
 def top_columns(m: torch.Tensor, k: int, reach: Optional[torch.Tensor] = None) -> tuple:
@@ -327,7 +267,7 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
     """Each of n rows' k best entries (row r, global row j, score s; (r, j) distinct): best
     score first, equal scores by ascending j, as (idx [n, k] -1 padded, score [n, k] 0 padded)
     tensors: a counting sort by row and a sort within each row in C, instead of sorting every
-    entry (blocks.Best.dense's torch path, the same result). None without the library, on a
+    entry (engine.topk.Best.dense's torch path, the same result). None without the library, on a
     GPU, or with a NaN score."""
     lib = library()
     if lib is None or r.device.type != "cpu":

@@ -2,10 +2,10 @@
 worker loads to mine the rows of its parts.
 
 Files in ``<workdir>/pass/``: the layout (``means``, ``radius``, ``order``, ``bounds``,
-``positions``: blocks.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
-and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``; with hpm.precision bf16 also
+``positions``: persist.save_layout) and the vectors sorted by cluster (``img.f32``, ``txt.f32``
+and, with cross-modal embeddings, ``ximg.f32``, ``xtxt.f32``; with hpm.engine.precision bf16 also
 their bf16 copies ``img.bf16``, ...; with int8 their int8 copies ``img.int8``, ... and each
-cluster's scale and bounds ``img.int8.npy``, ...: blocks.save_vectors), all memory-mapped by
+cluster's scale and bounds ``img.int8.npy``, ...: persist.save_vectors), all memory-mapped by
 every worker;
 when the pass is partial, also each one-space layout and its sorted vectors in
 ``space_<name>/`` (spaces.py).
@@ -27,7 +27,10 @@ import numpy as np
 from vlcurate.schemas import embed as E
 from vlcurate.pipeline.params import DataError
 
-from . import blocks, calibrate, hpm, native, q8, screen, spaces
+from . import calibrate, engine, hpm
+from .engine import layout, persist, precision, spaces
+from .engine.core import NAMES, PassParams, Vectors
+from .engine.screen import low_rows
 from .store import Store
 
 RAN = "ran.json"          # the pass's precision and probe, for the run summary
@@ -46,7 +49,7 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 
 
 # hpm.engine.clusters / probe null: clusters of ~256 rows, 60 of them probed, in both precisions.
-# Routing by <q, mu_c> + blocks.ROUTE_SPREAD spread_c finds at probe 60 (18.9k rows
+# Routing by <q, mu_c> + routing.ROUTE_SPREAD spread_c finds at probe 60 (18.9k rows
 # scored per target) what probe 80 found by <q, mu_c> (23.6k rows); bf16 at 1M, 2 one-thread
 # workers: 274 us per target and recall@10/50/100 0.994 / 0.995 / 0.995. Clusters of ~128 rows
 # at probe 64 score 11.7k rows at the same recall but are no faster per target (483 against
@@ -63,30 +66,14 @@ def small_data_error(k: int, n: int, max_support: int, sampled: int = 0) -> str:
 AUTO = (256, 60)
 
 
-def int8_native(device: str) -> bool:
-    """Whether ``device`` runs int8 GEMMs natively: a GPU with int8 tensor cores (compute
-    capability 7.2 or 7.5 on: Xavier, Turing and later), a CPU with AVX512-VNNI or AMX (its
-    flags, or native.vnni: the fused screen runs)."""
-    if device.startswith("cuda"):
-        import torch
-        return torch.cuda.get_device_capability(torch.device(device)) >= (7, 2)
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((x for x in f if x.startswith("flags")), "").split()
-    except OSError:
-        flags = []
-    return bool({"avx512_vnni", "amx_int8"} & set(flags)) or native.vnni()
+def resolve_precision(precision_name: str, device: str) -> str:
+    """hpm.engine.precision ``auto``: int8 where ``device`` has int8 GEMMs in hardware and the int8
+    package is here, else fp32 (the same pairs either way: the screens are proven); any other
+    value as it is, when available (else a ConfigError: engine/precision.py)."""
+    return precision.resolve(precision_name, device).name
 
 
-def resolve_precision(precision: str, device: str) -> str:
-    """hpm.precision ``auto``: int8 where ``device`` has int8 GEMMs in hardware, else fp32
-    (the same pairs either way: q8.py's screen is proven); any other value as it is."""
-    if precision != "auto":
-        return precision
-    return "int8" if int8_native(device) else "fp32"
-
-
-def pass_params(config: Any, n: int, device: Optional[str] = None) -> blocks.PassParams:
+def pass_params(config: Any, n: int, device: Optional[str] = None) -> PassParams:
     """The run's config (``hpm`` and its ``engine``; ``positives.candidates``: the candidate
     pairs' floors) -> pass parameters; method exact (or auto up to exact_max_n rows) probes
     every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.engine.precision auto is
@@ -95,9 +82,9 @@ def pass_params(config: Any, n: int, device: Optional[str] = None) -> blocks.Pas
     e = cfg.engine
     exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
     rows, probe = AUTO
-    c = blocks.PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=e.clusters,
+    c = PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=e.clusters,
                           cluster_rows=rows).clusters(n)
-    return blocks.PassParams(
+    return PassParams(
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cand.image, floor_t=cand.text, floor_x=cand.cross,
         n_clusters=c, probe=c if exact else (e.probe or probe), seed=cfg.seed,
@@ -112,7 +99,7 @@ class PassState:
     """What the global step hands every worker: where the layout and sorted vectors are."""
     dir: str
     n: int
-    params: blocks.PassParams
+    params: PassParams
 
 
 def pass_dir(workdir: str) -> str:
@@ -120,26 +107,26 @@ def pass_dir(workdir: str) -> str:
     return os.path.join(workdir, "pass")
 
 
-def prepare_pass(store: Store, p: blocks.PassParams, workdir: str, device: str,
+def prepare_pass(store: Store, p: PassParams, workdir: str, device: str,
                  recall: Optional[float] = None) -> PassState:
     """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, with
     ``recall`` calibrate the probe (calibrate.py), and stop with small_data_error when no row
     of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters."""
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
-    lay = blocks.build_layout(img, txt, p, device)
+    lay = layout.build_layout(img, txt, p, device)
     out = pass_dir(workdir)
-    blocks.save_layout(out, lay)
-    blocks.save_vectors(out, lay, {"img": img, "txt": txt,
+    persist.save_layout(out, lay)
+    persist.save_vectors(out, lay, {"img": img, "txt": txt,
                                    "ximg": v.get(E.CROSS_IMAGE_EMB_NAME),
                                    "xtxt": v.get(E.CROSS_TEXT_EMB_NAME)}, p.precision)
     if recall is not None and p.probe < lay.n_clusters:
-        probe = calibrate.probe_for(lay, blocks.load_vectors(out, store.n), p, recall, device)
+        probe = calibrate.probe_for(lay, persist.load_vectors(out, store.n), p, recall, device)
         p = dataclasses.replace(p, probe=probe)
     with open(os.path.join(out, RAN), "w") as f:     # the run summary's (pass_info)
         json.dump({"precision": p.precision, "probe": p.probe}, f)
     if p.space_probe and p.probe < lay.n_clusters:     # partial: one-space layouts too
-        spaces.build(out, blocks.load_vectors(out, store.n), p, device)
+        spaces.build(out, persist.load_vectors(out, store.n), p, device)
     state = PassState(out, store.n, p)
     miner = Miner(state, device)
     rows = np.arange(store.n) if store.n <= GUARD_SAMPLE else np.sort(
@@ -156,24 +143,24 @@ class Miner:
     any global rows (results in their order)."""
 
     def __init__(self, state: PassState, device: str) -> None:
-        self.lay, self.pos = blocks.load_layout(state.dir)
-        self.vec = resident(blocks.load_vectors(state.dir, state.n), device)
+        self.lay, self.pos = persist.load_layout(state.dir)
+        self.vec = resident(persist.load_vectors(state.dir, state.n), device)
         self.params, self.device = state.params, device
         self.spaces = spaces.load(state.dir, state.n)
 
-    def mine(self, gidx: np.ndarray) -> blocks.PassResult:
-        return spaces.mine(self.lay, self.vec, self.spaces, self.pos[np.asarray(gidx, np.int64)],
-                           self.params, self.device)
+    def mine(self, gidx: np.ndarray) -> engine.PassResult:
+        return engine.mine(self.lay, self.vec, self.pos[np.asarray(gidx, np.int64)],
+                           self.params, self.device, self.spaces)
 
 
 GPU_SHARE = 0.25       # the sorted vectors move to a GPU once when they fit in this share of it
 
 
-def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
+def resident(vec: Vectors, device: str) -> Vectors:
     """On a GPU, the sorted vectors once on the device when they fit in GPU_SHARE of its memory
     (every unit then reads them there); else, and on the CPU, the memory-mapped files, a unit's
     slices copied as it needs them. The same code reads either."""
-    arrays = [getattr(vec, x) for x in blocks.NAMES]
+    arrays = [getattr(vec, x) for x in NAMES]
     low = vec.low or {}
     size = sum(a.nbytes for a in [*arrays, *low.values()] if a is not None)
     if not device.startswith("cuda"):
@@ -181,9 +168,9 @@ def resident(vec: blocks.Vectors, device: str) -> blocks.Vectors:
     import torch
     if size > GPU_SHARE * torch.cuda.get_device_properties(torch.device(device)).total_memory:
         return vec
-    return blocks.Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays),
-                          low={x: a.to(device) if isinstance(a, q8.Copy) else
-                               screen.low_rows(a, slice(0, len(a)), device)
+    return Vectors(*(None if a is None else hpm.as_tensor(a, device) for a in arrays),
+                          low={x: a.to(device) if hasattr(a, "block") else
+                               low_rows(a, slice(0, len(a)), device)
                                for x, a in low.items()} or None)
 
 

@@ -18,7 +18,7 @@ hpm.exact_max_n rows) the result is then exact Eq. 1 (tested), short only of pai
 positives.candidates.max_pairs cut (counted in the summary). A partial pass routes each row on the
 joint HELIP vector, which alone misses pairs near in one space only (an image with an unrelated
 caption: 53-63% found, tests/benchmarks/bench_one_space_pairs.py), so it also searches one-space
-layouts (stages/mining/spaces.py, hpm.engine.pair_probe clusters per row and space): with the
+layouts (stages/mining/engine/spaces.py, hpm.engine.pair_probe clusters per row and space): with the
 default 8, 0.99-1.0 of those planted pairs are found. With hpm.engine.pair_probe 0, hpm.method fast
 or no hpm stage in the DAG, this stage runs its own search, exact blockwise or per-space IVF-PQ
 (``use_fast``). Sec. 4.3's recaptions join after hpm, so a pair whose only link is a recaption is
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -57,8 +57,8 @@ from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive,
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
-from . import blocks, fff, hpm
-from .hpm_stage import EMBED, set_threads, use_fast
+from . import engine, fff, hpm
+from .hpm_stage import EMBED, HpmState, set_threads, use_fast
 from .pass_io import pass_dir, pass_params
 from vlcurate.stages.arrow import masked_lists, spread
 
@@ -91,7 +91,7 @@ SOURCE = "candidates.txt"      # the global step's word on where the candidates 
 
 
 def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool,
-           ran: Optional[blocks.PassParams] = None) -> str:
+           ran: Optional[engine.PassParams] = None) -> str:
     """Where this run's candidate pairs come from (``pairs``: hpm's pass over ``n`` rows, with
     the parameters it ran with when known (``ran``: its calibrated probe), ``fast``: IVF-PQ),
     for the stage's info and the run summary."""
@@ -211,10 +211,14 @@ def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
     """hpm's global step, when its pass gives this stage its candidates (exhaustive, or with
     one-space layouts) and its vectors: the rule then reads hpm's sorted copy through ``Gathered``,
     and this stage collects ids only (vectors stored once). None: hpm is not upstream,
-    ran FastHPM, or its state or files are gone; this stage then collects its own vectors."""
+    ran FastHPM, or its state (or one an older vlcurate wrote) or files are gone; this
+    stage then collects its own vectors."""
     prepared = getattr(read, "prepared", None)      # a plain function in a direct call
-    hp = prepared(HPM) if prepared else None
-    done = hp.state.get("pass") if hp is not None and isinstance(hp.state, dict) else None
+    try:
+        hp = prepared(HPM) if prepared else None
+    except (ModuleNotFoundError, AttributeError):     # a state pickled by an older vlcurate
+        return None
+    done = hp.state.pass_state if hp is not None and isinstance(hp.state, HpmState) else None
     if done is None or config.hpm.method == "fast" or not os.path.isdir(pass_dir(hp.workdir.local)):
         return None
     p = done.params
@@ -222,32 +226,54 @@ def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
 
 
 SORTED = {E.IMAGE_EMB_NAME: "img", E.TEXT_EMB_NAME: "txt", E.CROSS_IMAGE_EMB_NAME: "ximg",
-          E.CROSS_TEXT_EMB_NAME: "xtxt"}       # hpm's sorted vector files (blocks.NAMES)
+          E.CROSS_TEXT_EMB_NAME: "xtxt"}       # hpm's sorted vector files (engine.NAMES)
 
 
-def sorted_source(meta: StoreMeta, hp: "Prepared", workdir: str) -> tuple:
-    """Where this stage's rows are in hpm's sorted vectors: (hpm's Workdir, its pass folder, its
-    rows, the file of each of our rows' sorted position). Our rows are hpm's less its noise.
+@dataclass(frozen=True)
+class SortedSource:
+    """Where this stage's rows are in hpm's sorted vectors: hpm's Workdir, its pass folder, its
+    rows, and the file of each of our rows' sorted position."""
+    workdir: Any
+    dir: str
+    n: int
+    rows_file: str
+
+
+@dataclass(frozen=True)
+class PositivesState:
+    """What the global step hands every actor (pickled; paths, no arrays): the collected rows,
+    where the candidates come from (``pass_pairs``: hpm's pass's pairs; ``fast``: this stage's
+    own IVF-PQ ``indexes``, {space: (file, nprobe)}; neither: an exact search), hpm's sorted
+    vectors when read from there, and the recaptions' files (gather_recaptions')."""
+    store: StoreMeta
+    pass_pairs: bool = False
+    fast: bool = False
+    sorted: Optional[SortedSource] = None
+    captions: Optional[dict] = None
+    indexes: dict = field(default_factory=dict)
+
+
+def sorted_source(meta: StoreMeta, hp: "Prepared", workdir: str) -> SortedSource:
+    """Where this stage's rows are in hpm's sorted vectors. Our rows are hpm's less its noise.
     Paths come from hpm's workdir as it is now, never from its state (a run directory copied
     elsewhere, or fetched to another node, would point at the old place)."""
     home = hp.workdir.local
-    hpm_rows = Store(dataclasses.replace(hp.state["store"], dir=home))
+    hpm_rows = Store(dataclasses.replace(hp.state.store, dir=home))
     parts = np.repeat(np.arange(len(meta.counts)), meta.counts)
     at = hpm_rows.locate(parts, np.load(os.path.join(meta.dir, "rows.npy")))
     if (at < 0).any():
         raise RuntimeError(f"positives: {int((at < 0).sum())} kept rows are not among hpm's")
     path = os.path.join(workdir, "sorted_rows.npy")
-    np.save(path, np.asarray(blocks.load_layout(pass_dir(home))[1])[at])
-    return hp.workdir, pass_dir(home), hp.state["pass"].n, path
+    np.save(path, np.asarray(engine.load_layout(pass_dir(home))[1])[at])
+    return SortedSource(hp.workdir, pass_dir(home), hp.state.pass_state.n, path)
 
 
-def open_store(state: dict) -> Store:
-    """The collected rows, with hpm's sorted vectors in their order when ``state['sorted']``."""
-    store = Store(state["store"])
-    if state.get("sorted"):
-        workdir, dir_, n, path = state["sorted"]
-        workdir.fetch()                      # an actor on another node: hpm's files, once
-        v, at = blocks.load_vectors(dir_, n), np.load(path, mmap_mode="r")
+def open_store(meta: StoreMeta, src: Optional[SortedSource]) -> Store:
+    """The collected rows, with hpm's sorted vectors in their order when ``src``."""
+    store = Store(meta)
+    if src is not None:
+        src.workdir.fetch()                  # an actor on another node: hpm's files, once
+        v, at = engine.load_vectors(src.dir, src.n), np.load(src.rows_file, mmap_mode="r")
         store.vec.update({c: Gathered(getattr(v, x), at) for c, x in SORTED.items()
                           if getattr(v, x) is not None})
     return store
@@ -353,7 +379,8 @@ class PositivesStage(GlobalStage):
         return out
 
     @classmethod
-    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> dict:
+    def prepare(cls, config: Any, read: Callable[[int], pa.Table], n_parts: int,
+                workdir: str) -> PositivesState:
         h, p = config.hpm, config.positives
         set_threads(h.build_threads)
         hp = hpm_pass(config, read)
@@ -362,20 +389,19 @@ class PositivesStage(GlobalStage):
         problems = floor_problems(config) if pairs else []
         if problems:
             raise DataError(problems[0][1])
-        state: dict = {"store": meta, "pass": pairs, "indexes": {}, "captions": None,
-                       "fast": not pairs and use_fast(h, meta.n) and meta.n > 1,
-                       "sorted": hp and sorted_source(meta, hp, workdir)}
+        fast = not pairs and use_fast(h, meta.n) and meta.n > 1
+        src = sorted_source(meta, hp, workdir) if hp else None
+        done = hp.state.pass_state if hp else None
         with open(os.path.join(workdir, SOURCE), "w") as fh:
-            fh.write(source(config, hp.state["pass"].n if hp else meta.n, meta.names, pairs,
-                            state["fast"], hp.state["pass"].params if hp else None) + ("; vectors: hpm's sorted copy" if hp else
-                                              "; vectors: its own collect"))
-        store = open_store(state)
-        if cross(config) and p.recaptions:
-            state["captions"] = gather_recaptions(read, n_parts, store, p.recaptions, workdir)
-        if state["fast"]:
-            state["indexes"] = _build_indexes(config, _features(config, store, state["captions"],
-                                                                None), workdir)
-        return state
+            fh.write(source(config, done.n if done else meta.n, meta.names, pairs, fast,
+                            done.params if done else None)
+                     + ("; vectors: hpm's sorted copy" if hp else "; vectors: its own collect"))
+        store = open_store(meta, src)
+        captions = gather_recaptions(read, n_parts, store, p.recaptions, workdir) if (
+            cross(config) and p.recaptions) else None
+        indexes = _build_indexes(config, _features(config, store, captions, None),
+                                 workdir) if fast else {}
+        return PositivesState(meta, pairs, fast, src, captions, indexes)
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
@@ -406,22 +432,22 @@ class PositivesStage(GlobalStage):
         config, state = self.config, self.state
         self.device = hpm.resolve_device(config.hpm.device)
         self.rule = rule(config)
-        self.store = open_store(state)
+        self.store = open_store(state.store, state.sorted)
         self.search = None
-        if state["pass"]:              # the pass's candidates: exact dots, no index
-            f = _features(config, self.store, state["captions"], None)
+        if state.pass_pairs:           # the pass's candidates: exact dots, no index
+            f = _features(config, self.store, state.captions, None)
             self.search = fff.Candidates(f, device=self.device)
-        elif not state["fast"]:        # the base on the device once (on the CPU: the memmaps)
-            self.features = _features(config, self.store, state["captions"], self.device)
+        elif not state.fast:           # the base on the device once (on the CPU: the memmaps)
+            self.features = _features(config, self.store, state.captions, self.device)
         else:
-            f = _features(config, self.store, state["captions"], None)
+            f = _features(config, self.store, state.captions, None)
             indexes = {k: hpm.load_index(path, nprobe, self.device)
-                       for k, (path, nprobe) in state["indexes"].items()}
+                       for k, (path, nprobe) in state.indexes.items()}
             self.search = fff.FastPositives(indexes, f, device=self.device)
 
     def find(self, gidx: np.ndarray, batch: pa.Table) -> fff.Positives:
         p, h = self.config.positives, self.config.hpm
-        if self.state["pass"]:
+        if self.state.pass_pairs:
             return self.search.score(gidx, self.candidates(batch), self.rule, p.max_positives)
         if self.search is not None:
             return self.search.query(gidx, self.rule, p.max_positives, p.k_prime)

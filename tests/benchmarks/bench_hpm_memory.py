@@ -94,7 +94,7 @@ def one(n: int, a: argparse.Namespace) -> dict:
     import pyarrow as pa
     from vlcurate.schemas import F
     from vlcurate.schemas import embed as E
-    from vlcurate.stages.mining import blocks
+    from vlcurate.stages.mining.engine import core
     from vlcurate.stages.mining.pass_io import Miner, prepare_pass
     from vlcurate.stages.mining.store import Store, collect
 
@@ -110,7 +110,7 @@ def one(n: int, a: argparse.Namespace) -> dict:
         return pa.table({F.SAMPLE_ID.name: [f"s{i}" for i in range(lo, hi)], **emb,
                          F.ROW.name: pa.array(np.arange(hi - lo), pa.int64())})
 
-    p = blocks.PassParams(k=a.k, tau_i=0.5, tau_t=0.5, dup=0.98, floor_i=a.floor,
+    p = core.PassParams(k=a.k, tau_i=0.5, tau_t=0.5, dup=0.98, floor_i=a.floor,
                           floor_t=a.floor, probe=a.probe, max_pairs=a.max_pairs)
     parts = -(-n // a.part)
     with tempfile.TemporaryDirectory() as work:

@@ -331,9 +331,10 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     Eq. 1 recall on the pass's candidate pairs. With --targets T only T random rows are mined
     (every cluster, only their queries) and the total is extrapolated from their per-target
     time: said so in the output."""
-    from vlcurate.stages.mining import blocks as B
+    from vlcurate.stages.mining import engine as E
     from vlcurate.stages.mining import fff, hpm
-    from vlcurate.stages.mining import spaces as S
+    from vlcurate.stages.mining.engine import layout, passes, persist, topk
+    from vlcurate.stages.mining.engine import spaces as S
     from vlcurate.stages.mining.pass_io import pass_params, resident
     n, kmax = len(img), max(a.ks)
     config = pass_config(a, kmax)
@@ -357,8 +358,8 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     print(f"plain fp32 GEMM now on {dev}: {peak_fp32 if low else peak:.0f} GFLOP/s{low} (torch "
           f"threads {torch.get_num_threads()})")
     t = time.time()
-    lay = B.build_layout(img, txt, p, dev)
-    vec = B.sorted_vectors(lay, img, txt, precision=p.precision)   # low copies as stored
+    lay = layout.build_layout(img, txt, p, dev)
+    vec = persist.sorted_vectors(lay, img, txt, precision=p.precision)   # low copies as stored
     vec = resident(vec, dev)                 # on a GPU: once in its memory, as the stage's actors
     t_lay = time.time() - t
     if cfg.engine.probe is None and p.probe < lay.n_clusters:     # probe null: as prepare_pass
@@ -379,30 +380,30 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     pos = lay.positions()[mined]
     if a.warm:            # an actor mines many chunks: its GEMM kernels per shape exist already
         other = np.random.default_rng(1).choice(n, min(n, a.chunk), replace=False)
-        S.mine(lay, vec, sp, lay.positions()[other], p, dev)
+        E.mine(lay, vec, lay.positions()[other], p, dev, sp)
     t = time.time()       # chunks of run.chunk_rows, as the stage mines them
-    parts = [B.mine(lay, vec, pos[c:c + a.chunk], p, dev) for c in range(0, len(pos), a.chunk)]
+    parts = [E.mine(lay, vec, pos[c:c + a.chunk], p, dev) for c in range(0, len(pos), a.chunk)]
     t_units = time.time() - t
-    joint = B.PassResult.concat(parts)
+    joint = passes.PassResult.concat(parts)
     t_here = t_units      # in this process: what the one-space layouts' time compares with
     if a.procs > 1:
         t_units, t_sp_work = on_workers(lay, img, txt, pos, p, a, joint, t_units, vec, sp)
     if sp:                # the same chunks with the one-space layouts' pairs (spaces.py)
         t = time.time()
-        parts = [S.mine(lay, vec, sp, pos[c:c + a.chunk], p, dev)
+        parts = [E.mine(lay, vec, pos[c:c + a.chunk], p, dev, sp)
                  for c in range(0, len(pos), a.chunk)]
         t_sp = time.time() - t
         print(f"one-space layouts {[s.name for s in sp]}: built in {t_spaces:.1f}s, pass with "
               f"them {1e6 * t_sp / len(pos):.0f} us per target against "
               f"{1e6 * t_here / len(pos):.0f} without ({t_sp / t_here:.2f}x, same run, both in "
               f"this process; hpm.engine.pair_probe {p.space_probe})", flush=True)
-    found = B.PassResult.concat(parts)
+    found = passes.PassResult.concat(parts)
     by_row = ("idx", "score", "support", "certified", "bound", "cut")
-    r = B.PassResult(**{f: np.zeros((n,) + getattr(found, f).shape[1:], getattr(found, f).dtype)
-                        for f in by_row},
-                     **{f: getattr(found, f) for f in ("offsets", "pair_j", "pair_sii",
-                                                       "pair_stt", "pair_sit", "pair_xii",
-                                                       "pair_xtt")})
+    r = passes.PassResult(**{f: np.zeros((n,) + getattr(found, f).shape[1:],
+                                         getattr(found, f).dtype) for f in by_row},
+                          **{f: getattr(found, f) for f in ("offsets", "pair_j", "pair_sii",
+                                                            "pair_stt", "pair_sit", "pair_xii",
+                                                            "pair_xtt")})
     for f in ("idx", "score", "support", "certified", "bound"):
         getattr(r, f)[mined] = getattr(found, f)                 # by global row
     gflop = 2.0 * dims * found.scored / 1e9
@@ -414,7 +415,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     ex = hpm.exact_hpm(*on, kmax, *tau, dup, queries=qs, device=dev)
     del on
     us_exact = (time.time() - t) / len(qs) * 1e6
-    ex.idx, perm = B.canonical(ex.idx, ex.score)
+    ex.idx, perm = topk.canonical(ex.idx, ex.score)
     ex.score = np.take_along_axis(ex.score, perm, 1)
     scope = "all" if not a.targets else f"{len(mined)} random targets, total extrapolated"
     scope += ", after one untimed chunk (--warm)" if a.warm else ""
@@ -470,12 +471,12 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
 
 def routing_line(lay, img, txt, qs: np.ndarray, ex, probe: int) -> None:
     """The share of exact HPM's pairs (score > 0) whose cluster a target probes, and the rows
-    it scores, as routing ranks clusters (blocks.mean_scores: <q, mu_c> + ROUTE_SPREAD
+    it scores, as routing ranks clusters (routing.mean_scores: <q, mu_c> + ROUTE_SPREAD
     spread_c) and by <q, mu_c> alone, at probe / 2, 3/4 and 1 (fp32 scores)."""
-    from vlcurate.stages.mining import blocks as B
+    from vlcurate.stages.mining.engine import routing
     q = torch.from_numpy(np.hstack([img[qs], txt[qs]]) / np.float32(np.sqrt(2)))
-    ranked = B.mean_scores(lay, q).numpy()
-    alone = ranked - B.ROUTE_SPREAD * B.spread(lay)
+    ranked = routing.mean_scores(lay, q).numpy()
+    alone = ranked - routing.ROUTE_SPREAD * routing.spread(lay)
     own, size = lay.cluster_of(lay.positions()[qs]), np.diff(lay.bounds)
     t, j = np.nonzero((ex.idx >= 0) & (ex.score > 0))
     home = lay.cluster_of(lay.positions()[ex.idx[t, j]])
@@ -495,18 +496,19 @@ def routing_line(lay, img, txt, qs: np.ndarray, ex, probe: int) -> None:
 def space_routing_line(spaces, pos: np.ndarray, probe: int, sim: float = 0.905) -> None:
     """One-space layouts: for each target's virtual near-duplicate (its vector plus isotropic
     noise, at similarity ~``sim`` to it: just above the default floors of 0.9), the share whose
-    target's cluster the near-duplicate probes, as routing ranks (blocks.mean_scores) and by
+    target's cluster the near-duplicate probes, as routing ranks (routing.mean_scores) and by
     <q, mu_c> alone, at probe / 2 and probe."""
-    from vlcurate.stages.mining import blocks as B
+    from vlcurate.stages.mining.engine import routing
     rng, cells = np.random.default_rng(3), []
     for s in spaces:
         at = s.pos[pos]
         x = np.asarray(s.members[at], np.float32)
         q = x + np.sqrt((1 / sim ** 2 - 1) / x.shape[1]) * rng.standard_normal(x.shape)
         q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
-        ranked = B.mean_scores(s.lay, torch.from_numpy(q)).numpy()
+        ranked = routing.mean_scores(s.lay, torch.from_numpy(q)).numpy()
         home = s.lay.cluster_of(at)
-        for name, m in (("routing", ranked), ("alone", ranked - B.ROUTE_SPREAD * B.spread(s.lay))):
+        for name, m in (("routing", ranked),
+                        ("alone", ranked - routing.ROUTE_SPREAD * routing.spread(s.lay))):
             rank = (m > m[np.arange(len(at)), home][:, None]).sum(1)
             cells += [f"{s.name} {name} probe {pr}: {np.mean(rank < pr):.4f}"
                       for pr in sorted({max(1, probe // 2), probe})]
@@ -526,12 +528,12 @@ def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float, vec,
     import concurrent.futures as cf
     import multiprocessing as mp
     import shutil
-    from vlcurate.stages.mining import blocks as B
-    from vlcurate.stages.mining import spaces as S
+    from vlcurate.stages.mining.engine import passes, persist
+    from vlcurate.stages.mining.engine import spaces as S
     d = a.cache / "pass_workers"
     shutil.rmtree(d, ignore_errors=True)
-    B.save_layout(str(d), lay)
-    B.save_vectors(str(d), lay, {"img": img, "txt": txt}, p.precision)
+    persist.save_layout(str(d), lay)
+    persist.save_vectors(str(d), lay, {"img": img, "txt": txt}, p.precision)
     for s in sp:
         S.save(str(d), s.name, s.lay, vec, p.precision)
     ctx = mp.get_context("spawn")
@@ -544,7 +546,7 @@ def on_workers(lay, img, txt, pos: np.ndarray, p, a, joint, t_alone: float, vec,
         t_back = time.time() - t
         t_sp = _wall(list(ex.map(_worker_mine, chunks, [True] * len(chunks)))) if sp else None
     t_work = _wall(done)
-    got = B.PassResult.concat([r for r, _, _ in done])
+    got = passes.PassResult.concat([r for r, _, _ in done])
     same = [f for f in ("idx", "support", "offsets", "pair_j", "score", "pair_sii", "pair_stt")
             if np.array_equal(getattr(got, f), getattr(joint, f), equal_nan=True)]
     print(f"{a.procs} worker processes x 1 thread (as hpm's actors, run.intra_op_threads 1): "
@@ -580,25 +582,26 @@ def _worker_warm(_) -> None:
     """Load the layout and vectors (and one-space layouts, if saved), mine one untimed chunk of
     other rows (with them), then wait for the other workers (so that each takes exactly one of
     these tasks)."""
-    from vlcurate.stages.mining import blocks as B
-    from vlcurate.stages.mining import spaces as S
+    from vlcurate.stages.mining import engine as E
+    from vlcurate.stages.mining.engine import persist
+    from vlcurate.stages.mining.engine import spaces as S
     w = _WORKER
-    w["lay"], _ = B.load_layout(w["dir"])
+    w["lay"], _ = persist.load_layout(w["dir"])
     n = len(w["lay"].order)
-    w["vec"] = B.load_vectors(w["dir"], n)
+    w["vec"] = persist.load_vectors(w["dir"], n)
     w["spaces"] = S.load(w["dir"], n)
     other = np.random.default_rng(1).choice(n, min(w["chunk"], n), replace=False)
-    S.mine(w["lay"], w["vec"], w["spaces"], w["lay"].positions()[other], w["p"])
+    E.mine(w["lay"], w["vec"], w["lay"].positions()[other], w["p"], spaces=w["spaces"])
     w["ready"].wait()
 
 
 def _worker_mine(pos: np.ndarray, spaces: bool = False) -> tuple:
     """(the result, when the mining started, when it ended), clock times in the worker; with
     ``spaces``, the one-space layouts' pairs too."""
-    from vlcurate.stages.mining import spaces as S
+    from vlcurate.stages.mining import engine as E
     w = _WORKER
     t = time.time()
-    r = S.mine(w["lay"], w["vec"], w["spaces"] if spaces else [], pos, w["p"])
+    r = E.mine(w["lay"], w["vec"], pos, w["p"], spaces=w["spaces"] if spaces else [])
     return r, t, time.time()
 
 

@@ -41,14 +41,16 @@ def planted(img, txt, m: int, seed: int = 0):
 
 def found_share(I, T, q, j, clusters: int, probe: int, space_probe: int = 0):
     """(hit per plant, rows scored per target, joint layout, seconds to mine the targets)."""
-    from vlcurate.stages.mining import blocks as B, spaces as S
-    p = B.PassParams(k=10, tau_i=0.5, tau_t=0.5, floor_i=0.9, floor_t=0.9, max_pairs=256,
+    from vlcurate.stages.mining import engine as E
+    from vlcurate.stages.mining.engine import core, layout, persist
+    from vlcurate.stages.mining.engine import spaces as S
+    p = core.PassParams(k=10, tau_i=0.5, tau_t=0.5, floor_i=0.9, floor_t=0.9, max_pairs=256,
                      n_clusters=clusters, probe=probe, space_probe=space_probe)
-    lay = B.build_layout(I, T, p)
-    vec = B.sorted_vectors(lay, I, T)
+    lay = layout.build_layout(I, T, p)
+    vec = persist.sorted_vectors(lay, I, T)
     sp = S.layouts(vec, p) if space_probe else []
     t0 = time.perf_counter()
-    r = S.mine(lay, vec, sp, lay.positions()[q], p)
+    r = E.mine(lay, vec, lay.positions()[q], p, spaces=sp)
     dt = time.perf_counter() - t0
     hit = np.array([j[k] in set(r.pair_j[r.offsets[k]:r.offsets[k + 1]].tolist())
                     for k in range(len(q))])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from vlcurate.pipeline import heap
-from vlcurate.stages.mining import blocks
+from vlcurate.stages.mining.engine import core
 
 
 class Recorder:
@@ -34,12 +34,12 @@ def test_a_mining_block_inside_a_global_step_gives_the_step_its_settings_back(li
             heap.M_TRIM_THRESHOLD: heap.GLIBC_DEFAULT}
     with heap.bounded_heap():
         assert libc.state == step
-        with blocks.freed_memory_kept():
+        with core.freed_memory_kept():
             assert libc.state[heap.M_MMAP_THRESHOLD] == 32 << 20
             assert libc.state[heap.M_TOP_PAD] == 64 << 20
         assert libc.state == step and libc.trims == 1
     assert libc.state == heap.SETTLED
-    with blocks.freed_memory_kept():               # alone, e.g. an in-process stage or an actor
+    with core.freed_memory_kept():               # alone, e.g. an in-process stage or an actor
         pass
     assert libc.state == heap.SETTLED and libc.trims == 2
     assert heap._STACK == [heap.SETTLED]
@@ -47,7 +47,7 @@ def test_a_mining_block_inside_a_global_step_gives_the_step_its_settings_back(li
 
 def test_an_exception_inside_still_restores(libc):
     with pytest.raises(ValueError), heap.bounded_heap():
-        with blocks.freed_memory_kept():
+        with core.freed_memory_kept():
             raise ValueError("a stage failed")
     assert libc.state == heap.SETTLED and heap._STACK == [heap.SETTLED]
 
@@ -57,7 +57,7 @@ def test_the_users_malloc_variables_win(monkeypatch):
     heap.glibc.cache_clear()
     try:
         assert heap.glibc() is None
-        with heap.bounded_heap(), blocks.freed_memory_kept():
+        with heap.bounded_heap(), core.freed_memory_kept():
             assert heap._STACK == [heap.SETTLED]            # nothing pushed, nothing set
     finally:
         monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")

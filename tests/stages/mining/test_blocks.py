@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 import torch
 from vlcurate.pipeline import heap
-from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import engine as E
+from vlcurate.stages.mining.engine import (core, layout, passes, persist, routing, screen, topk,
+                                           units)
+from vlcurate.stages.mining.engine import pairs as epairs
+from vlcurate.stages.mining.engine import precision
 from vlcurate.stages.mining import fff, hpm
 
 from .naive import naive_fff, naive_fff_captions, naive_hpm, pairs
@@ -24,7 +28,7 @@ def data(n=160, d=12, seed=3):
 
 
 def params(k, c, probe=None, **kw):
-    return B.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=c,
+    return core.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=c,
                         probe=probe or c, query_block=37, block_size=29,
                         **kw)
 
@@ -33,12 +37,18 @@ def params(k, c, probe=None, **kw):
 def test_exhaustive_pass_equals_naive_hpm(c, device):
     img, txt = data()
     k = 26
-    lay, r = B.neighbour_pass(img, txt, params(k, c), device=device)
+    lay, r = E.neighbour_pass(img, txt, params(k, c), device=device)
     assert lay.n_clusters == c and r.certified.all()
     assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
                          naive_hpm(img, txt, k, TAU, TAU, 0.98), k)
     assert 0 < r.noise.sum() < len(img)
     assert 7 not in r.idx[3] and 3 not in r.idx[7]       # duplicates are not hard pairs
+
+
+def compact_slack(monkeypatch, slack: int) -> None:
+    """core.COMPACT_SLACK as every holder of pairs reads it (Best, Held, Findings)."""
+    for mod in (core, topk, epairs, units):
+        monkeypatch.setattr(mod, "COMPACT_SLACK", slack)
 
 
 def brute_pairs(img, txt, fi, ft, ximg=None, xtxt=None, fx=2.0):
@@ -60,7 +70,7 @@ def test_exhaustive_pairs_are_every_pair_above_the_floors_with_exact_similaritie
     img, txt = data()
     ximg, xtxt = cross_vectors(img, 1)
     p = params(5, 4, floor_i=0.8, floor_t=0.85, floor_x=0.9)
-    _, r = B.neighbour_pass(img, txt, p, ximg, xtxt, device=device)
+    _, r = E.neighbour_pass(img, txt, p, ximg, xtxt, device=device)
     got = {(g, int(j)) for g in range(len(img)) for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
     assert got == brute_pairs(img, txt, 0.8, 0.85, ximg, xtxt, 0.9) and len(got) > 20
     assert got != brute_pairs(img, txt, 0.8, 0.85)              # the cross-modal floors count
@@ -80,7 +90,7 @@ def test_fff_eq1_on_the_pairs_equals_naive_eq1_and_the_duplicate_list(cross):
     ximg, xtxt = cross_vectors(img, 2) if cross else (None, None)
     rule = fff.Rule(p1=0.9, p1_text=0.85, p2=0.85, p3=0.9, dup=0.98, cross=cross)
     p = params(5, 3, floor_i=0.85, floor_t=0.9, floor_x=0.85)
-    _, r = B.neighbour_pass(img, txt, p, ximg, xtxt)
+    _, r = E.neighbour_pass(img, txt, p, ximg, xtxt)
     import torch
     t = {f: torch.from_numpy(getattr(r, f)) for f in ("pair_sii", "pair_stt", "pair_sit",
                                                        "pair_xii", "pair_xtt")}
@@ -113,12 +123,12 @@ def test_partial_probing_certificate_is_a_proof(k, probe, tau, precision, device
     by int8 GEMMs, routed as bf16, screened in int8. The pass's own certificate: without
     completing short rows' support (exact_noise, tested below)."""
     img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)
-    p = B.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
+    p = core.PassParams(k=k, tau_i=tau, tau_t=tau, dup=0.98, n_clusters=12, probe=probe,
                      query_block=37, block_size=29, precision=precision, exact_noise=False)
-    _, r = B.neighbour_pass(img, txt, p, device=device)
+    _, r = E.neighbour_pass(img, txt, p, device=device)
     ex = hpm.exact_hpm(img, txt, k, tau, tau, 0.98, device=device)
-    exact_idx = B.canonical(ex.idx, ex.score)[0]
-    assert (r.idx == B.canonical(r.idx, r.score)[0]).all()   # the pass's order is canonical
+    exact_idx = topk.canonical(ex.idx, ex.score)[0]
+    assert (r.idx == topk.canonical(r.idx, r.score)[0]).all()   # the pass's order is canonical
     assert ((r.idx >= 0) == (r.score > 0)).all()
     assert (r.support <= ex.support).all()              # support among candidates: a lower bound
     for kk in sorted({5, 50, k} & set(range(1, k + 1))):
@@ -140,21 +150,21 @@ def test_routing_takes_the_nearest_means_and_its_own_cluster_and_bounds_the_rest
     every left-out cluster's <q, mu_c> + r_c (in bf16 and int8 too: widened by the screen's
     margin, or by each row's int8 bound)."""
     img, txt = pairs(400, 16, seed=5, spread=0.7, n_clusters=9)
-    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=10, probe=4, precision=precision)
-    lay = B.build_layout(img, txt, p)
-    lay = B.Layout(np.vstack([lay.means, lay.means[:1]]), np.r_[lay.radius, 0.0], lay.order,
+    p = core.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=10, probe=4, precision=precision)
+    lay = layout.build_layout(img, txt, p)
+    lay = layout.Layout(np.vstack([lay.means, lay.means[:1]]), np.r_[lay.radius, 0.0], lay.order,
                    np.r_[lay.bounds, lay.bounds[-1]])          # an empty cluster, nearest of all
-    vec = B.sorted_vectors(lay, img, txt, precision=precision)
+    vec = persist.sorted_vectors(lay, img, txt, precision=precision)
     pos = np.arange(0, 400, 7)
-    routes, m_out = B.route(lay, vec, pos, p.probe, device, precision)
+    routes, m_out = routing.route(lay, vec, pos, p.probe, device, precision)
     q = np.hstack([vec.img[pos], vec.txt[pos]]) / np.sqrt(2)
     sims = (q @ lay.means.T).astype(np.float64)
-    rank = sims + B.ROUTE_SPREAD * np.sqrt(np.clip(1 - (lay.means.astype(np.float64) ** 2).sum(1),
+    rank = sims + routing.ROUTE_SPREAD * np.sqrt(np.clip(1 - (lay.means.astype(np.float64) ** 2).sum(1),
                                                    0, None))
     full = np.flatnonzero(np.diff(lay.bounds) > 0)
     assert lay.n_clusters - 1 not in full
     own = lay.cluster_of(pos)
-    tol = 2 * np.broadcast_to(B.routing_scores(lay, torch.from_numpy(q).float(), precision)[1],
+    tol = 2 * np.broadcast_to(routing.routing_scores(lay, torch.from_numpy(q).float(), precision)[1],
                              len(q))
     for i, row in enumerate(routes):
         assert own[i] in row and set(row) <= set(full) and len(set(row)) == p.probe
@@ -169,36 +179,36 @@ def test_int8_routing_scores_are_within_each_rows_bound(device):
     within its row's bound of the exact <x, mu_c> + bias (float64), the bound below the
     ~2x bf16's fixed margin it replaces in the certificate; bf16's within its margin."""
     img, txt = pairs(3000, 384, seed=3, spread=0.8, n_clusters=40)
-    lay = B.build_layout(img, txt, B.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=40))
+    lay = layout.build_layout(img, txt, core.PassParams(k=5, tau_i=TAU, tau_t=TAU, n_clusters=40))
     x = torch.from_numpy(np.hstack([img[:500], txt[:500]]) / np.sqrt(2)).float()
-    bias = np.where(np.diff(lay.bounds) == 0, -np.inf, B.ROUTE_SPREAD * B.spread(lay))
+    bias = np.where(np.diff(lay.bounds) == 0, -np.inf, routing.ROUTE_SPREAD * routing.spread(lay))
     exact = x.double().numpy() @ lay.means.astype(np.float64).T + bias
     for precision in ("int8", "bf16"):
-        m, err = B.routing_scores(lay, x.to(device), precision)
+        m, err = routing.routing_scores(lay, x.to(device), precision)
         full = np.diff(lay.bounds) > 0                     # empty clusters: -inf in both
         gap = np.abs(m.double().cpu().numpy()[:, full] - exact[:, full]).max(1)
         assert (gap <= err).all() and (gap > 0).all(), precision
-    assert B.routing_scores(lay, x.to(device), "int8")[1].max() < 2 * err   # err: bf16's
+    assert routing.routing_scores(lay, x.to(device), "int8")[1].max() < 2 * err   # err: bf16's
 
 
 def test_shares_split_the_clusters_in_proportion():
-    share = B._shares(np.array([600, 300, 1, 0, 99]), 20)
+    share = layout._shares(np.array([600, 300, 1, 0, 99]), 20)
     assert share.sum() == 20 and share.tolist() == [12, 6, 1, 0, 1]
-    assert B._shares(np.array([3, 1]), 10).tolist() == [3, 1]        # never more than the rows
+    assert layout._shares(np.array([3, 1]), 10).tolist() == [3, 1]        # never more than the rows
 
 
 def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypatch, device):
     """Above TWO_LEVEL_WORK: every row in the fine cluster nearest to it among those of its
     COARSE_PROBE nearest coarse clusters; the requested number of clusters; with every cluster
     probed, exact HPM; probing some, the certificate is still a proof."""
-    monkeypatch.setattr(B, "TWO_LEVEL_WORK", 4 * 900)
-    monkeypatch.setattr(B, "COARSE_PROBE", 2)
+    monkeypatch.setattr(layout, "TWO_LEVEL_WORK", 4 * 900)
+    monkeypatch.setattr(layout, "COARSE_PROBE", 2)
     img, txt = pairs(900, 16, seed=8, spread=2.0, n_clusters=12)
-    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
+    p = core.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
                      query_block=37, block_size=29)
-    cent = B.kmeans(img, txt, 16, p, device)
+    cent = layout.kmeans(img, txt, 16, p, device)
     assert len(cent.fine) == 16 and len(cent.coarse) == 4 and cent.start[-1] == 16
-    x = B.joint_t(torch.from_numpy(img), torch.from_numpy(txt)).to(device)
+    x = layout.joint_t(torch.from_numpy(img), torch.from_numpy(txt)).to(device)
     top = (x @ cent.coarse.T).topk(2, dim=1).indices.cpu().numpy()
     s = (x @ cent.fine.T).cpu().numpy()
     group = np.repeat(np.arange(4), np.diff(cent.start))
@@ -207,16 +217,16 @@ def test_a_two_level_layout_assigns_each_row_within_its_coarse_cluster(monkeypat
     assert cent.nearest(x).cpu().tolist() == want
     assert (want != near).any() and (want == near).mean() > 0.9    # the coarse probe matters
     assert len(set(want)) > 8                           # the fine clusters are used
-    lay, r = B.neighbour_pass(img, txt, p, device=device)
+    lay, r = E.neighbour_pass(img, txt, p, device=device)
     assert lay.n_clusters == 16 and r.certified.all()
     assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
                          naive_hpm(img, txt, 5, TAU, TAU, 0.98), 5)
     img, txt = pairs(900, 16, seed=8, spread=0.5, n_clusters=12)      # tighter: certifiable
-    _, r = B.neighbour_pass(img, txt, dataclasses.replace(p, probe=5), device=device)
+    _, r = E.neighbour_pass(img, txt, dataclasses.replace(p, probe=5), device=device)
     ex = hpm.exact_hpm(img, txt, 5, TAU, TAU, 0.98, device=device)
     cert = r.certified
     assert 0 < cert.sum() < len(img)
-    assert (r.idx[cert] == B.canonical(ex.idx, ex.score)[0][cert]).all()
+    assert (r.idx[cert] == topk.canonical(ex.idx, ex.score)[0][cert]).all()
 
 
 def test_int8_assignment_is_the_argmax_of_the_quantized_products(monkeypatch, device):
@@ -226,18 +236,18 @@ def test_int8_assignment_is_the_argmax_of_the_quantized_products(monkeypatch, de
     a two-level layout (coarse centroids scored in bf16) with every cluster probed is still
     exact HPM."""
     img, txt = pairs(900, 16, seed=8, spread=2.0, n_clusters=12)
-    x = B.joint_t(torch.from_numpy(img), torch.from_numpy(txt))
+    x = layout.joint_t(torch.from_numpy(img), torch.from_numpy(txt))
     cent = torch.nn.functional.normalize(x[::45] + 0.1, dim=1)
     xq = torch.round(x * 127 / x.abs().amax(1, keepdim=True)).long()
     cq = torch.round(cent * 127 / cent.abs().max()).long()
     want = (xq @ cq.T).argmax(1)
-    got = B.nearest(x.to(device), cent.to(device), torch.int8).cpu()
+    got = precision.get("int8").nearest(x.to(device), cent.to(device)).cpu()
     assert torch.equal(got, want)
-    assert (got == B.nearest(x, cent)).float().mean() > 0.9
-    monkeypatch.setattr(B, "TWO_LEVEL_WORK", 4 * 900)
-    p = B.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
+    assert (got == layout.nearest(x, cent)).float().mean() > 0.9
+    monkeypatch.setattr(layout, "TWO_LEVEL_WORK", 4 * 900)
+    p = core.PassParams(k=5, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=16, probe=16,
                      query_block=37, block_size=29, precision="int8")
-    lay, r = B.neighbour_pass(img, txt, p, device=device)
+    lay, r = E.neighbour_pass(img, txt, p, device=device)
     assert lay.n_clusters == 16 and r.certified.all()
     assert_matches_naive(hpm.TopK(r.idx, r.score, r.support, r.certified),
                          naive_hpm(img, txt, 5, TAU, TAU, 0.98), 5)
@@ -246,8 +256,8 @@ def test_int8_assignment_is_the_argmax_of_the_quantized_products(monkeypatch, de
 def test_gather_caps_pairs_per_row_by_similarity():
     img, txt = data()
     p = params(4, 2, floor_i=0.3, floor_t=0.3)
-    _, full = B.neighbour_pass(img, txt, p)
-    _, capped = B.neighbour_pass(img, txt, p, max_pairs=3)
+    _, full = E.neighbour_pass(img, txt, p)
+    _, capped = E.neighbour_pass(img, txt, p, max_pairs=3)
     n_full = np.diff(full.offsets)
     assert (np.diff(capped.offsets) == np.minimum(n_full, 3)).all()
     np.testing.assert_array_equal(capped.cut, np.maximum(n_full - 3, 0))
@@ -266,11 +276,11 @@ def test_a_rows_result_does_not_depend_on_the_rows_mined_with_it():
     ties: test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks."""
     img, txt = pairs(500, 16, seed=4, spread=0.6, n_clusters=8)
     p = params(5, 7, probe=3, floor_i=0.7, floor_t=0.7, max_pairs=4)
-    lay, whole = B.neighbour_pass(img, txt, p, rows=500)
-    vec = B.sorted_vectors(lay, img, txt)
+    lay, whole = E.neighbour_pass(img, txt, p, rows=500)
+    vec = persist.sorted_vectors(lay, img, txt)
     perm = np.random.default_rng(0).permutation(500)
     pos = lay.positions()[perm]
-    split = B.PassResult.concat([B.mine(lay, vec, pos[a:b], p)
+    split = passes.PassResult.concat([E.mine(lay, vec, pos[a:b], p)
                                  for a, b in ((0, 1), (1, 38), (38, 500))])
     inv = np.argsort(perm)
     for f in ("idx", "support", "certified", "cut"):
@@ -295,10 +305,10 @@ def test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks(probe):
     img, txt = (np.round(x * 256) / 256 for x in pairs(120, 8, seed=5, spread=0.5, n_clusters=4))
     img, txt = np.concatenate([img, img]), np.concatenate([txt, txt])
     p = params(5, 4, probe=probe)
-    lay, whole = B.neighbour_pass(img, txt, p, rows=240)
-    vec, pos = B.sorted_vectors(lay, img, txt), lay.positions()
+    lay, whole = E.neighbour_pass(img, txt, p, rows=240)
+    vec, pos = persist.sorted_vectors(lay, img, txt), lay.positions()
     for cuts in ((0, 1, 240), (0, 7, 100, 101, 240)):
-        split = B.PassResult.concat([B.mine(lay, vec, pos[a:b], p)
+        split = passes.PassResult.concat([E.mine(lay, vec, pos[a:b], p)
                                      for a, b in zip(cuts[:-1], cuts[1:])])
         np.testing.assert_array_equal(split.idx, whole.idx)
     live = whole.idx[:, -1] >= 0                 # twins come in pairs: the 5th splits one
@@ -306,7 +316,7 @@ def test_ties_at_the_kth_place_keep_the_lower_row_whatever_the_chunks(probe):
     assert (whole.idx[live, -1] < 120).all()     # of two tied twins, the lower row is kept
     if probe == 4:
         ex = hpm.exact_hpm(img, txt, 5, TAU, TAU, 0.98, block_size=29, query_block=37)
-        np.testing.assert_array_equal(B.canonical(ex.idx, ex.score)[0], whole.idx)
+        np.testing.assert_array_equal(topk.canonical(ex.idx, ex.score)[0], whole.idx)
 
 
 def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
@@ -314,9 +324,9 @@ def test_capping_as_units_arrive_equals_capping_once(monkeypatch):
     it compacts after nearly every unit, and the result is the same as one cap at the end."""
     img, txt = data()
     p = params(4, 2, floor_i=0.3, floor_t=0.3)
-    _, once = B.neighbour_pass(img, txt, p, max_pairs=3)
-    monkeypatch.setattr(B, "COMPACT_SLACK", -2 * len(img) * 3)
-    _, often = B.neighbour_pass(img, txt, p, max_pairs=3)
+    _, once = E.neighbour_pass(img, txt, p, max_pairs=3)
+    compact_slack(monkeypatch, -2 * len(img) * 3)
+    _, often = E.neighbour_pass(img, txt, p, max_pairs=3)
     for f in ("offsets", "pair_j", "pair_sii", "pair_stt", "pair_sit", "idx", "score"):
         np.testing.assert_array_equal(getattr(often, f), getattr(once, f))
     np.testing.assert_array_equal(often.cut, once.cut)
@@ -330,18 +340,18 @@ def test_held_drops_pairs_below_a_full_rows_floor_exactly_as_one_cap(slack, monk
     and cut exactly what one cap of every pair keeps and cuts, ties (equal max similarity,
     ordered by j) included."""
     if slack is not None:
-        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+        compact_slack(monkeypatch, slack)
     rng = np.random.default_rng(7)
     n, cap, m = 6, 5, 400
     pairs = {"q": rng.integers(0, n, m), "j": rng.permutation(10 * m)[:m]}
-    for f in B.SIMS:
+    for f in core.SIMS:
         pairs[f] = rng.choice([0.5, 0.7, 0.9], m).astype(np.float32)
         pairs[f][rng.random(m) < 0.3] = np.nan              # cross-modal ones may be absent
     pairs["sii"] = rng.choice([0.6, 0.8, 0.95], m).astype(np.float32)
     want_cut = np.zeros(n, np.int64)
-    want = B._cap(pairs, cap, want_cut)
+    want = epairs._cap(pairs, cap, want_cut)
     cut = np.zeros(n, np.int64)
-    held = B.Held(n, cap, cut)
+    held = epairs.Held(n, cap, cut)
     for piece in np.array_split(rng.permutation(m), 9):
         held.add({f: v[piece] for f, v in pairs.items()})
     got = held.pairs()
@@ -362,13 +372,13 @@ def test_cap_keeps_each_rows_best_by_max_similarity_then_j_as_a_naive_sort():
     n, cap, m = 9, 4, 300
     q = rng.choice([0, 1, 2, 3, 5, 8], m - 7, p=[.3, .3, .2, .1, .05, .05])
     pairs = {"q": np.r_[q, [6] * 3, [7] * 4], "j": rng.permutation(5 * m)[:m]}   # 6, 7: <= cap
-    for f in B.SIMS:
+    for f in core.SIMS:
         pairs[f] = rng.choice([0.5, 0.7, 0.9], m).astype(np.float32)
         pairs[f][rng.random(m) < 0.4] = np.nan
     pairs["sii"] = rng.choice([0.6, 0.8, 0.95], m).astype(np.float32)
     cut = np.zeros(n, np.int64)
-    got = B._cap({f: v.copy() for f, v in pairs.items()}, cap, cut)
-    best = np.fmax.reduce([pairs[f] for f in B.SIMS])
+    got = epairs._cap({f: v.copy() for f, v in pairs.items()}, cap, cut)
+    best = np.fmax.reduce([pairs[f] for f in core.SIMS])
     want, want_cut = set(), np.zeros(n, np.int64)
     for q in range(n):
         mine = sorted(np.flatnonzero(pairs["q"] == q), key=lambda i: (-best[i], pairs["j"][i]))
@@ -379,7 +389,7 @@ def test_cap_keeps_each_rows_best_by_max_similarity_then_j_as_a_naive_sort():
     assert (want_cut > 0).sum() >= 2 and want_cut[6] == want_cut[7] == 0
     at = {(q, j): i for i, (q, j) in enumerate(zip(pairs["q"].tolist(), pairs["j"].tolist()))}
     for i, key in enumerate(zip(got["q"].tolist(), got["j"].tolist())):
-        for f in B.SIMS:                                     # every similarity travels with it
+        for f in core.SIMS:                                     # every similarity travels with it
             np.testing.assert_array_equal(got[f][i], pairs[f][at[key]])
 
 
@@ -390,13 +400,13 @@ def test_best_keeps_each_rows_k_best_with_ties_to_the_lower_row(slack, monkeypat
     by the lower global row - a stable sort of every pair at once."""
     import torch
     if slack is not None:
-        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+        compact_slack(monkeypatch, slack)
     rng = np.random.default_rng(4)
     n, k, m = 9, 4, 300
     r = rng.integers(0, n, m)
     j = rng.permutation(10 * m)[:m]                       # distinct global rows
     s = rng.choice([0.25, 0.5, 0.75], m).astype(np.float32)      # many exact ties
-    best = B.Best(n, k, device)
+    best = topk.Best(n, k, device)
     for piece in np.array_split(rng.permutation(m), 7):
         best.add(*(torch.as_tensor(x[piece], device=device) for x in (r, j, s)))
     idx, score = (x.cpu().numpy() for x in best.dense())
@@ -418,27 +428,27 @@ def test_stacked_units_find_what_units_alone_find(precision, query_block, monkey
     through its own members: the same bits. query_block 23: units of more queries are stacked
     in pieces (a cluster's pieces may share a stack)."""
     img, txt = data(n=240)
-    p = B.PassParams(k=6, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=8, probe=3,
+    p = core.PassParams(k=6, tau_i=TAU, tau_t=TAU, dup=0.98, n_clusters=8, probe=3,
                      query_block=query_block, block_size=64, floor_i=0.5, floor_t=0.5,
                      max_pairs=5, precision=precision)
-    lay = B.build_layout(img, txt, p)
-    routes, _ = B.route(lay, B.sorted_vectors(lay, img, txt), lay.positions(), p.probe)
+    lay = layout.build_layout(img, txt, p)
+    routes, _ = routing.route(lay, persist.sorted_vectors(lay, img, txt), lay.positions(), p.probe)
     assert (np.bincount(routes.ravel()) > query_block).any() == (query_block < 200)
-    monkeypatch.setattr(B.screen, "DENSE_SHARE", 1.0)
+    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     calls, rescored = [], []
-    real, rescore = B.run_stack, B.screen.rescore_flat
-    monkeypatch.setattr(B, "run_stack", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(B.screen, "rescore_flat", lambda q, b, f, m=None: rescored.append(
+    real, rescore = units.run_stack, screen.rescore_flat
+    monkeypatch.setattr(passes, "run_stack", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(screen, "rescore_flat", lambda q, b, f, m=None: rescored.append(
         m is not None and len(f)) or rescore(q, b, f, m))
-    _, stacked = B.neighbour_pass(img, txt, p, device=device)
+    _, stacked = E.neighbour_pass(img, txt, p, device=device)
     assert calls                                                # stacks did run
     assert precision == "fp32" or any(rescored)       # and re-scored pairs with their members
-    monkeypatch.setattr(B, "STACK_PAIRS", 0)                    # every unit alone
+    monkeypatch.setattr(units, "STACK_PAIRS", 0)                    # every unit alone
     calls.clear()
-    _, alone = B.neighbour_pass(img, txt, p, device=device)
+    _, alone = E.neighbour_pass(img, txt, p, device=device)
     assert not calls
     # and in int8 (exact sums, each pair re-scored alone) whatever the query_block
-    whole = B.neighbour_pass(img, txt, dataclasses.replace(p, query_block=200),
+    whole = E.neighbour_pass(img, txt, dataclasses.replace(p, query_block=200),
                              device=device)[1] if precision == "int8" else alone
     for f in ("idx", "score", "support", "offsets", "pair_j", "pair_sii", "pair_stt", "cut",
               "certified"):         # byte for byte: each unit's GEMMs are the ones it runs alone
@@ -454,13 +464,13 @@ def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cel
     entry at or above the row's k-th largest value (ties at the k-th all kept, NaN lowest),
     every entry of a row with at most k; the same in dense pieces of a row or two (its memory
     bound, DENSE_CELLS)."""
-    monkeypatch.setattr(B, "DENSE_CELLS", cells)
+    monkeypatch.setattr(topk, "DENSE_CELLS", cells)
     g = np.random.default_rng(4)
     r = np.sort(g.integers(0, 40, 3000))
     v = g.integers(0, 30, 3000).astype(np.float32) / 30          # many exact ties
     v[::17] = np.nan
     for k in (1, 5, 60, 200):
-        got = B.at_or_above_kth(torch.from_numpy(r).to(device), torch.from_numpy(v).to(device), k)
+        got = topk.at_or_above_kth(torch.from_numpy(r).to(device), torch.from_numpy(v).to(device), k)
         want = np.ones(len(r), bool)
         for row in np.unique(r):
             at = r == row
@@ -469,21 +479,21 @@ def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cel
                 want[at] = x >= np.sort(x)[::-1][k - 1]
         np.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=str(k))
         assert k >= 200 or not want.all()
-    assert B.at_or_above_kth(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3).shape == (0,)
+    assert topk.at_or_above_kth(torch.zeros(0, dtype=torch.long), torch.zeros(0), 3).shape == (0,)
 
 
 def test_glibc_tuning_changes_no_byte_and_yields_to_the_users_malloc_settings(monkeypatch):
-    """blocks.freed_memory_kept is speed only: the pass with glibc tuned (this Linux) and with
+    """core.freed_memory_kept is speed only: the pass with glibc tuned (this Linux) and with
     it off (another libc, or the user's MALLOC_* variables, which win) gives the same bytes."""
     img, txt = data()
     heap.glibc.cache_clear()
     assert heap.glibc() is not None                      # the tests run on glibc
-    tuned = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
+    tuned = E.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     heap.glibc.cache_clear()
     try:
         assert heap.glibc() is None
-        plain = B.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
+        plain = E.neighbour_pass(img, txt, params(9, 5, probe=2, max_pairs=4, floor_i=0.5))[1]
     finally:
         monkeypatch.delenv("MALLOC_ARENA_MAX")
         heap.glibc.cache_clear()
@@ -494,11 +504,11 @@ def test_glibc_tuning_changes_no_byte_and_yields_to_the_users_malloc_settings(mo
 
 @pytest.mark.parametrize("low", [0.5, -0.5])
 def test_the_row_order_is_row_then_score_descending_then_j(low):
-    """Best's order (blocks._row_order): one key of row and score for positive scores (their
+    """Best's order (topk._row_order): one key of row and score for positive scores (their
     bits), three stable sorts otherwise; the same order as a lexsort, ties included."""
     rng = np.random.default_rng(4)
     r, j = rng.integers(0, 50, 5000), rng.permutation(10 ** 6)[:5000]
     s = (rng.integers(0, 20, 5000) / 20 + low).astype(np.float32)     # many equal scores
     s[:3] = [np.float32(1e-30), np.float32(3e38), np.float32(1.5)]
-    got = B._row_order(*(torch.from_numpy(x) for x in (r, j, s))).numpy()
+    got = topk._row_order(*(torch.from_numpy(x) for x in (r, j, s))).numpy()
     assert np.array_equal(got, np.lexsort((j, -s, r)))

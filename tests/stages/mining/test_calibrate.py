@@ -2,9 +2,12 @@
 checked against brute-force HPM in float64 on that sample."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
-from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import engine as E
+from vlcurate.stages.mining.engine import core, layout, persist
 from vlcurate.stages.mining import calibrate
 
 from .shapes import uneven
@@ -25,17 +28,17 @@ def exact_top(img, txt, rows, k):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_the_calibrated_probe_is_the_smallest_that_reaches_the_recall(precision):
     img, txt, _ = uneven(3000, 24, seed=7, clusters=40)
-    p = B.PassParams(k=K, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=40, probe=5,
+    p = core.PassParams(k=K, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=40, probe=5,
                      precision=precision, exact_noise=False)
-    lay = B.build_layout(img, txt, p)
-    vec = B.sorted_vectors(lay, img, txt, precision=precision)
+    lay = layout.build_layout(img, txt, p)
+    vec = persist.sorted_vectors(lay, img, txt, precision=precision)
     target, sample = 0.95, 300
     probe = calibrate.probe_for(lay, vec, p, target, sample=sample)
     pos = np.sort(np.random.default_rng(p.seed + 1).choice(len(img), sample, replace=False))
     rows = lay.order[pos]
 
     def recalls(probe_):
-        got = B.mine(lay, vec, pos, B.dataclasses.replace(p, probe=probe_)).idx
+        got = E.mine(lay, vec, pos, dataclasses.replace(p, probe=probe_)).idx
         out = []
         for k in (10, K):
             want = exact_top(img, txt, rows, k)

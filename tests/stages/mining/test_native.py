@@ -1,5 +1,6 @@
-"""stages/mining/native.py: the C kernels (native.c) give the same bits as their torch and
-NumPy paths, and a pass with them writes the same bytes as a pass without them."""
+"""stages/mining/native.py and int8/kernels.py: the C kernels (native.c, int8/screen_int8.c)
+give the same bits as their torch and NumPy paths, and a pass with them writes the same bytes
+as a pass without them."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,10 @@ import logging
 import numpy as np
 import pytest
 import torch
-from vlcurate.stages.mining import blocks as B
-from vlcurate.stages.mining import hpm, native, q8, screen
+from vlcurate.stages.mining import hpm, native
+from vlcurate.stages.mining.engine import core, passes, screen, topk
+from vlcurate.stages.mining.int8 import kernels, q8
+from vlcurate.stages.mining.int8 import routing as i8routing
 
 from .naive import pairs
 from .test_blocks import cross_vectors
@@ -23,9 +26,15 @@ built = pytest.mark.skipif(native.library() is None, reason="no C compiler here 
 def no_native(monkeypatch):
     """native.library() turned off (VLCURATE_NATIVE=0) until the test ends."""
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
-    native.library.cache_clear()
+    _clear()
     yield
+    _clear()
+
+
+def _clear() -> None:
+    """Both C libraries (native.c's, the int8 package's) built or loaded again when next used."""
     native.library.cache_clear()
+    kernels.library.cache_clear()
 
 
 def _bits(x: torch.Tensor) -> bytes:
@@ -42,7 +51,7 @@ def test_c_dot_products_equal_the_torch_lanes_bit_for_bit(d, tmp_path):
     a = torch.from_numpy(rng.standard_normal((300, d)).astype(np.float32))
     mm = np.lib.format.open_memmap(tmp_path / "b.npy", "w+", np.float32, (500, d))
     mm[:] = rng.standard_normal((500, d)) * 10.0 ** rng.integers(-3, 3, (500, 1))
-    b = B._whole(np.load(tmp_path / "b.npy", mmap_mode="r"))
+    b = core._whole(np.load(tmp_path / "b.npy", mmap_mode="r"))
     ia = torch.from_numpy(rng.integers(0, 300, 9000))
     ib = torch.from_numpy(rng.integers(0, 500, 9000))
     got = native.pair_dots(a, ia, b, ib, "cpu")
@@ -70,14 +79,14 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
             limits["sii"][0][1], limits["stt"][1][2] = q8.INT32
         for extra in (None, rng.random((nq, nm)) < 0.02):
             want = np.flatnonzero(q8.rule(sums, limits) | (False if extra is None else extra))
-            got = native.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
+            got = kernels.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
                                       extra, 1234)
             assert np.array_equal(got, want + 1234)
             assert nq * nm == 0 or len(want) > 0
 
 
 
-@pytest.mark.skipif(not native.vnni(), reason="no AVX512-VNNI (or no C compiler) here: the "
+@pytest.mark.skipif(not kernels.vnni(), reason="no AVX512-VNNI (or no C compiler) here: the "
                                               "int8 blocks take torch's GEMMs")
 @pytest.mark.parametrize("nq, nm, di, dt", [(57, 300, 384, 384), (8, 16, 4, 8), (9, 33, 40, 72),
                                             (1, 1, 384, 768), (0, 5, 8, 8), (4, 0, 8, 8),
@@ -101,12 +110,12 @@ def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm
         limits["sii"][0][1], limits["stt"][1][2] = q8.INT32
         limits["sii"][1][3], limits["stt"][0][3] = q8.INT32[::-1]
     want = np.flatnonzero(q8.rule(sums, limits)) + 77
-    got = native.screen_int8(qi, mi, qt, mt, limits["sii"], limits["stt"], 77)
+    got = kernels.screen_int8(qi, mi, qt, mt, limits["sii"], limits["stt"], 77)
     assert np.array_equal(got, want)
     assert nq * nm < 2 or 0 < len(want) < nq * nm
-    assert native.screen_int8(qi[:, :3], mi[:, :3], qt, mt, limits["sii"], limits["stt"],
+    assert kernels.screen_int8(qi[:, :3], mi[:, :3], qt, mt, limits["sii"], limits["stt"],
                               0) is None                    # 3 dimensions: torch's GEMMs
-    one = native.screen_int8(qi, mi, None, None, limits["sii"][:1], None, 5)   # q8.hits'
+    one = kernels.screen_int8(qi, mi, None, None, limits["sii"][:1], None, 5)   # q8.hits'
     assert np.array_equal(one, np.flatnonzero(sums["sii"] > limits["sii"][0]) + 5)
 
 def _pass(precision, cross):
@@ -114,7 +123,7 @@ def _pass(precision, cross):
     tail), similarities crowding the thresholds, every screened block re-scored."""
     img, txt = pairs(240, 40, seed=5, spread=0.9, n_clusters=4)
     ximg, xtxt = cross_vectors(img, 2) if cross else (None, None)
-    p = B.PassParams(k=7, tau_i=0.3, tau_t=0.1, dup=0.98, n_clusters=4, probe=2,
+    p = core.PassParams(k=7, tau_i=0.3, tau_t=0.1, dup=0.98, n_clusters=4, probe=2,
                      query_block=41, block_size=53, precision=precision, space_probe=8,
                      **dict(FLOORS, floor_i=0.5, floor_t=0.5, floor_x=0.6))
     return space_pass(img, txt, p, ximg, xtxt)
@@ -149,6 +158,7 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     calls: dict = {}
     monkeypatch.setattr(native, "library", _Counted(native.library(), calls))
+    monkeypatch.setattr(kernels, "library", _Counted(kernels.library(), calls))
     with_c = _pass(precision, cross)
     # the C loops did run: re-score (not fp32's joint blocks) and one-space similarities,
     # the int8 screen, routing
@@ -159,21 +169,21 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
     # int8 GEMMs with their screen in C (VNNI): the joint blocks' without cross-modal vectors,
     # the one-space blocks' always; else torch's GEMMs, then the C screen
-    vnni = precision == "int8" and native.vnni()
+    vnni = precision == "int8" and kernels.vnni()
     assert bool(calls.get("screen_int8")) == vnni, calls
     assert bool(calls.get("screen_pairs")) == (precision == "int8" and (cross or not vnni)), calls
     monkeypatch.undo()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
-    native.library.cache_clear()
+    _clear()
     try:
-        assert native.library() is None
+        assert native.library() is None and kernels.library() is None
         without = _pass(precision, cross)
     finally:
         monkeypatch.delenv("VLCURATE_NATIVE")
-        native.library.cache_clear()
+        _clear()
     assert len(with_c.pair_j) > 50 and with_c.support.sum() > 100
-    for f in dataclasses.fields(B.PassResult):
+    for f in dataclasses.fields(passes.PassResult):
         x, y = getattr(with_c, f.name), getattr(without, f.name)
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
 
@@ -181,16 +191,18 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
 def test_a_failed_build_warns_once_and_the_pass_runs_without_it(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("VLCURATE_NATIVE_DIR", str(tmp_path))
-    native.library.cache_clear()
+    _clear()
     try:
         with caplog.at_level(logging.WARNING, logger=native.__name__):
             assert native.library() is None and native.library() is None
             r = _pass("int8", False)
-        assert sum("native mining kernels unavailable" in m for m in caplog.messages) == 1
+        for source in ("native.c", "screen_int8.c"):      # each library: one warning
+            assert sum("native mining kernels unavailable" in m and source in m
+                       for m in caplog.messages) == 1, caplog.messages
         assert len(r.pair_j) > 50
         assert not list(tmp_path.glob("*.so"))            # nothing half-written left behind
     finally:
-        native.library.cache_clear()
+        _clear()
 
 
 @built
@@ -199,7 +211,7 @@ def test_the_build_is_cached_by_its_source_and_flags(monkeypatch, tmp_path):
     native.library.cache_clear()
     try:
         assert native.library() is not None
-        (so,) = tmp_path.glob("mining-*.so")
+        (so,) = tmp_path.glob("mining-native-*.so")
         stamp = so.stat().st_mtime_ns
         native.library.cache_clear()
         assert native.library() is not None and so.stat().st_mtime_ns == stamp
@@ -254,13 +266,13 @@ def test_the_c_kernels_refuse_indices_and_shapes_they_would_read_past():
         native.pair_dots(a, i, torch.randn(10, 9), i, "cpu")
     d = np.zeros((3, 4), np.int32)
     with pytest.raises(ValueError):
-        native.screen_pairs(d, d[:2], [d[:, :1]] * 2, [d[:, :1]] * 2, None, 0)
+        kernels.screen_pairs(d, d[:2], [d[:, :1]] * 2, [d[:, :1]] * 2, None, 0)
     q, m = torch.zeros((3, 8), dtype=torch.int8), torch.zeros((5, 8), dtype=torch.int8)
     for bad in ((q, m, q[:2], m), (q, m, q, m[:, :4]), (q, m[:4], q, m)):
         with pytest.raises(ValueError):
-            native.screen_int8(*bad, [d[:, :1]] * 2, [d[:, :1]] * 2, 0)
+            kernels.screen_int8(*bad, [d[:, :1]] * 2, [d[:, :1]] * 2, 0)
     with pytest.raises(ValueError):
-        native.screen_int8(q, m, q, m, [d[:2, :1]] * 2, [d[:, :1]] * 2, 0)
+        kernels.screen_int8(q, m, q, m, [d[:2, :1]] * 2, [d[:, :1]] * 2, 0)
 
 
 def test_a_nan_score_takes_torch_s_selection_not_the_c_one():
@@ -289,12 +301,14 @@ def test_c_routing_from_int8_sums_equals_torch_s_scores_and_selection(c):
     reach = torch.from_numpy(rng.random(c).astype(np.float32))
     for k in sorted({1, 4, 60, c} & set(range(1, c + 1))):
         got = native.route_columns(sums, scale, bias, own, k, reach)
-        m = B._scores(sums, scale, bias).scatter_(1, torch.as_tensor(own)[:, None], np.inf)
+        m = i8routing._scores(sums, scale, bias).scatter_(1, torch.as_tensor(own)[:, None],
+                                                            np.inf)
         want = native._torch_top(m, k, reach)
         assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
         assert (got[0] == own[:, None]).any(1).all()
         alone = native.route_columns(sums, scale, bias, None, k, None)   # no own (spaces.py)
-        assert np.array_equal(alone[0], native._torch_top(B._scores(sums, scale, bias), k, None)[0])
+        assert np.array_equal(alone[0], native._torch_top(i8routing._scores(sums, scale, bias),
+                                                          k, None)[0])
     scale[3] = np.nan
     assert native.route_columns(sums, scale, bias, own, 4, reach) is None
     with pytest.raises(IndexError):
@@ -313,7 +327,7 @@ def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
     j = np.concatenate([rng.choice(10 ** 6, per_row, replace=False) for _ in range(n // 2)])
     s = (rng.integers(1, 8, len(r)) / 8).astype(np.float32)
     o = rng.permutation(len(r))
-    best = B.Best(n, k, "cpu")
+    best = topk.Best(n, k, "cpu")
     best.add(*(torch.from_numpy(x[o]) for x in (r, j, s)))
     got = best.dense()
     with pytest.MonkeyPatch.context() as mp:

@@ -1,11 +1,12 @@
 """The pass's noise decisions against exact HPM, brute force in float64 (HELIP Alg. 1: a row is a
 noise pair when fewer than k pairs support it): a partial search undercounts the support, so the
-pass completes the count of rows it finds short (blocks.complete)."""
+pass completes the count of rows it finds short (passes.complete)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from vlcurate.stages.mining import blocks as B
+from vlcurate.stages.mining import engine as E
+from vlcurate.stages.mining.engine import core
 
 from .shapes import exact_support, uneven
 
@@ -29,9 +30,9 @@ def shape(request):
 
 
 def mined(img, txt, k, precision="fp32", exact_noise=True):
-    p = B.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=30, probe=3,
+    p = core.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=30, probe=3,
                      precision=precision, exact_noise=exact_noise)
-    return B.neighbour_pass(img, txt, p, rows=1000)[1]
+    return E.neighbour_pass(img, txt, p, rows=1000)[1]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

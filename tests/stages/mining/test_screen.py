@@ -1,4 +1,4 @@
-"""hpm.engine.precision bf16 (stages/mining/screen.py) and int8 (q8.py): a low-precision screen
+"""hpm.engine.precision bf16 (stages/mining/engine/screen.py) and int8 (int8/q8.py): a low-precision screen
 with a proven margin, then an fp32 re-score, finds exactly the pairs fp32 finds, with fp32's
 similarities."""
 from __future__ import annotations
@@ -9,8 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from vlcurate.stages.mining import blocks as B
-from vlcurate.stages.mining import hpm, q8, screen
+from vlcurate.stages.mining import engine as E
+from vlcurate.stages.mining import hpm
+from vlcurate.stages.mining.engine import core, layout, passes, persist, screen
+from vlcurate.stages.mining.engine.precision import Bf16
+from vlcurate.stages.mining.int8 import q8
 
 from .naive import naive_hpm, pairs
 from .test_blocks import cross_vectors
@@ -41,13 +44,13 @@ def near_thresholds(n=240, seed=7):
 
 
 def params(precision):
-    return B.PassParams(k=7, tau_i=0.3, tau_t=0.05, dup=0.98, floor_i=0.8, floor_t=0.85,
+    return core.PassParams(k=7, tau_i=0.3, tau_t=0.05, dup=0.98, floor_i=0.8, floor_t=0.85,
                         floor_x=0.6, n_clusters=3, probe=3, query_block=41, block_size=53,
                         precision=precision)
 
 
 def run(precision, img, txt, ximg, xtxt, device="cpu"):
-    return B.neighbour_pass(img, txt, params(precision), ximg, xtxt, device=device)[1]
+    return E.neighbour_pass(img, txt, params(precision), ximg, xtxt, device=device)[1]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
@@ -56,11 +59,11 @@ def test_blocks_cast_on_the_fly_equal_the_stored_low_copies(precision, monkeypat
     the block's own scale, not its cluster's): the same result, bit for bit."""
     img, txt, ximg, xtxt = near_thresholds()
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
-    lay, stored = B.neighbour_pass(img, txt, params(precision), ximg, xtxt, device, rows=240)
-    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    lay, stored = E.neighbour_pass(img, txt, params(precision), ximg, xtxt, device, rows=240)
+    vec = persist.sorted_vectors(lay, img, txt, ximg, xtxt)
     assert vec.low is None
-    cast = B.mine(lay, vec, lay.positions(), params(precision), device)
-    for f in dataclasses.fields(B.PassResult):
+    cast = E.mine(lay, vec, lay.positions(), params(precision), device)
+    for f in dataclasses.fields(passes.PassResult):
         np.testing.assert_array_equal(getattr(cast, f.name), getattr(stored, f.name), f.name)
 
 
@@ -74,7 +77,7 @@ def test_low_precision_finds_what_fp32_finds(cross, precision, monkeypatch, devi
     want = run("fp32", img, txt, *x)
     monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
     got = run(precision, img, txt, *x, device)
-    monkeypatch.setattr(screen, "margin", lambda *a: 0.0)
+    monkeypatch.setattr(Bf16, "margin", lambda self, dim: 0.0)
     monkeypatch.setattr(q8, "bound", lambda *a: 0.0)
     assert (run(precision, img, txt, *x, device).support != want.support).any()   # it matters
     for f in ("idx", "support", "certified", "cut", "offsets", "pair_j"):
@@ -98,7 +101,7 @@ def test_a_dense_block_is_computed_in_fp32(precision, monkeypatch, device):
     monkeypatch.setattr(screen, "DENSE_SHARE", 0.0)
     got = run(precision, img, txt, ximg, xtxt, device)
     assert not calls
-    for f in dataclasses.fields(B.PassResult):
+    for f in dataclasses.fields(passes.PassResult):
         np.testing.assert_array_equal(getattr(got, f.name), getattr(want, f.name), f.name)
 
 
@@ -225,12 +228,12 @@ def test_int8_copies_written_in_chunks_equal_the_copy_in_memory(tmp_path):
     bounds equal the in-memory copy's, and load_vectors reads them back as a q8.Copy."""
     img, txt, ximg, xtxt = near_thresholds()
     p = params("int8")
-    lay = B.build_layout(img, txt, p)
-    want = B.sorted_vectors(lay, img, txt, precision="int8").low
+    lay = layout.build_layout(img, txt, p)
+    want = persist.sorted_vectors(lay, img, txt, precision="int8").low
     for chunk in (7, 100, 1000):
         out = tmp_path / str(chunk)
-        B.save_vectors(str(out), lay, {"img": img, "txt": txt}, "int8", chunk=chunk)
-        got = B.load_vectors(str(out), len(img)).low
+        persist.save_vectors(str(out), lay, {"img": img, "txt": txt}, "int8", chunk=chunk)
+        got = persist.load_vectors(str(out), len(img)).low
         for name in ("img", "txt"):
             assert isinstance(got[name], q8.Copy)
             np.testing.assert_array_equal(np.asarray(got[name].values), want[name].values)
@@ -240,7 +243,7 @@ def test_int8_copies_written_in_chunks_equal_the_copy_in_memory(tmp_path):
 
 @pytest.mark.parametrize("grouped", [False, True])
 def test_int8_quantization_a_few_rows_at_a_time_equals_all_at_once(grouped, monkeypatch):
-    """q8.quantize's float64 work QUANT_ELEMS values at a time (rows cut across groups, a zero
+    """q8.quantize's float64 work core.CACHE_ELEMS values at a time (rows cut across groups, a zero
     row among them): the same values, scales, errs and norms as all rows at once."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(301, 24, generator=g)
@@ -248,7 +251,7 @@ def test_int8_quantization_a_few_rows_at_a_time_equals_all_at_once(grouped, monk
     group = torch.randint(0, 9, (301,), generator=g) if grouped else None
     args = (x, group, 9) if grouped else (x,)
     whole = q8.quantize(*args)
-    monkeypatch.setattr(q8, "QUANT_ELEMS", 24 * 7)
+    monkeypatch.setattr(core, "CACHE_ELEMS", 24 * 7)
     for got, want in zip(q8.quantize(*args), whole):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert whole[2][5] == 0 and (grouped or whole[1][5] == 1.0)     # the zero row: exact
@@ -315,7 +318,7 @@ def test_mining_no_rows_gives_an_empty_result(precision, device):
     (int8's routing and queries quantize zero rows; on CUDA its pieces are never of 0 rows)."""
     img, txt, ximg, xtxt = near_thresholds()
     p = params(precision)
-    lay = B.build_layout(img, txt, p, device)
-    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, precision)
-    r = B.mine(lay, vec, np.zeros(0, np.int64), p, device)
+    lay = layout.build_layout(img, txt, p, device)
+    vec = persist.sorted_vectors(lay, img, txt, ximg, xtxt, precision)
+    r = E.mine(lay, vec, np.zeros(0, np.int64), p, device)
     assert r.idx.shape == (0, p.k) and len(r.pair_j) == 0 and r.offsets.tolist() == [0]

@@ -1,4 +1,4 @@
-"""One-space layouts (stages/mining/spaces.py): a partial joint pass plus them finds every pair
+"""One-space layouts (stages/mining/engine/spaces.py): a partial joint pass plus them finds every pair
 above a floor, with exact similarities, capped as the joint pass caps."""
 from __future__ import annotations
 
@@ -7,29 +7,30 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from vlcurate.stages.mining import blocks as B
-from vlcurate.stages.mining import spaces as S
+from vlcurate.stages.mining import engine as E
+from vlcurate.stages.mining.engine import layout, passes, persist
+from vlcurate.stages.mining.engine import spaces as S
 
 from .naive import pairs
-from .test_blocks import brute_pairs, cross_vectors, data, params
+from .test_blocks import brute_pairs, compact_slack, cross_vectors, data, params
 
 FLOORS = dict(floor_i=0.8, floor_t=0.85, floor_x=0.9, space_rows=20)   # 8 space clusters
 
 
-def space_pass(img, txt, p, ximg=None, xtxt=None, device="cpu", rows=50) -> B.PassResult:
+def space_pass(img, txt, p, ximg=None, xtxt=None, device="cpu", rows=50) -> passes.PassResult:
     """The pass with its one-space layouts, every row mined, ``rows`` at a time."""
-    lay = B.build_layout(img, txt, p, device)
-    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
+    lay = layout.build_layout(img, txt, p, device)
+    vec = persist.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
     sp = S.layouts(vec, p, device) if p.space_probe else []
     pos = lay.positions()
     order = np.argsort(lay.order[pos])
-    r = B.PassResult.concat([S.mine(lay, vec, sp, pos[a:a + rows], p, device)
+    r = passes.PassResult.concat([E.mine(lay, vec, pos[a:a + rows], p, device, sp)
                              for a in range(0, len(pos), rows)])
     assert (order == np.arange(len(pos))).all()     # results come in global row order
     return r
 
 
-def found(r: B.PassResult) -> set:
+def found(r: passes.PassResult) -> set:
     return {(g, int(j)) for g in range(len(r.offsets) - 1)
             for j in r.pair_j[r.offsets[g]:r.offsets[g + 1]]}
 
@@ -67,7 +68,7 @@ def test_one_space_pairs_are_capped_with_the_joint_ones_and_counted_once(slack, 
     """Capped as they arrive (slack -10**6: at every block) or once: the same pairs, each
     row's best by max similarity, and what the cap leaves out counted once per pair."""
     if slack is not None:
-        monkeypatch.setattr(B, "COMPACT_SLACK", slack)
+        compact_slack(monkeypatch, slack)
     img, txt = data()
     p = params(5, 8, probe=1, space_probe=8, **FLOORS)
     full = space_pass(img, txt, p, rows=8)
@@ -87,12 +88,12 @@ def test_one_space_pairs_are_capped_with_the_joint_ones_and_counted_once(slack, 
 
 def test_a_space_is_laid_out_only_where_a_floor_can_fire():
     img, txt = data(n=40)
-    lay = B.build_layout(img, txt, params(5, 2))
-    vec = B.sorted_vectors(lay, img, txt)
+    lay = layout.build_layout(img, txt, params(5, 2))
+    vec = persist.sorted_vectors(lay, img, txt)
     assert S.spaces_of(vec, params(5, 2, floor_i=0.9)) == ["img"]
     assert S.spaces_of(vec, params(5, 2, floor_i=0.9, floor_t=0.5)) == ["img", "txt"]
     ximg, xtxt = cross_vectors(img, 1)
-    cvec = B.sorted_vectors(lay, img, txt, ximg, xtxt)
+    cvec = persist.sorted_vectors(lay, img, txt, ximg, xtxt)
     assert S.spaces_of(cvec, params(5, 2, floor_x=0.3)) == ["xtxt"]
 
 
@@ -118,12 +119,12 @@ def test_int8_one_space_copies_written_by_build_are_the_ones_load_gives_the_sear
     each space's int8 copy with its clusters' scales and bounds, spaces.load hands it to the
     search (no block is quantized on the fly: q8.block is never called), and the pairs equal
     those of the in-memory layouts."""
-    from vlcurate.stages.mining import q8
+    from vlcurate.stages.mining.int8 import q8
     img, txt = data()
     ximg, xtxt = cross_vectors(img, 1)
     p = params(5, 8, probe=1, precision="int8", space_probe=8, **FLOORS)
-    lay = B.build_layout(img, txt, p)
-    vec = B.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
+    lay = layout.build_layout(img, txt, p)
+    vec = persist.sorted_vectors(lay, img, txt, ximg, xtxt, p.precision)
     S.build(str(tmp_path), vec, p, "cpu")
     loaded, memory = S.load(str(tmp_path), len(img)), S.layouts(vec, p)
     assert [s.name for s in loaded] == [s.name for s in memory] == ["ximg", "xtxt"]
@@ -133,7 +134,7 @@ def test_int8_one_space_copies_written_by_build_are_the_ones_load_gives_the_sear
         np.testing.assert_array_equal(a.low.stats, b.low.stats)
     monkeypatch.setattr(q8, "block", lambda *a: pytest.fail("a block quantized on the fly"))
     pos = lay.positions()
-    got, want = (S.mine(lay, vec, sp, pos, p) for sp in (loaded, memory))
+    got, want = (E.mine(lay, vec, pos, p, spaces=sp) for sp in (loaded, memory))
     assert len(got.pair_j) > 20
     for f in ("offsets", "pair_j", "pair_sit", "pair_xii", "pair_xtt"):
         np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)

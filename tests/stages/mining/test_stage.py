@@ -21,7 +21,8 @@ from vlcurate.stages.base import Stage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
-from vlcurate.stages.mining import blocks, fff, hpm
+from vlcurate.stages.mining import fff, hpm
+from vlcurate.stages.mining.engine import topk
 from vlcurate.stages.mining.pass_io import small_data_error
 from vlcurate.stages.mining.positives_stage import PositivesStage
 from vlcurate.stages.mining.hpm_stage import HpmStage
@@ -116,7 +117,7 @@ def expected(ids: list[str]):
     """Exact HPM over the rows still kept when hpm runs (all but FLAG), in ingest order."""
     kept = [i for i in range(N) if i not in FLAG]
     r = hpm.exact_hpm(IMG[kept], TXT[kept], K, 0.3, 0.3, 0.98)
-    r.idx, perm = blocks.canonical(r.idx, r.score)        # equal scores: lower row first
+    r.idx, perm = topk.canonical(r.idx, r.score)        # equal scores: lower row first
     r.score = np.take_along_axis(r.score, perm, 1)
     return kept, r, {ids[kept[q]]: q for q in range(len(kept))}
 
@@ -362,7 +363,7 @@ def test_a_partial_pass_serves_positives_through_its_one_space_layouts(source, t
                                                                       monkeypatch):
     """A partial pass (probe < clusters) routes on the joint vector and misses pairs near in one
     space only. With hpm.engine.pair_probe 0 positives keeps its own (here exact) search; with its
-    one-space layouts (stages/mining/spaces.py) the pass finds more pairs, positives reads them
+    one-space layouts (stages/mining/engine/spaces.py) the pass finds more pairs, positives reads them
     and searches nothing. Either way the result is exact Eq. 1."""
     calls = []
     search = fff.search
@@ -399,9 +400,9 @@ def test_hpm_precision_reaches_the_pass_and_finds_the_same_pairs(precision, sour
     The workers read the low copies the global step wrote (int8: with each cluster's scale and
     bounds, q8.Copy). auto: int8 on a CPU with AVX512-VNNI or AMX, else fp32; the run summary
     says which ran."""
-    from vlcurate.stages.mining import screen
-    from vlcurate.stages.mining.pass_io import int8_native
-    ran = {"auto": "int8" if int8_native("cpu") else "fp32"}.get(precision, precision)
+    from vlcurate.stages.mining.engine import screen
+    from vlcurate.stages.mining.engine.precision import resolve
+    ran = resolve(precision, "cpu").name
     cols = [F.SAMPLE_ID.name, M.HARD_IDS.name, M.IS_NOISE.name, M.PAIR_IDS.name]
     run(cfg(source, tmp_path / "fp32", **{"hpm.engine.precision": "fp32"}), dag()[:-2],
         executor="local", log=quiet)

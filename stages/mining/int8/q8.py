@@ -1,4 +1,4 @@
-"""hpm.precision int8: the neighbour pass's blocks screened by int8 GEMMs, with a bound
+"""hpm.engine.precision int8: the neighbour pass's blocks screened by int8 GEMMs, with a bound
 proven per row instead of bf16's fixed margin, then re-scored in fp32 like bf16's (screen.py).
 
 An int8 GEMM sums exact integer products in int32: on a CPU with AVX512-VNNI (or AMX) it runs at
@@ -26,11 +26,11 @@ against bf16's fixed 0.012), so a few more pairs are re-scored (~13% more at 1M 
 target against 77).
 Clusters' scales and bounds are stored beside the int8 copy (``Copy``); blocks quantized on
 the fly (no stored copy) take their own. On a CPU with AVX512-VNNI a block's GEMMs and its
-compares run fused in C (``fused``, ``hits``: native.screen_int8), elsewhere torch's GEMMs,
+compares run fused in C (``fused``, ``hits``: kernels.screen_int8), elsewhere torch's GEMMs,
 then the compares: exact integer sums either way, so the same pairs. The one-space searches
 screen the same way (``hits``: each space's own int8 copy), the layout's k-means and
-assignment use int8 GEMMs without a bound (blocks.nearest: they only decide where rows sit),
-and routing scores the cluster means in int8 (blocks.routing_scores: the means share one
+assignment use int8 GEMMs without a bound (precision's nearest: they only decide where rows sit),
+and routing scores the cluster means in int8 (routing_scores: the means share one
 scale; each row's ``bound`` widens the certificate's m_out, as bf16's margin does).
 """
 from __future__ import annotations
@@ -41,12 +41,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import native
-from .hpm import as_tensor
+from ..engine.core import cache_rows
+from ..engine.screen import where
+from ..hpm import as_tensor
+from . import kernels
 
 MAX = 127
-QUANT_ELEMS = 1 << 18   # values in float64 at once on a CPU (temporaries of ~2 MB, in cache:
-                        # quantize, blocks.build_layout's sums and radii; ~3-6x whole chunks)
 SLACK = 1e-9         # relative: float64 norms (exact to ~d 2^-53) rounded up by this
 GUARD = 1e-6         # absolute, on every bound
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
@@ -85,7 +85,7 @@ def quantize(x: torch.Tensor, group: Optional[torch.Tensor] = None, groups: int 
     """float32 rows [n, d] -> (values int8, then scale, err, norm: float64 NumPy [n]); with
     ``group`` (each row's group in 0..groups-1) every row of a group takes the group's scale
     (its largest max|x| / 127). A zero row gets scale 1 (values 0, err 0). The float64 work
-    runs QUANT_ELEMS values at a time on a CPU (each row's results are its own): temporaries
+    runs core.cache_rows' values at a time on a CPU (each row's results are its own): temporaries
     that stay in cache, ~6x faster than whole (32,768 x 384: 42 against 265 ms)."""
     n, d = x.shape
     top = abs_max(x).double() if d else torch.zeros(n, dtype=torch.float64,
@@ -109,12 +109,6 @@ def abs_max(x: torch.Tensor) -> torch.Tensor:
     a CPU (8,192 x 768 on 1 thread: 1.7 against 14 ms; the layout ran ~4 s of aminmax at 1M).
     A NaN row gives NaN, as abs().amax does."""
     return torch.maximum(x.amax(1), x.amin(1).neg_()).abs_()      # -0.0 as 0.0
-
-
-def cache_rows(x: torch.Tensor) -> int:
-    """Rows of x whose float64 work runs at once: all on a GPU, QUANT_ELEMS values on a CPU
-    (row-wise results: the same bits whatever the step)."""
-    return max(1, len(x)) if x.is_cuda else max(1, QUANT_ELEMS // max(x.shape[1], 1))
 
 
 def _quantize_rows(x: torch.Tensor, scale: torch.Tensor, values: torch.Tensor,
@@ -246,21 +240,12 @@ def hits(x: Q8, rows: np.ndarray, m: Q8, floor: float) -> tuple:
     threshold."""
     q = x.index_select(0, torch.as_tensor(rows, device=x.values.device))
     (t,) = thresholds(q, [(0, len(rows))], np.concatenate(m.stats())[None], [floor])
-    hit = native.screen_int8(q.values, m.values, None, None, [t], None, 0)
+    hit = kernels.screen_int8(q.values, m.values, None, None, [t], None, 0)
     if hit is not None:                    # the GEMM and compare fused (a CPU with VNNI)
         return np.divmod(hit, len(m))
     d = products(q, m)
     return where(_greater(d, t if isinstance(d, np.ndarray) else
                           torch.as_tensor(t, device=d.device)))
-
-
-def where(keep) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) of a 2-d mask's true entries, row-major, as NumPy arrays (on a CPU from
-    the flat indices: np.nonzero of a 2-d mask costs ~7x np.flatnonzero's, 30 against 4 us
-    for 33 x 512)."""
-    if isinstance(keep, np.ndarray):
-        return np.divmod(np.flatnonzero(keep), keep.shape[1])
-    return tuple(v.cpu().numpy() for v in keep.nonzero(as_tuple=True))
 
 
 def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, tau_t: float,
@@ -289,22 +274,22 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
 
 
 def fused(q: dict, m: dict, pairs: tuple, limits: dict, first: int) -> Optional[torch.Tensor]:
-    """block_flat's answer by native.screen_int8 (the GEMMs and the rule in one pass, on a CPU
+    """block_flat's answer by kernels.screen_int8 (the GEMMs and the rule in one pass, on a CPU
     with AVX512-VNNI) where a block's similarities are S_ii and S_tt alone; None elsewhere."""
     if {s for s, x, _ in pairs if q.get(x) is not None} != {"sii", "stt"}:
         return None
-    hit = native.screen_int8(q["img"].values, m["img"].values, q["txt"].values,
+    hit = kernels.screen_int8(q["img"].values, m["img"].values, q["txt"].values,
                              m["txt"].values, limits["sii"], limits["stt"], first)
     return None if hit is None else torch.from_numpy(hit)
 
 
 def block_flat(sums: dict, limits: dict, first: int) -> torch.Tensor:
     """first + the flat indices (ascending) of one block's pairs that pass ``rule``: in one
-    pass in C on a CPU (native.screen_pairs), else by ``rule``'s masks."""
+    pass in C on a CPU (kernels.screen_pairs), else by ``rule``'s masks."""
     if isinstance(sums["sii"], np.ndarray) and "stt" in sums:
         others = {s: d for s, d in sums.items() if s not in ("sii", "stt")}
         extra = rule(others, limits) if others else None
-        hit = native.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
+        hit = kernels.screen_pairs(sums["sii"], sums["stt"], limits["sii"], limits["stt"],
                                   extra, first)
         if hit is not None:
             return torch.from_numpy(hit)

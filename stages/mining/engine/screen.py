@@ -2,9 +2,9 @@
 re-scored in fp32).
 
 For a block (queries x members) the pass needs only the pairs that can score (S_I > tau_I and
-S_T > tau_T: Alg. 1) or that pass a candidate floor (blocks.FLOORS): well under 0.1% of the
+S_T > tau_T: Alg. 1) or that pass a candidate floor (PassParams.floors): well under 0.1% of the
 pairs on real data (0.03% at 200k synthetic rows, 0.1% on the real-derived 65k; the demo's
-random encoders are the dense exception). ``hpm.precision``:
+random encoders are the dense exception). ``hpm.engine.precision``:
 
 * ``fp32``: the block's GEMMs in fp32; the pairs are read off them.
 * ``bf16``: the GEMMs in bf16 (tensor cores on a GPU, AMX on recent Xeons: 6x the fp32 rate
@@ -15,17 +15,17 @@ random encoders are the dense exception). ``hpm.precision``:
   the re-score's own K 2^-24 and keeps 3.1 u + 2 K 2^-24. A pair is a candidate when its
   screened similarities are within that margin of a threshold, so no pair that passes in
   fp32 is missed (tested against fp32 on pairs placed at the thresholds). A block (or a
-  stack of small units, blocks.run_stack, decided as one) whose candidates are over
+  stack of small units, units.run_stack, decided as one) whose candidates are over
   DENSE_SHARE of its pairs is computed in fp32 instead (a re-scored pair costs many times
   a GEMM's share of it).
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
   (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
   certificate) and the one-space searches (q8.hits) in int8 too. Its fp32 fallback starts at
-  DENSE_SHARE x INT8_DENSE_GAIN (1/16) of a block's pairs.
+  DENSE_SHARE x int8.precision.DENSE_GAIN (1/16) of a block's pairs.
 
 The results equal fp32's up to the last bits of the similarities (a dot product and a GEMM
-round differently), which is why ``hpm.precision`` is a numerics key, in the fingerprint, like
+round differently), which is why ``hpm.engine.precision`` is a numerics key, in the fingerprint, like
 run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
 (allow_bf16_reduced_precision_reduction is turned off), which the margin assumes.
 """
@@ -37,46 +37,25 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import native, q8
-from .hpm import as_tensor
+from .. import native
+from ..hpm import as_tensor
+from . import precision as _precision
 
-LOW = {"bf16": (torch.bfloat16, 2.0 ** -8)}      # dtype, unit roundoff
 DENSE_SHARE = 1 / 64
-# int8 falls back at DENSE_SHARE x this: on 1 thread a re-scored pair cost ~0.42 us (torch's
-# gathers) and the fallback ~27 ns per pair of the block (its fp32 GEMMs and pass, ~4x int8's
-# screen), so the break-even was ~1/16 of the block's pairs (interleaved, 32,768 targets: ~4%
-# faster than at 1/64). The C re-score (~0.13 us a pair) moves it towards ~1/5, but 8 and 16
-# measured no faster: no block of the 1M synthetic set falls back at all.
-INT8_DENSE_GAIN = 4
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
          ("xii", "ximg", "ximg"), ("xtt", "xtxt", "xtxt"))
 
 
-def margin(precision: str, dim: int) -> float:
+def margin(precision, dim: int) -> float:
     """The largest |screened - re-scored| similarity of unit vectors of ``dim`` dimensions."""
-    if precision == "fp32":
-        return 0.0
-    u = LOW[precision][1]
-    return 3.1 * u + 2 * dim * 2.0 ** -24
+    return _precision.get(precision).margin(dim)
 
 
-def decision(precision: str) -> str:
-    """The float precision of the GEMMs that only decide where to look where int8 has none
-    of its own (a two-level layout's coarse centroids): int8's is bf16."""
-    return "bf16" if precision == "int8" else precision
-
-
-def low(x: dict, precision: str) -> dict:
-    """The vectors of ``x`` in the screen's dtype (fp32: themselves; int8: q8.Q8 rows, each
-    with its own scale)."""
-    if precision == "fp32":
-        return x
-    if precision == "int8":
-        return {f: None if v is None else q8.rows(v) for f, v in x.items()}
-    for v in x.values():
-        fp32_sums(v)
-    return {f: None if v is None else v.to(LOW[precision][0]) for f, v in x.items()}
+def low(x: dict, precision) -> dict:
+    """The vectors of ``x`` in the screen's type (fp32: themselves; bf16: cast; int8: rows
+    each with its own scale): the precision's ``queries``."""
+    return _precision.get(precision).queries(x)
 
 
 def fp32_sums(x: Optional[torch.Tensor]) -> None:
@@ -86,19 +65,13 @@ def fp32_sums(x: Optional[torch.Tensor]) -> None:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
-def to_bits(x, precision: str):
-    """float32 [n, d] -> the int16 bits of its ``precision`` (bf16) copy, for disk."""
-    return torch.from_numpy(x).to(LOW[precision][0]).view(torch.int16).numpy()
-
-
 def low_rows(x, rows: slice, device: str, cluster: Optional[int] = None):
     """Rows of a low copy (a device tensor already, or int16 bits: a memmap), followed by the
     next rows of the copy up to a multiple of SHAPE_STEP where there are that many: ``sims``
-    then pads nothing (a copy of the block), and reads only the first rows' results. An int8
-    copy (q8.Copy): the rows alone (an int8 GEMM takes any shape), with the scale and bounds
-    of ``cluster``, the one the rows lie in (required: another cluster's would void the
-    bound)."""
-    if isinstance(x, q8.Copy):
+    then pads nothing (a copy of the block), and reads only the first rows' results. A copy
+    with its own ``block`` (int8's q8.Copy): its rows alone, with the scale and bounds of
+    ``cluster``, the one the rows lie in (required: another cluster's would void the bound)."""
+    if hasattr(x, "block"):
         return x.block(rows, cluster, device)
     stop = min(len(x), rows.stop + (rows.start - rows.stop) % SHAPE_STEP)
     if isinstance(x, torch.Tensor):
@@ -141,15 +114,24 @@ def hits(x: torch.Tensor, rows: np.ndarray, m: torch.Tensor, floor: float
     operands' dtype (a low one: both padded to HIT_STEP rows, so that a CPU's oneDNN meets few
     shapes and keeps their kernels; its results only screen, the caller lowers the floor by
     ``margin`` and accepts each hit on its fp32 dot product). A one-space unit has ~130 queries
-    x a ~512-row cluster (1M rows, hpm.pair_probe 8): padding to SHAPE_STEP would nearly
+    x a ~512-row cluster (1M rows, hpm.engine.pair_probe 8): padding to SHAPE_STEP would nearly
     double its queries."""
     q = x.index_select(0, torch.as_tensor(rows, device=x.device))
-    return q8.where(_greater(sims({"img": q}, {"img": m}, step=HIT_STEP)["sii"], floor))
+    return where(_greater(sims({"img": q}, {"img": m}, step=HIT_STEP)["sii"], floor))
+
+
+def where(keep) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of a 2-d mask's true entries, row-major, as NumPy arrays (on a CPU from
+    the flat indices: np.nonzero of a 2-d mask costs ~7x np.flatnonzero's, 30 against 4 us
+    for 33 x 512)."""
+    if isinstance(keep, np.ndarray):
+        return np.divmod(np.flatnonzero(keep), keep.shape[1])
+    return tuple(v.cpu().numpy() for v in keep.nonzero(as_tuple=True))
 
 
 class QueryRows:
     """A block's query vectors: ``low``, gathered in the screen's precision (its GEMM operands),
-    and the fp32 ones, rows ``index`` of ``base`` (a chunk's copy, blocks.Queries), gathered
+    and the fp32 ones, rows ``index`` of ``base`` (a chunk's copy, units.Queries), gathered
     only where needed: the whole block for an fp32 GEMM (``full``); after a low screen, the
     re-score reads the pairs' rows of ``base`` (``rescore``), not a copy of every query."""
 
@@ -257,16 +239,8 @@ def _without(flat: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
     return flat[keep]
 
 
-def int8_candidates(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
-                    own: torch.Tensor) -> torch.Tensor:
-    """``flat_candidates`` of blocks (q0, q1, m, m_low) screened in int8 (q8.py): each block's
-    integer sums against its rows' thresholds (exact integers: no second pass)."""
-    flat = q8.candidates(q.low, blocks, PAIRS, floors, tau_i, tau_t, offsets(blocks))
-    return _without(flat.to(own.device), own)
-
-
 def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
-                tau_i: float, tau_t: float, precision: str, own_r: torch.Tensor,
+                tau_i: float, tau_t: float, precision, own_r: torch.Tensor,
                 own_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rows, columns, exact similarities) of the block's candidate pairs: a superset of those
     that score or pass a floor, which the caller selects exactly. ``m_low``: the members' low
@@ -276,7 +250,7 @@ def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
 
 
 def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
-                 precision: str, own: torch.Tensor, members: Optional[tuple] = None
+                 precision, own: torch.Tensor, members: Optional[tuple] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Candidate pairs of several blocks at once: block b = (q0, q1, m, m_low) is queries
     q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
@@ -284,18 +258,12 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: 
     Returns (query rows, member rows, exact similarities); ``own``: the targets' own pairs,
     flat; ``members``: (the vectors every block's members are rows of, by name, or None where
     nothing is re-scored; each block's first row in them), which the member rows count from
-    (rescore_flat's); else a lone block's own rows."""
-    if precision == "int8":
-        flat = int8_candidates(q, blocks, floors, tau_i, tau_t, own)
-        if len(flat) <= DENSE_SHARE * INT8_DENSE_GAIN * offsets(blocks)[-1]:
-            return rescore_flat(q, blocks, flat, members)
-    elif precision != "fp32":
-        s = flat_sims(q.low, [(a, b, mlow or low(m, precision), len(m["img"]))
-                              for a, b, m, mlow in blocks])
-        eps = margin(precision, q.dim)
-        flat = flat_candidates(s, floors, tau_i, tau_t, eps, own)
-        if len(flat) <= DENSE_SHARE * s["sii"].numel():
-            return rescore_flat(q, blocks, flat, members)
+    (rescore_flat's); else a lone block's own rows. A low ``precision`` screens first
+    (Precision.screen); where it does not (fp32, or a dense block) the pairs are read off fp32
+    GEMMs."""
+    got = _precision.get(precision).screen(q, blocks, floors, tau_i, tau_t, own, members)
+    if got is not None:
+        return got
     s = flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])
     flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
     r, c = pair_rows(blocks, flat, [0] * len(blocks) if members is None else members[1])
