@@ -1,4 +1,4 @@
-/* hpm.precision int8's screen in C (int8/kernels.py builds and loads this file).
+/* hpm.engine.precision int8's screen in C (int8/kernels.py builds and loads this file).
  *
  * screen_pairs: the candidate rule on a block's integer sums (q8.rule's, exact int32
  * compares): flat indices of the pairs with (img > tau_i and txt > tau_t) or img > floor_i or
