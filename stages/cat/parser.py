@@ -507,7 +507,7 @@ def _memo_class() -> type:
         ruler's order. Any other doc goes through the ruler as it is."""
 
         def __call__(self, doc: Any) -> Any:
-            if self.context_matcher(doc, allow_missing=True):
+            if may_match(self.context_words, doc) and self.context_matcher(doc, allow_missing=True):
                 return super().__call__(doc)
             for token in doc:
                 key = (token.orth, token.tag, token.dep)
@@ -536,10 +536,50 @@ def memoize_attribute_ruler(ruler: Any) -> None:
     if any(set(tok) - TOKEN_KEYS for p in single for x in p["patterns"] for tok in x):
         return
     context = Matcher(ruler.vocab)
-    for n, p in enumerate(q for q in ruler.patterns if q not in single):
-        context.add(str(n), p["patterns"])
+    multi = [q["patterns"] for q in ruler.patterns if q not in single]
+    for n, patterns in enumerate(multi):
+        context.add(str(n), patterns)
     ruler.__class__ = _memo_class()
     ruler.context_matcher, ruler.memo = context, {}
+    ruler.context_words = required_words(ruler.vocab.strings, [x for ps in multi for x in ps])
+
+
+LITERAL_KEYS = {"ORTH": "ORTH", "TEXT": "ORTH", "LOWER": "LOWER", "TAG": "TAG", "DEP": "DEP"}
+
+
+def required_words(strings: Any, patterns: list) -> Optional[list]:
+    """For each Matcher pattern, what a doc must hold for it to match: [(attribute, values)], a
+    token with that attribute in those values (from each non-optional token's plain or ``IN``
+    values of ORTH, TEXT, LOWER, TAG and DEP). None when some pattern requires nothing of these
+    (then every doc may match)."""
+    out = []
+    for pattern in patterns:
+        need = []
+        for tok in pattern:
+            if tok.get("OP") not in (None, "+"):
+                continue
+            for key, value in tok.items():
+                key = key.upper()
+                values = [value] if isinstance(value, str) else \
+                    value.get("IN") if isinstance(value, dict) and set(value) == {"IN"} else None
+                if key in LITERAL_KEYS and values:
+                    need.append((LITERAL_KEYS[key], frozenset(strings.add(v) for v in values)))
+        if not need:
+            return None
+        out.append(need)
+    return out
+
+
+def may_match(required: Optional[list], doc: Any) -> bool:
+    """Whether ``doc`` holds what one of the patterns of :func:`required_words` needs (False
+    means none of them can match it; True, that one might)."""
+    if required is None:
+        return True
+    if not len(doc):
+        return False
+    attrs = sorted({a for need in required for a, _ in need})
+    have = dict(zip(attrs, map(set, doc.to_array(attrs).T.tolist())))
+    return any(all(not values.isdisjoint(have[a]) for a, values in need) for need in required)
 
 
 class _MemoLemmas:
