@@ -147,8 +147,9 @@ class _Doc:
         self.head = [i + r for i, r in enumerate(rel)]
         self.dep = [_LABEL.get(x) or _label(strings, x) for x in dep]
         self.pos = [_LABEL.get(x) or _label(strings, x) for x in pos]
-        self.lower = [strings[x].lower() for x in orth]
-        self.lemma = [strings[x].lower() if x else w for x, w in zip(lemma, self.lower)]
+        self.lower = [_LOWER.get(x) or _lower(strings, x) for x in orth]
+        self.lemma = [(_LOWER.get(x) or _lower(strings, x)) if x else w
+                      for x, w in zip(lemma, self.lower)]
         self.kids: list[list[int]] = [[] for _ in range(self.n)]
         for i, h in enumerate(self.head):
             if h != i:
@@ -170,6 +171,16 @@ _LABEL: dict[int, str] = {}      # hash -> string for the small label sets (DEP,
 
 def _label(strings: Any, x: int) -> str:
     s = _LABEL[x] = strings[x] if x else ""
+    return s
+
+
+_LOWER: dict[int, str] = {}      # hash -> its string lower-cased (words, lemmas)
+
+
+def _lower(strings: Any, x: int) -> str:
+    s = strings[x].lower()
+    if len(_LOWER) < MEMO_SIZE:
+        _LOWER[x] = s
     return s
 
 
