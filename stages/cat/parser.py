@@ -620,7 +620,7 @@ class _MemoLemmas:
         return doc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _memo_lemmatizer_class(cls: type) -> type:
     return type(f"Memo{cls.__name__}", (_MemoLemmas, cls), {})
 

@@ -144,6 +144,7 @@ def breakdown(pipe, caps: list, label: str) -> None:
     """Where a caption's CPU time goes: tokenizer, each component, the DiHT rules (the parser as
     the pipeline runs it: stepwise on length-sorted sub-batches, or spaCy's loop)."""
     import gc
+
     from vlcurate.stages.cat import parser as P
     t, c0 = {}, cpu()
     docs = [pipe.nlp.make_doc(c) for c in caps]
