@@ -648,10 +648,13 @@ class Pipeline:
 
 def stepwise(proc: Any) -> bool:
     """Whether :func:`greedy_parse` computes ``proc``'s parse: a greedy transition parser
-    (``beam_width`` 1) on spaCy's ``parser_model`` with an output layer and maxout hiddens."""
+    (``beam_width`` 1) on spaCy's ``parser_model`` with an output layer and maxout hiddens, on
+    the CPU."""
     from spacy.pipeline.transition_parser import Parser
+    from thinc.api import NumpyOps
     model = getattr(proc, "model", None)
     return isinstance(proc, Parser) and proc.cfg.get("beam_width", 1) == 1 and \
+        isinstance(getattr(model, "ops", None), NumpyOps) and \
         getattr(model, "name", "") == "parser_model" and bool(model.attrs.get("has_upper")) and \
         model.get_ref("lower").get_dim("nP") >= 2
 
