@@ -102,3 +102,10 @@ def test_gc_is_paused_inside_and_restored():
         assert not gc.isenabled()         # left as the caller had it
     finally:
         gc.enable()
+
+
+def test_only_greedy_parsers_step_through_python():
+    nlp = spacy.blank("en")
+    assert P.stepwise(nlp.add_pipe("parser"))
+    assert not P.stepwise(nlp.add_pipe("beam_parser"))     # a beam search: spaCy's own loop
+    assert not P.stepwise(nlp.add_pipe("tagger"))
