@@ -184,6 +184,15 @@ class MapStage(Stage):
     kind = Kind.MAP
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """An upstream stage's global step as another stage finds it (``read.prepared(name)``): the
+    state its ``prepare`` returned, and its files (``workdir.local``, fetched to this node; a
+    worker on another node calls ``workdir.fetch()`` before it reads them)."""
+    state: Any
+    workdir: Any
+
+
 class GlobalStage(Stage):
     kind = Kind.GLOBAL
 
@@ -192,7 +201,7 @@ class GlobalStage(Stage):
                 workdir: str) -> Any:
         """The global step: ``read(part)`` gives a part's still-kept rows (with ``F.PART`` and
         ``F.ROW``); ``read.map(fn, items)`` spreads work over tasks; ``read.prepared(name)``
-        is an upstream global stage's state and files (executors/tasks.Prepared: positives reads
+        is an upstream global stage's state and files (a :class:`Prepared`: positives reads
         hpm's sorted vectors so). Its result is every instance's ``state``: keep it small (big
         things, an index say, go as files in ``workdir``, which every worker sees; return their
         paths)."""

@@ -65,7 +65,7 @@ from vlcurate.stages.arrow import masked_lists, spread
 from .store import Gathered, Store, StoreMeta, collect, vectors
 
 if TYPE_CHECKING:
-    from vlcurate.pipeline.executors.tasks import Prepared
+    from vlcurate.stages.base import Prepared
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
