@@ -54,7 +54,7 @@ from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline.params import DataError, Params, at_least, positive, within
-from vlcurate.stages.base import GlobalStage, Resources, reasons_array
+from vlcurate.stages.base import Finding, GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import blocks, fff, hpm
@@ -305,6 +305,14 @@ class PositivesStage(GlobalStage):
     resources = Resources(num_cpus=1, batch_size=0)
     on_actors = True
     wants_position = True
+    device_keys = ("hpm.device",)
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        """The FFF thresholds against the hpm floors that keep their candidates."""
+        if "hpm" not in stages:
+            return []
+        return [Finding(False, text) for _, text in floor_problems(config)]
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
