@@ -36,7 +36,7 @@ import torch
 from vlcurate.pipeline import storage
 
 from vlcurate.stages.layout import read_sample
-from vlcurate.stages.pixels import load_rgb, to_tensor  # noqa: F401  (the trainer's transforms)
+from vlcurate.foundation.pixels import load_rgb, to_tensor  # noqa: F401  (the trainer's transforms)
 
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
 from .index import MANIFEST, PARTS, ShardIndex, id_hash
