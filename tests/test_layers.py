@@ -1,5 +1,5 @@
-"""The layers point one way (pyproject.toml's [tool.importlinter]): schemas and foundation at the
-bottom, stages and the trainer above them (and not into each other), pipeline on top; the stage
+"""The layers point one way (pyproject.toml's [tool.importlinter]): schemas at the bottom, then
+foundation, then stages and the trainer (neither importing the other), pipeline on top; the stage
 packages import none of each other. lint-imports names every import that breaks them."""
 import subprocess
 import sys
