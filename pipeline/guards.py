@@ -70,8 +70,9 @@ def stop_reason(manifest: dict, limit: Optional[float],
     """Why the run stops after this stage (``run.max_reject_fraction``), or None."""
     if limit is None or manifest["stage"] == "export" or reject_share(manifest) <= limit:
         return None
-    return (f"{warning(manifest, limit, dag)}. The run stops here because run.max_reject_fraction is "
-            f"{limit}; committed stages are kept, rerun after changing the setting")
+    return (f"{warning(manifest, limit, dag)}. The run stops here because "
+            f"run.max_reject_fraction is {limit}; committed stages are kept, rerun after "
+            "changing the setting")
 
 
 def empty_export(manifests: Iterable[dict], drop: Iterable[str], n: int = 5,
