@@ -33,7 +33,7 @@ class RunConfig(Params):
     stages: tuple[str, ...] = ()
     # a stage that flags more than this share of the rows it saw prints a WARNING naming its top
     # reason and the setting to turn (console and summary)
-    warn_reject_fraction: float = unit(0.9)   # each filter warns lower (guards.EXPECTED)
+    warn_reject_fraction: float = unit(0.9)   # each filter warns lower (its expected_reject)
     # ... and above this share the run stops after that stage (null: never stop)
     max_reject_fraction: Optional[float] = unit(None)
     # a run whose export keeps no row exits with code 2, naming the reasons; true: exit 0
