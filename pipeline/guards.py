@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 
 from vlcurate.schemas import F
 
+
 def _stages(dag: Optional[list]) -> list[type]:
     """The stage classes of ``dag`` (default: the default DAG), in order."""
     from .dag import default_dag

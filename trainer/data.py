@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
-import torch
 
 from vlcurate.pipeline import storage
 
