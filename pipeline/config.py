@@ -34,10 +34,11 @@ class RunConfig(Params):
     stages: tuple[str, ...] = doc((), (
         "run only these stages of the DAG, with the stages they read columns from (ingest and "
         "export always run); []: all of them"))
-    # each filter warns lower than this (guards.EXPECTED)
+    # each filter warns lower than this (its stage's expected_reject)
     warn_reject_fraction: float = unit(0.9, doc=(
         "a stage flagging more than this share of the rows it saw (or more than its own "
-        "expected share, pipeline/guards.py) prints a WARNING naming its top reason and setting"))
+        "expected share, the stage's expected_reject) prints a WARNING naming its top reason "
+        "and setting"))
     max_reject_fraction: Optional[float] = unit(None, doc=(
         "above this share of flagged rows the run stops after that stage; null: never stop"))
     allow_empty: bool = doc(False, "a run whose export keeps no row exits with code 2, naming "

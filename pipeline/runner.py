@@ -230,7 +230,7 @@ class Runner:
             for node in self.dag:
                 results[node.name] = self.run_stage(node, results, only)
                 stop = guards.stop_reason(results[node.name].manifest,
-                                          self.config.run.max_reject_fraction)
+                                          self.config.run.max_reject_fraction, self.dag)
                 if stop:
                     raise RunError(stop)
             if meta != self.run_dir:       # after, since the export stage resets its folder
@@ -322,7 +322,7 @@ class Runner:
         counts = [sd.part_counts(p) for p in range(n_parts)]
         info = _with_notes(self.finalize(stage, sd, counts), notes)
         manifest = self.manifest(name, fp, upstream, stage, counts, len(before), t0, started)
-        warn = guards.warning(manifest, self.config.run.warn_reject_fraction)
+        warn = guards.warning(manifest, self.config.run.warn_reject_fraction, self.dag)
         if warn:
             info["warnings"] = [warn]
             self.log(f"[{name}] WARNING: {warn}")

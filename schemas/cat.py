@@ -68,3 +68,7 @@ TEXTSPOT = stage_table(OCR_TEXTS, OCR_CONFS, OCR_MATCH_CHARS, OCR_MATCH, OCR_MAT
 CONCEPTS = pa.schema([CONCEPT_KIND, CONCEPT, CONCEPT_CAPTIONS, CONCEPT_KEPT])
 
 ALL = {"cat": CAT, "textspot": TEXTSPOT, "concepts": CONCEPTS}
+
+# the reason codes of stages cat and textspot (collected into schemas.reasons)
+REASON_CODES = {"CAT_LOW_COMPLEXITY": "cat.low_complexity", "CAT_NO_ACTION": "cat.no_action",
+           "CAT_TEXT_SPOTTED": "cat.text_spotted"}

@@ -18,3 +18,6 @@ LANG_PROB = pa.field("lang_prob", pa.float32(), metadata={
 LANG_TABLE = stage_table(LANG, LANG_PROB)
 
 ALL = {"lang": LANG_TABLE}
+
+# the reason codes of stage lang (collected into schemas.reasons)
+REASON_CODES = {"LANG_OTHER": "lang.other"}      # the caption is not (likely) in one of lang.keep

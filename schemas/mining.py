@@ -89,3 +89,7 @@ POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_CAPTIONS, POSITIVE_RELATIONS, POS
                         POSITIVE_COUNT)
 
 ALL = {"hard_pairs": HARD_PAIRS, "positives": POSITIVES}
+
+# the reason codes of stages hpm and dedup (collected into schemas.reasons)
+REASON_CODES = {"HPM_NOISE": "hpm.noise_pair",
+           "DEDUP_NEAR": "dedup.near_duplicate"}   # all but the first row of a near-duplicate group

@@ -1,5 +1,9 @@
-"""Reason codes: ``<stage>.<reason>``. Every flagged or dropped row carries at least one."""
+"""Reason codes: ``<stage>.<reason>``. Every flagged or dropped row carries at least one.
+
+The spine's (ingest) are here; each other stage declares its own in its schema module."""
 from __future__ import annotations
+
+from .modules import found, reason_codes
 
 # ingest: the row has no usable image or caption; always dropped by export.
 MISSING_FILE = "ingest.missing_file"            # also: img2dataset success, no sample in its shard
@@ -29,10 +33,7 @@ INGEST = (MISSING_FILE, MISSING_IMAGE, ZERO_BYTE, UNDECODABLE, TRUNCATED, TOO_LA
 # Reasons with this prefix can never be exported: the row has no usable image or caption.
 MANDATORY_PREFIX = "ingest."
 
-# Reserved for the stages that plug into the spine (declared here so names stay unique).
-HPM_NOISE = "hpm.noise_pair"
-CAT_LOW_COMPLEXITY = "cat.low_complexity"
-CAT_NO_ACTION = "cat.no_action"
-CAT_TEXT_SPOTTED = "cat.text_spotted"
-DEDUP_NEAR = "dedup.near_duplicate"   # all but the first row of a near-duplicate group
-LANG_OTHER = "lang.other"        # the caption is not (likely) in one of lang.keep
+# Every other stage's reason codes, declared in its schema module's ``REASON_CODES`` and
+# collected here (``R.LANG_OTHER``, ``R.HPM_NOISE``, ...): a stage's reason is added in its module.
+DECLARED = reason_codes(found(), INGEST)
+globals().update(DECLARED)

@@ -50,6 +50,13 @@ from vlcurate.pipeline.params import Params, Resources
 from vlcurate.schemas import F
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One line of the preflight: what was found (``ok``), or a problem saying what to do."""
+    ok: bool
+    text: str
+
+
 class Kind(str, enum.Enum):
     SOURCE = "source"
     MAP = "map"
@@ -112,6 +119,20 @@ class Stage:
     # count only on the rows still kept
     per_image: ClassVar[bool] = False
 
+    # --- what the preflight and the guards know of the stage (pipeline/preflight.py, guards.py)
+    # the models setup() loads, each (config key, model family, what messages call it): the
+    # preflight locates each under the loading policy (never loads it) and checks its device
+    model_specs: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    # other config keys naming a device the stage computes on (hpm's matmuls)
+    device_keys: ClassVar[tuple[str, ...]] = ()
+    # the share of the rows it saw that a filter is expected to flag, at most, on a clean set in
+    # one language: above it (or run.warn_reject_fraction, when lower) the run warns; None: only
+    # above run.warn_reject_fraction
+    expected_reject: ClassVar[Optional[float]] = None
+    # reason code (or fnmatch pattern) -> every setting that changes that decision: what a
+    # warning or an empty export tells the user to check (an exact code wins over a pattern)
+    knobs: ClassVar[Mapping[str, str]] = {}
+
     @classmethod
     def sections(cls) -> dict[str, type]:
         """The config sections this stage owns: {key: Params class}."""
@@ -155,6 +176,13 @@ class Stage:
         return {}
 
     @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list["Finding"]:
+        """What the stage needs beyond its models, checked on the driver before anything runs
+        (``vlcurate check``): open a pipeline or a backend as ``setup`` would, check settings
+        against the data. ``config`` is the run's whole config, ``stages`` the names in the run."""
+        return []
+
+    @classmethod
     def preprocess(cls, cfg: Any, table: pa.Table) -> pa.Table:
         """CPU work done in the tasks that read a part, ahead of the stage's actors (image
         decoding for a GPU encoder). It sees every row of the part, with ``F.ACTIVE``, and must
@@ -184,6 +212,15 @@ class MapStage(Stage):
     kind = Kind.MAP
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """An upstream stage's global step as another stage finds it (``read.prepared(name)``): the
+    state its ``prepare`` returned, and its files (``workdir.local``, fetched to this node; a
+    worker on another node calls ``workdir.fetch()`` before it reads them)."""
+    state: Any
+    workdir: Any
+
+
 class GlobalStage(Stage):
     kind = Kind.GLOBAL
 
@@ -192,7 +229,7 @@ class GlobalStage(Stage):
                 workdir: str) -> Any:
         """The global step: ``read(part)`` gives a part's still-kept rows (with ``F.PART`` and
         ``F.ROW``); ``read.map(fn, items)`` spreads work over tasks; ``read.prepared(name)``
-        is an upstream global stage's state and files (executors/tasks.Prepared: positives reads
+        is an upstream global stage's state and files (a :class:`Prepared`: positives reads
         hpm's sorted vectors so). Its result is every instance's ``state``: keep it small (big
         things, an index say, go as files in ``workdir``, which every worker sees; return their
         paths)."""
@@ -221,6 +258,19 @@ class SinkStage(Stage):
     kind = Kind.SINK
     all_rows = True
     all_reasons = True
+
+
+def opened(label: str, if_missing: str, open_it: Callable[[], str],
+           errors: tuple[type, ...]) -> Finding:
+    """A preflight finding for something a stage opens (a spaCy pipeline, an OCR backend): what
+    ``open_it`` says it opened, or a problem unless the stage may skip it (``if_missing``)."""
+    try:
+        return Finding(True, f"{label}: {open_it()}")
+    except errors as e:
+        if if_missing == "skip":
+            return Finding(True, f"{label}: not available, and {label.split('.')[0]}.if_missing "
+                                 f"is skip: the run goes on without it ({getattr(e, 'short', e)})")
+        return Finding(False, str(e))
 
 
 def reasons_array(per_row: list[list[str]]) -> pa.Array:

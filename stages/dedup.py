@@ -96,6 +96,10 @@ class DedupStage(GlobalStage):
               "positives": (MI.POSITIVE_IDS, MI.POSITIVE_RELATIONS)}
     output = tables.stage_table()
     resources = Resources(num_cpus=0.25, batch_size=0)
+    expected_reject = 0.30    # near-duplicates
+    knobs = {R.DEDUP_NEAR: "hpm.dup_threshold (S_ii or S_tt above it is a duplicate), "
+                           "positives.duplicates=false, or export.drop without "
+                           "dedup.near_duplicate to export every copy"}
 
     @classmethod
     def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:

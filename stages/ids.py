@@ -118,6 +118,8 @@ class IdsStage(GlobalStage):
     output = tables.IDS
     resources = Resources(num_cpus=0.25, batch_size=0)
     wants_position = True
+    expected_reject = 0.05    # repeated keys: the key column is not unique
+    knobs = {R.DUPLICATE_ID: "source.key_column (the column that names each record)"}
 
     @classmethod
     def prepare(cls, cfg: Any, read: Callable[[int], pa.Table], n_parts: int, workdir: str) -> Any:

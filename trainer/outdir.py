@@ -16,8 +16,8 @@ import hashlib
 import json
 from typing import Any
 
-from vlcurate.pipeline import config as C
 from vlcurate.pipeline import storage
+from vlcurate.pipeline.params import to_dict
 
 from .index import MANIFEST
 
@@ -33,7 +33,7 @@ class OutDirInUse(ValueError):
 
 def training_config(cfg: Any, shard_uri: str, world: int) -> dict:
     """What the fingerprint covers (see the module docstring)."""
-    keep = {k: v for k, v in C.to_dict(cfg).items() if k not in NOT_FINGERPRINTED}
+    keep = {k: v for k, v in to_dict(cfg).items() if k not in NOT_FINGERPRINTED}
     manifest = hashlib.sha256(storage.read_bytes(storage.join(str(shard_uri), MANIFEST)))
     return {**keep, "world_size": world, "shards_manifest": manifest.hexdigest()[:16]}
 

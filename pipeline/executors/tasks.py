@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import pyarrow as pa
 
 from vlcurate.schemas import F
+from vlcurate.stages.base import Prepared
 
 from .. import storage
 from ..heap import bounded_heap
@@ -96,15 +97,6 @@ def workdir_for(root: str, attempt: str) -> Workdir:
     key = hashlib.sha256(root.encode()).hexdigest()[:16]
     local = os.path.join(tempfile.gettempdir(), "vlcurate-scratch", key, attempt, "_prepare")
     return Workdir(local, storage.join(root, "_prepare"))
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """An upstream stage's global step as another stage finds it: the state its ``prepare``
-    returned, and its files (``workdir.local``, fetched to this node; a worker on another node
-    calls ``workdir.fetch()`` before it reads them)."""
-    state: Any
-    workdir: Workdir
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from vlcurate.pipeline.params import Params, at_least, doc, positive, unit
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import MapStage, Resources, once_per_image
+from vlcurate.stages.base import Finding, MapStage, Resources, once_per_image, opened
 from vlcurate.pipeline.versions import installed
 from vlcurate.stages.cache import ImageCache
 
@@ -86,6 +86,15 @@ class TextSpotStage(MapStage):
     output = S.TEXTSPOT
     resources = Resources(num_cpus=1, batch_size=64)
     on_actors = True
+    expected_reject = 0.30    # text in the image that repeats the caption
+    knobs = {R.CAT_TEXT_SPOTTED: "textspot.min_chars / textspot.min_conf"}
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        t = config.textspot
+        return [opened("textspot.backend", t.if_missing,
+                       lambda: (T.make_backend(t), T.backend_identity(t))[1],
+                       (T.BackendUnavailable,))]
 
     @classmethod
     def environment(cls, config: Any) -> dict:

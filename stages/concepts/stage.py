@@ -30,7 +30,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages import models
 from vlcurate.stages.arrow import list_array
-from vlcurate.stages.base import GlobalStage, Resources
+from vlcurate.stages.base import Finding, GlobalStage, Resources
 
 from . import heads as H
 from . import vocab as V
@@ -173,6 +173,15 @@ class ConceptsStage(GlobalStage):
     output = S.CONCEPT_TARGETS
     wants_position = True               # the training sample's order is the rows' (part, row)
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=0)
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        from .wordnet import WordNetMissing
+        try:
+            wn = open_wordnet(config.concepts.wordnet_dir)
+            return [Finding(True, f"concepts.wordnet_dir: {wn.label}")]
+        except WordNetMissing as e:
+            return [Finding(False, f"concepts.wordnet_dir: {e}")]
 
     @classmethod
     def notes(cls, config: Any) -> list[str]:

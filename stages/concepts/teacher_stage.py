@@ -45,6 +45,7 @@ class TeacherStage(MapStage):
     inputs = {"ingest": (F.IMAGE,)}
     on_actors = True                      # one teacher load per actor
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=256)
+    model_specs = (("concepts.teacher", "backbone", "teacher"),)
 
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:

@@ -130,7 +130,7 @@ class CrossEncoder:
 
     def pixels(self, data: bytes) -> np.ndarray:
         """Image bytes -> normalised float32 CHW at the model's input size."""
-        from vlcurate.trainer.data import load_rgb, to_tensor
+        from vlcurate.foundation.pixels import load_rgb, to_tensor
         size = self.loaded.image_size
         return to_tensor(load_rgb(data, size), size, self.loaded.mean, self.loaded.std,
                          None).numpy()

@@ -63,6 +63,9 @@ class EmbedStage(MapStage):
     inputs = {"ingest": (F.IMAGE, F.CAPTION)}
     on_actors = True                  # one model load per actor, never per batch
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=1024)
+    model_specs = (("embed.image_model", "timm", "image encoder"),
+                   ("embed.text_model", "sentence_transformer", "caption encoder"),
+                   ("embed.cross_model", "clip", "cross-modal encoder"))
 
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:

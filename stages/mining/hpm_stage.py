@@ -204,6 +204,11 @@ class HpmStage(GlobalStage):
     on_actors = True
     wants_position = True
     spans_parts = True
+    device_keys = ("hpm.device",)
+    expected_reject = 0.50    # HELIP's noise pairs
+    knobs = {R.HPM_NOISE: "hpm.k (a row needs k supporting pairs: a small set needs a small k), "
+                          "hpm.tau_image / hpm.tau_text (similarities at or below them count as "
+                          "0), or hpm.noise_action=mark to keep the rows and only mark them"}
 
     @classmethod
     def chunk_rows(cls, config: Any) -> int:

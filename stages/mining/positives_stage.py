@@ -54,7 +54,7 @@ from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, within
-from vlcurate.stages.base import GlobalStage, Resources, reasons_array
+from vlcurate.stages.base import Finding, GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import engine, fff, hpm
@@ -65,7 +65,7 @@ from vlcurate.stages.arrow import masked_lists, spread
 from .store import Gathered, Store, StoreMeta, collect, vectors
 
 if TYPE_CHECKING:
-    from vlcurate.pipeline.executors.tasks import Prepared
+    from vlcurate.stages.base import Prepared
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
@@ -351,6 +351,14 @@ class PositivesStage(GlobalStage):
     resources = Resources(num_cpus=1, batch_size=0)
     on_actors = True
     wants_position = True
+    device_keys = ("hpm.device",)
+
+    @classmethod
+    def preflight(cls, config: Any, stages: frozenset[str]) -> list[Finding]:
+        """The FFF thresholds against the hpm floors that keep their candidates."""
+        if "hpm" not in stages:
+            return []
+        return [Finding(False, text) for _, text in floor_problems(config)]
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:

@@ -59,6 +59,7 @@ class RecaptionStage(MapStage):
     output = R.RECAPTION
     on_actors = True                    # one BLIP-2 load per actor
     resources = Resources(num_cpus=1, num_gpus=0, batch_size=256)
+    model_specs = (("recaption.model", "blip2", "captioner"),)
 
     @classmethod
     def notes(cls, config: Any) -> list[str]:

@@ -188,8 +188,8 @@ def test_a_parquet_source_checks_its_extra_columns(tmp_path):
 def test_the_language_detectors_load_before_the_run(demo_data, tmp_path, monkeypatch):
     """Each model of lang.detector is loaded by the preflight (the real ones here); one that
     cannot load is a problem naming the key and the fix, not a worker's traceback later."""
-    from vlcurate.pipeline.preflight import check_lang
     from vlcurate.stages.lang import stage as L
+    check_lang = L.LangStage.preflight
     ok = check_lang(cfg(demo_data, tmp_path / "r"), {"lang"})
     assert [f.ok for f in ok] == [True] and "fasttext+langid" in ok[0].text
 

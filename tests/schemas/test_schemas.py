@@ -26,8 +26,7 @@ def test_every_column_name_declared_once_across_modules():
     from vlcurate import schemas
     seen: dict[str, tuple[str, int]] = {}
     clashes = []
-    for mod in (schemas.fields, schemas.embed, schemas.mining, schemas.cat, schemas.recaption,
-                schemas.concepts, schemas.lang):
+    for mod in schemas.MODULES:
         for k, v in vars(mod).items():
             if not isinstance(v, pa.Field) or k.startswith(("M_", "SH_")):
                 continue
