@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from . import storage
+from vlcurate.foundation import storage
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RUN_DIR_HELP = "a run directory: a folder, or a URI (s3://bucket/prefix, gs://...)"
@@ -91,7 +91,7 @@ def _limited(config: Any, limit: Optional[int]) -> Any:
     """``--limit N``: at most the first N records of each source (``source.limit``)."""
     if limit is None:
         return config
-    from .params import to_dict
+    from vlcurate.foundation.params import to_dict
     src = to_dict(config.source)
     also = [dict(s, limit=limit) for s in src["also"]]
     return config.replace(source=dict(src, limit=limit, also=also))
@@ -178,9 +178,9 @@ def cmd_report(a: argparse.Namespace) -> int:
 def user_error(err: Optional[BaseException]) -> Optional[BaseException]:
     """The user's mistake in ``err`` (a config, source or device error, or the ``DataError`` a
     stage raised), unwrapped from Ray's errors when a worker raised it; None for anything else."""
-    from .params import ConfigError
+    from vlcurate.foundation.params import ConfigError
     from vlcurate.stages.ingest import SourceError
-    from vlcurate.stages.models import DeviceUnavailable
+    from vlcurate.foundation.models import DeviceUnavailable
     ray_errors = sys.modules.get("ray.exceptions")
     wrapper = ray_errors.RayError if ray_errors else ()
     seen: set[int] = set()

@@ -17,8 +17,9 @@ from typing import Any, ClassVar, Literal, Optional
 
 import yaml
 
-from .params import (ConfigError, FrozenMap, ModelSpec, Params, Resources, at_least, build,
-                     doc, positive, to_dict, to_json, unit, unknown_key)
+from vlcurate.foundation.params import (ConfigError, FrozenMap, ModelSpec, Params, Resources,
+                                        at_least, build, doc, positive, to_dict, to_json, unit,
+                                        unknown_key)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def select(dag: list[Node], names: "tuple[str, ...] | None") -> list[Node]:
     known = {n.name for n in dag}
     unknown = sorted(set(names) - known)
     if unknown:
-        from .params import ConfigError
+        from vlcurate.foundation.params import ConfigError
         raise ConfigError(f"run.stages: unknown stage(s) {unknown}; the DAG has {sorted(known)}")
     by_name = {n.name: n for n in dag}
     keep = set(names) | {dag[0].name} | ({"export"} & known)

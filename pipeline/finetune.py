@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Optional
 
 from . import config as C
-from . import storage
+from vlcurate.foundation import storage
 
 
 def _user_errors() -> tuple[type, ...]:
-    from vlcurate.stages.models import ModelNotFound
+    from vlcurate.foundation.models import ModelNotFound
     # ValueError covers MissingAnnotation, UnsafeCheckpoint, OutDirInUse and config values
     return (ValueError, FileNotFoundError, ModelNotFound)
 
@@ -72,7 +72,7 @@ def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
     from vlcurate.trainer.data import ShardSet
     from vlcurate.trainer.outdir import check_out_dir
     from vlcurate.trainer.train import check_config
-    from vlcurate.stages import models
+    from vlcurate.foundation import models
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
         n = nproc or ft.nproc
@@ -135,7 +135,7 @@ def report(errors: Optional[str], out: str, rank: int, e: BaseException) -> None
 def worker(payload: str) -> int:
     import torch.distributed as dist
 
-    from vlcurate.stages import models
+    from vlcurate.foundation import models
     from vlcurate.trainer.train import train
     data = json.loads(payload)
     ft = C.from_dict({"finetune": data["finetune"]}).finetune

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F
 
-from . import storage
+from vlcurate.foundation import storage
 from .rundir import StageDir, read_json
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import yaml
 
 from . import config as C
-from .params import ModelSpec, Resources, field_doc, to_dict
+from vlcurate.foundation.params import ModelSpec, Resources, field_doc, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "pipeline" / "configs" / "example.yaml"

@@ -6,7 +6,7 @@ seconds, not after an hour of OCR. Each problem is one sentence that says what t
 
 Only the stages in the run's DAG are checked, each through what it declares (``stages/base.py``):
 the source's own checks first, then every stage's ``model_specs`` (*located* under the loading
-policy, ``stages.models.locate``, never loaded), each stage's ``preflight`` hook (the spaCy
+policy, ``foundation.models.locate``, never loaded), each stage's ``preflight`` hook (the spaCy
 pipeline, the OCR backend and WordNet are opened as the stages would open them; a stage that may
 skip, ``if_missing: skip``, is reported, not failed), and the devices of ``model_specs`` and
 ``device_keys``. Nothing here names a stage.
@@ -37,7 +37,7 @@ def _spec(config: C.Config, key: str) -> Any:
 
 
 def check_models(config: C.Config, stages: list[type]) -> list[Finding]:
-    from vlcurate.stages import models
+    from vlcurate.foundation import models
     out = []
     for key, family, kind in [m for stage in stages for m in stage.model_specs]:
         spec = _spec(config, key)
@@ -59,7 +59,7 @@ def check_devices(config: C.Config, stages: list[type]) -> list[Finding]:
     """Every ``device: cuda`` of the run's stages (models, the mining matmuls) on a machine where
     torch sees no GPU: found here, not when a stage starts. On an embedded Ray only: a driver
     submitting to a cluster need not have the GPUs its stages get."""
-    from vlcurate.stages.models import DeviceUnavailable, resolve_device
+    from vlcurate.foundation.models import DeviceUnavailable, resolve_device
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         return []           # the stages run on the cluster's nodes, not on this driver

@@ -40,7 +40,7 @@ from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 
-from . import storage
+from vlcurate.foundation import storage
 from .inspect import display, is_run_dir, run_config, stage_dir, stage_names
 from .rundir import StageDir, read_json
 

@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from vlcurate.schemas import F, conform, tables
 
-from . import storage
+from vlcurate.foundation import storage
 
 _PART = re.compile(r"^part-(\d{5,})$")
 _RECORD = re.compile(r"^part-(\d{5,})\.json$")

@@ -25,15 +25,16 @@ from vlcurate.stages.base import Kind, Stage, StageConfig
 from vlcurate.schemas import F
 
 from . import config as C
-from . import executors, guards, storage
+from . import executors, guards
+from vlcurate.foundation import storage
 from .dag import Node, ancestors, default_dag, frontier, select, topo_order
 from .executors import Work, spanning_items, work_items
 from .executors.tasks import TableReader, Upstream, Workdir, prepare_step, workdir_for
-from .params import DEFAULT_RESOURCES, Resources
+from vlcurate.foundation.params import DEFAULT_RESOURCES, Resources
 from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
     write_null_part
 from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json, write_table
-from .versions import versions
+from vlcurate.foundation.versions import versions
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 

@@ -23,7 +23,7 @@ the driver builds stages only to describe them), ``setup()`` loads models once p
 Everything the driver needs (``output_schema``, ``input_columns``, ``notes``, ``environment``)
 is a classmethod of ``cfg`` and must not load a model.
 
-Parameters: a stage owns a frozen :class:`~vlcurate.pipeline.params.Params` dataclass, its
+Parameters: a stage owns a frozen :class:`~vlcurate.foundation.params.Params` dataclass, its
 config section (``Params``, keyed by ``name``; a stage may own more than one through
 ``sections``). It reads other stages' sections only when it names them in ``reads``. The
 instance gets ``cfg``: a :class:`StageConfig` holding exactly those sections plus ``run``. The
@@ -46,7 +46,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Sequenc
 
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, Resources
+from vlcurate.foundation.params import Params, Resources
 from vlcurate.schemas import F
 
 
@@ -99,7 +99,7 @@ class Stage:
     speed_only: ClassVar[tuple[str, ...]] = ()  # own fields that change speed, never output
     inputs: ClassVar[Mapping[str, tuple[pa.Field, ...]]] = {}
     output: ClassVar[Optional[pa.Schema]] = None   # None: see output_schema
-    # defaults for what the config's `<section>.resources` leaves unset (pipeline/params.py)
+    # defaults for what the config's `<section>.resources` leaves unset (foundation/params.py)
     resources: ClassVar[Resources] = Resources()
     # the stage needs the rows' positions (F.PART, F.ROW columns) in its input
     wants_position: ClassVar[bool] = False

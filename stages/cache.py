@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 
 FORMAT = "1"
 DEFAULT_DIR = "_cache"          # inside the run directory when run.cache_dir is unset

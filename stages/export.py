@@ -34,10 +34,10 @@ from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as MI
 from vlcurate.schemas import reasons as R
 from vlcurate.schemas import recaption as RC
-from vlcurate.pipeline import storage
-from vlcurate.pipeline.params import Params, doc, positive
+from vlcurate.foundation import storage
+from vlcurate.foundation.params import Params, doc, positive
 from vlcurate.stages.base import Resources, SinkStage
-from vlcurate.stages.layout import samples
+from vlcurate.foundation.layout import samples
 
 EMBEDDINGS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME, E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 _NEVER_ANNOTATED = {F.SAMPLE_ID.name, F.REASONS.name, F.REASON_DETAIL.name, F.IMAGE.name}
@@ -72,7 +72,7 @@ class ExportParams(Params):
                                                "the shards' json")
     layout: Literal["image", "pair"] = doc("pair", (
         "pair: one sample per kept row (open_clip sees every caption); image: one sample per "
-        "image, its bytes once, every kept caption in its json (stages/layout.py)"))
+        "image, its bytes once, every kept caption in its json (foundation/layout.py)"))
     embeddings: tuple[str, ...] = doc((), (
         "embed's vectors added to each sample as {key}.{name}.npy members (the image layout: "
         "the captions' vectors stacked), e.g. [image_emb, cross_image_emb]"))
@@ -224,7 +224,7 @@ def _npy(array) -> bytes:
 def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]], pa.Table],
                 out_dir: str, layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
     """Write one shard from the kept rows of the parts it covers, in ``layout``
-    (``stages/layout.py``); returns its manifest row."""
+    (``foundation/layout.py``); returns its manifest row."""
     out_uri = storage.join(out_dir, spec.name)
     fs, out_path = storage.resolve(out_uri)
     storage.ensure_parent(fs, out_path)

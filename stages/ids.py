@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import reasons as R

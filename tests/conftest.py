@@ -34,7 +34,7 @@ def s3():
     """A real S3 HTTP API (moto's server) on a free loopback port, for the whole session; the
     AWS environment points at it. ``s3.bucket()`` makes a fresh bucket and returns its URI."""
     pytest.importorskip("moto")
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     from tests.s3server import s3_server
     with s3_server() as server:
         storage.forget_clients()

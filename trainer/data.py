@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 
-from vlcurate.stages.layout import read_sample
+from vlcurate.foundation.layout import read_sample
 from vlcurate.foundation.pixels import load_rgb, to_tensor  # noqa: F401  (the trainer's transforms)
 
 from .fields import A  # noqa: F401  (re-exported: the annotation names)
@@ -132,7 +132,7 @@ class ShardSet:
 
     def sample(self, row: int) -> Sample:
         """One row: its image, caption and annotations, in either export layout (in the image
-        layout, its caption of its image's sample: ``stages/layout.py``)."""
+        layout, its caption of its image's sample: ``foundation/layout.py``)."""
         parts = self.index.read(row)
         caption, meta = read_sample(parts, int(self.index.caption[row]))
         return Sample(self.index.ids[row].as_py(), parts[JPG], caption, meta,

@@ -13,7 +13,7 @@ streaming order). ``sample_id -> row`` is a binary search over the sorted 64-bit
 also resolves hash collisions.
 
 The shards may live on an object store (``finetune.shards`` as an ``s3://``/``gs://`` URI):
-everything goes through ``pipeline.storage`` (a ``pyarrow.fs`` filesystem). The index
+everything goes through ``foundation.storage`` (a ``pyarrow.fs`` filesystem). The index
 parquet is read once per process that builds the cache; a sample's members are read by *one*
 ranged read (a ``pread`` locally, one HTTP GET with a ``Range`` header on S3/GCS) that spans its
 ``.jpg``, ``.txt`` and ``.json`` (adjacent in the tar). A whole tar is never downloaded. For
@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.schemas import F
 
 PARTS = F.SHARD_MEMBERS                                       # jpg, txt, json

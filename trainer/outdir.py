@@ -16,8 +16,8 @@ import hashlib
 import json
 from typing import Any
 
-from vlcurate.pipeline import storage
-from vlcurate.pipeline.params import to_dict
+from vlcurate.foundation import storage
+from vlcurate.foundation.params import to_dict
 
 from .index import MANIFEST
 

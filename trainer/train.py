@@ -7,7 +7,7 @@ optimiser, step and data position; a resumed run replays exactly the batches it 
 
 ``finetune.out_dir`` may be a URI: every file there (checkpoint, ``log.jsonl``,
 ``eval.json``, ``params-rank<r>.json``) is written as finished bytes in one atomic write through
-``pipeline.storage`` (one PUT on an object store, a rename locally), never appended or renamed, so
+``foundation.storage`` (one PUT on an object store, a rename locally), never appended or renamed, so
 a reader never sees half a checkpoint. The log is therefore kept in memory and rewritten whole
 (``StepLog``) at each checkpoint, at most every ``StepLog.every_s`` seconds, and at the end.
 """
@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 import torch
 
-from vlcurate.pipeline import storage
-from vlcurate.stages import models
+from vlcurate.foundation import storage
+from vlcurate.foundation import models
 
 from . import distributed as D
 from . import losses as L

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..parts import PartIO
-from ..params import Resources
+from vlcurate.foundation.params import Resources
 
 
 Range = tuple[int, int, Optional[int]]      # (part, lo, hi): rows [lo, hi) of a part

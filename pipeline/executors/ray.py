@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from ..params import Resources
+from vlcurate.foundation.params import Resources
 from ..parts import Committer
 from . import Work
 from .tasks import StageActor, apply, read_batch, stage_task, write_batch

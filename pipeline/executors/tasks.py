@@ -18,8 +18,8 @@ import pyarrow as pa
 from vlcurate.schemas import F
 from vlcurate.stages.base import Prepared
 
-from .. import storage
-from ..heap import bounded_heap
+from vlcurate.foundation import storage
+from vlcurate.foundation.heap import bounded_heap
 from ..parts import PartIO, StageCall, pinned_threads, read_inputs, read_item, \
     write_fragments
 from ..rundir import StageDir

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline.params import Params, at_least, doc, positive
+from vlcurate.foundation.params import Params, at_least, doc, positive
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R

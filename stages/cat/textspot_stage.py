@@ -8,12 +8,12 @@ from typing import Any, Literal, Optional
 
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, at_least, doc, positive, unit
+from vlcurate.foundation.params import Params, at_least, doc, positive, unit
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import Finding, MapStage, Resources, once_per_image, opened
-from vlcurate.pipeline.versions import installed
+from vlcurate.foundation.versions import installed
 from vlcurate.stages.cache import ImageCache
 
 from . import textspot as T

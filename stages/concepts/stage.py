@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline.params import (ConfigError, FrozenMap, ModelSpec, Params, doc, positive,
-                                      within)
+from vlcurate.foundation.params import (ConfigError, FrozenMap, ModelSpec, Params, doc, positive,
+                                        within)
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.arrow import list_array
 from vlcurate.stages.base import Finding, GlobalStage, Resources
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, at_least, doc
+from vlcurate.foundation.params import Params, at_least, doc
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages.arrow import fixed_lists

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.base import decoded_batches
 
 

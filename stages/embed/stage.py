@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
-from vlcurate.pipeline.params import ModelSpec, Params, doc, positive
+from vlcurate.foundation.params import ModelSpec, Params, doc, positive
 from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources, once_per_image
 

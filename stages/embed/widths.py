@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from vlcurate.stages import models
+from vlcurate.foundation import models
 
 # sentence-transformers Pooling modes; the pooled width is the token width times the modes on
 _POOL_MODES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",

@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 
 import pyarrow.fs as pafs
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 
 
 LISTING_TTL_S = 60   # a worker re-lists a source at most this often (plan() always re-lists)

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
 

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.schemas import F
 
 from . import census, readers

@@ -8,10 +8,10 @@ from typing import Any, Iterable, Literal, Optional
 
 import pyarrow as pa
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, doc, positive, unit, within
+from vlcurate.foundation.params import Params, doc, positive, unit, within
 from vlcurate.stages.base import Finding, Resources, SourceStage
 
 from . import captions, census, images, keys, readers, sources

@@ -30,7 +30,7 @@ import pyarrow as pa
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import lang as S
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import Params, doc, nonempty, unit
+from vlcurate.foundation.params import Params, doc, nonempty, unit
 from vlcurate.stages.base import Finding, MapStage, Resources, reasons_array
 
 

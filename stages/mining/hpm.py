@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
-from vlcurate.stages import models
+from vlcurate.foundation import models
 
 WIDEN = 4          # k' multiplier for uncertified targets
 

@@ -38,7 +38,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, unit, within
+from vlcurate.foundation.params import DataError, Params, at_least, doc, positive, unit, within
 from vlcurate.stages.base import GlobalStage, Resources, reasons_array
 
 from . import engine, hpm

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 from vlcurate.schemas import embed as E
-from vlcurate.pipeline.params import DataError
+from vlcurate.foundation.params import DataError
 
 from . import calibrate, engine, hpm
 from .engine import layout, persist, precision, spaces

@@ -53,7 +53,7 @@ from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
-from vlcurate.pipeline.params import DataError, Params, at_least, doc, positive, within
+from vlcurate.foundation.params import DataError, Params, at_least, doc, positive, within
 from vlcurate.stages.base import Finding, GlobalStage, Resources, reasons_array
 from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 

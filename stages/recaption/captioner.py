@@ -1,4 +1,4 @@
-"""The BLIP-2 captioner behind a small wrapper: loading (the policy in ``stages/models.py``),
+"""The BLIP-2 captioner behind a small wrapper: loading (the policy in ``foundation/models.py``),
 preprocessing, beam search, decoding and the degenerate-caption checks.
 
 Generation is deterministic beam search (FFF sec. 4.2: five pseudo-captions per image "selected
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from vlcurate.schemas import recaption as R
-from vlcurate.stages import models
+from vlcurate.foundation import models
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform
 from vlcurate.schemas import recaption as R
-from vlcurate.pipeline.params import ModelSpec, Params, at_least, doc, positive
+from vlcurate.foundation.params import ModelSpec, Params, at_least, doc, positive
 from vlcurate.stages.base import MapStage, Resources, once_per_image
 
 from .captioner import Captioner

@@ -98,7 +98,7 @@ def one(n: int, a: argparse.Namespace) -> dict:
     from vlcurate.stages.mining.pass_io import Miner, prepare_pass
     from vlcurate.stages.mining.store import Store, collect
 
-    from vlcurate.pipeline.heap import bounded_heap
+    from vlcurate.foundation.heap import bounded_heap
     cs = centres(n, a.dim)
     peaks = Peaks()
     base = peaks.take()[0]
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1,
                     help="mine every n-th part only (a chunk's memory does not depend on it)")
     ap.add_argument("--default-heap", action="store_true",
-                    help="leave glibc's mmap threshold dynamic (before pipeline.heap.bounded_heap)")
+                    help="leave glibc's mmap threshold dynamic (before foundation.heap.bounded_heap)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:

@@ -69,7 +69,7 @@ def main() -> int:
     from vlcurate.trainer.data import A, ShardSet
     from vlcurate.stages.ids import IdsStage
     from vlcurate.stages.ingest import IngestStage
-    from vlcurate.stages.models import load_clip
+    from vlcurate.foundation.models import load_clip
 
     class Hard(Stage):  # every row gets 5 hard pairs (its neighbours), as the mining stage would
         name = "hard"

@@ -43,7 +43,7 @@ def main() -> int:
     if not DATA.exists():
         print(f"skipped: {DATA} not found")
         return 0
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     tmp = Path(tempfile.mkdtemp(prefix="vlc-bench-s3-"))
     base = {"source.max_captions_per_image": 1, "source.rows_per_part": a.rows_per_part,
             "run.progress": False, "export.samples_per_shard": 1000, "run.stages": ["ids"]}

@@ -31,7 +31,7 @@ def main() -> None:
     a = ap.parse_args()
     from tests.pipeline import test_s3_run as T
     from tests.s3server import s3_server
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     from vlcurate.pipeline.runner import run
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-s3-"))

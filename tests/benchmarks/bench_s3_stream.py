@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     a = ap.parse_args()
     from tests.s3server import s3_server
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     from vlcurate.trainer import data as D
     default = D.READ_AHEAD
     local = export(Path(tempfile.mkdtemp()), a.samples)

@@ -176,7 +176,7 @@ def test_demo_job_with_its_run_directory_in_a_bucket(s3, cluster, tmp_path):
              timeout=900)
     assert job.returncode == 0, job.stdout[-6000:]
     assert "no row lost: yes" in job.stdout
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     run = storage.read_json(f"{run_dir}/run.json")
     for stage in run["dag"]:
         m = storage.read_json(f"{run_dir}/{stage}/_manifest.json")

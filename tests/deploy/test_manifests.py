@@ -353,7 +353,7 @@ def test_the_s3_rayjob_is_the_same_cluster_without_a_shared_volume():
 
 
 def test_the_s3_config_loads_with_its_run_directory_in_a_bucket(tmp_path):
-    from vlcurate.pipeline import storage
+    from vlcurate.foundation import storage
     cm = next(d for d in docs("config.yaml", KUBE_S3) if d["kind"] == "ConfigMap")
     path = tmp_path / "config.yaml"
     path.write_text(cm["data"]["config.yaml"])

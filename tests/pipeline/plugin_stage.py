@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, positive
+from vlcurate.foundation.params import Params, positive
 from vlcurate.schemas import F, tables
 from vlcurate.stages.base import Finding, MapStage, Resources
 

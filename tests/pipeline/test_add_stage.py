@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from vlcurate.pipeline.params import Params, positive
+from vlcurate.foundation.params import Params, positive
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R
 from vlcurate.schemas import wordcount as S

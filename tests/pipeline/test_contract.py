@@ -9,7 +9,7 @@ from vlcurate.pipeline import config as C
 from vlcurate.pipeline.dag import default_dag
 from vlcurate.pipeline.demo import DEMO_MODELS
 from vlcurate.pipeline.runner import Runner, StageResult, stage_view
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.base import GlobalStage, Kind, MapStage, SinkStage, SourceStage, Stage
 
 KINDS = {Kind.SOURCE: SourceStage, Kind.MAP: MapStage, Kind.GLOBAL: GlobalStage,

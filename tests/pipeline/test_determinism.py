@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline.test_runner import cfg_for, quiet
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.pipeline.demo import make_demo
 from vlcurate.pipeline.rundir import KINDS, StageDir, without_attempt
 from vlcurate.pipeline.runner import run

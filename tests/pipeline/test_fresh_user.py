@@ -380,7 +380,7 @@ def test_11b_a_stage_error_raised_in_a_ray_worker_is_unwrapped():
     traceback in its text); the CLI finds the user's error inside and prints only it."""
     from ray.exceptions import RayTaskError
     from vlcurate.pipeline.cli import user_error
-    from vlcurate.pipeline.params import DataError
+    from vlcurate.foundation.params import DataError
     cause = DataError("hpm.k = 500 cannot be supported by the 8 rows kept for mining")
     wrapped = RayTaskError("prepare_step", "Traceback (most recent call last):\n  ...", cause)
     for err in (wrapped, wrapped.as_instanceof_cause()):

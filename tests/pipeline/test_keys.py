@@ -7,7 +7,7 @@ import yaml
 
 from vlcurate.pipeline import config as C
 from vlcurate.pipeline import keys
-from vlcurate.pipeline.params import ModelSpec, Resources
+from vlcurate.foundation.params import ModelSpec, Resources
 
 
 def test_example_yaml_and_the_readme_reference_are_generated_from_the_params():

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.pipeline.rundir import StageDir, fragment_name, without_attempt
 from vlcurate.schemas import F, tables
 

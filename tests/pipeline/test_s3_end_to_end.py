@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vlcurate.pipeline import config as C
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.pipeline.cli import main
 from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.inspect import inspect_run

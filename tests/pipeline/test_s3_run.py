@@ -17,7 +17,7 @@ import pytest
 
 from tests.pipeline.test_determinism import differing, snapshot
 from tests.pipeline.test_runner import CharCount, ShortCaptionFilter, by_stage, cfg_for, quiet
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.pipeline.dag import Node
 from vlcurate.pipeline.demo import make_demo
 from vlcurate.pipeline.rundir import StageDir

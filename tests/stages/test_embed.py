@@ -13,7 +13,7 @@ from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.embed import EmbedStage, ImageEncoder, TextEncoder
 
 TINY = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48, "num_heads": 2}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.pipeline.runner import build_stage
 from vlcurate.schemas import F
 from vlcurate.schemas import reasons as R

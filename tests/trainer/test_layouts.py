@@ -15,7 +15,7 @@ from vlcurate.pipeline.demo import demo_overrides, make_demo
 from vlcurate.pipeline.runner import run
 from vlcurate.schemas import F
 from vlcurate.schemas import mining as MI
-from vlcurate.stages.layout import PER_IMAGE
+from vlcurate.foundation.layout import PER_IMAGE
 from vlcurate.trainer.data import ShardSet
 
 

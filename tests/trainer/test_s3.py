@@ -13,7 +13,7 @@ import torch
 
 from tests.trainer.test_trainer import shards  # noqa: F401 (fixture)
 from vlcurate.pipeline import config as C
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 from vlcurate.schemas import F
 from vlcurate.trainer.data import ShardSet
 from vlcurate.trainer.outdir import OutDirInUse, check_out_dir

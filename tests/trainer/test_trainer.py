@@ -24,7 +24,7 @@ from vlcurate.trainer.data import A, ShardSet
 from vlcurate.trainer.train import retrieval_metrics
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
-from vlcurate.stages.models import load_clip
+from vlcurate.foundation.models import load_clip
 
 
 RELS = (MI.REL_DUPLICATE, MI.REL_IMAGE, MI.REL_TEXT)

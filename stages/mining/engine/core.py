@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from vlcurate.pipeline import heap
+from vlcurate.foundation import heap
 
 from ..hpm import as_tensor
 
@@ -24,7 +24,7 @@ def freed_memory_kept():
     freed at its top stay there. By default every tensor over ~128 KB is a fresh mmap whose
     pages fault in again, and the pass makes thousands of ~1 MB temporaries per chunk: ~15%
     of its time per target (1M synthetic). Speed only. On exit the enclosing settings come back
-    (pipeline/heap.py: left set, every later stage of an in-process run held ~0.5 GB more:
+    (foundation/heap.py: left set, every later stage of an in-process run held ~0.5 GB more:
     bench_scale at 100k) and the free memory is given back (malloc_trim)."""
     return heap.heap_settings(_KEEP, trim=True)
 

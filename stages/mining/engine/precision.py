@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 import torch
-from vlcurate.pipeline.params import ConfigError
+from vlcurate.foundation.params import ConfigError
 
 from . import screen
 from .core import _rows

@@ -11,7 +11,7 @@ from PIL import Image
 
 from vlcurate.pipeline import config as C
 from vlcurate.stages.concepts.stage import ConceptsParams
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.concepts import heads as H
 from vlcurate.stages.concepts import vocab as V
 from vlcurate.stages.concepts.teacher import Teacher

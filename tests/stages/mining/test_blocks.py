@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from vlcurate.pipeline import heap
+from vlcurate.foundation import heap
 from vlcurate.stages.mining import engine as E
 from vlcurate.stages.mining.engine import (core, layout, passes, persist, routing, screen, topk,
                                            units)

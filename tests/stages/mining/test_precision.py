@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vlcurate.pipeline.params import ConfigError
+from vlcurate.foundation.params import ConfigError
 from vlcurate.stages.mining import engine as E
 from vlcurate.stages.mining.engine import precision
 
@@ -25,7 +25,7 @@ WITHOUT_INT8 = """
 import pickle, sys
 sys.modules["vlcurate.stages.mining.int8"] = None
 import numpy as np
-from vlcurate.pipeline.params import ConfigError
+from vlcurate.foundation.params import ConfigError
 from vlcurate.stages.mining import engine as E, pass_io
 from vlcurate.stages.mining.engine import precision
 from tests.stages.mining.test_precision import mine_all

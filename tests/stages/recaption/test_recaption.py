@@ -12,7 +12,7 @@ from vlcurate.pipeline.runner import build_stage
 from vlcurate.pipeline import config as C
 from vlcurate.schemas import F
 from vlcurate.schemas import recaption as R
-from vlcurate.stages import models
+from vlcurate.foundation import models
 from vlcurate.stages.recaption import Captioner, RecaptionStage, degenerate
 
 WORDS = ["a", "the", "dog", "cat", "on", "in", "red", "blue", "grass", "beach", "man", "woman",

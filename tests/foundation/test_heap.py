@@ -1,9 +1,9 @@
-"""pipeline/heap.py: nested malloc settings restore the enclosing block's, never glibc's 128 KB
+"""foundation/heap.py: nested malloc settings restore the enclosing block's, never glibc's 128 KB
 defaults (which made later stages' bf16 casts 3x slower), and stay out of the user's way."""
 from __future__ import annotations
 
 import pytest
-from vlcurate.pipeline import heap
+from vlcurate.foundation import heap
 from vlcurate.stages.mining.engine import core
 
 

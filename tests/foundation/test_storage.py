@@ -1,7 +1,7 @@
-"""pipeline/storage.py against a local folder and a real S3 HTTP endpoint (moto on loopback)."""
+"""foundation/storage.py against a local folder and a real S3 HTTP endpoint (moto on loopback)."""
 import pytest
 
-from vlcurate.pipeline import storage
+from vlcurate.foundation import storage
 
 
 @pytest.fixture(params=["local", "s3"])
