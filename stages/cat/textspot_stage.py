@@ -26,6 +26,8 @@ class TextSpotParams(Params):
     backend: Literal["rapidocr", "tesseract", "mmocr"] = "rapidocr"
     mode: Literal["fast", "full"] = "fast"   # rapidocr: fast reads what the rule needs; full: all
     det_pixels: int = positive(196_608)   # fast: the text detector's input size (~512 x 384)
+    gate_pixels: int = at_least(0, 0, doc="fast: a first, cheaper text detection at this size; "
+                                "an image where it finds no box is done (0: off)")
     keep_texts: bool = False              # fast: recognise every box, so ocr_texts lists every line
     device: Literal["cpu", "cuda"] = "cpu"   # rapidocr's onnxruntime (cuda: onnxruntime-gpu)
     if_missing: Literal["error", "skip"] = "error"   # skip: run without it, saying so in the output
