@@ -3,15 +3,17 @@
 per (image, caption) row, on the real sets in ``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
-        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text] [--det-pixels N[:GATE][,...]]
+        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
+        [--det-pixels N[:GATE][,...]]
 
 Each ``--det-pixels`` value is one fast path (the default: the stage's ``textspot.det_pixels``;
 ``N:GATE`` adds ``textspot.gate_pixels``), so that several detector sizes are measured against
-the full OCR in one run. One process, one
-onnxruntime thread; the paths run interleaved, a few images at a time, in rotating order, so that the load of the shared machine falls on both alike (the load average is
-printed beside every figure). Images per CPU-second = images / CPU seconds of this process. The
-scene-text photos have no captions: each is paired with its annotated visible text. Every
-disagreement is listed (image, caption, the best line each path read).
+the full OCR in one run. One process, one onnxruntime thread; the paths run interleaved, a few
+images at a time, in rotating order, so that the load of the shared machine falls on all alike
+(the load average is printed beside every figure). Images per CPU-second = images / CPU
+seconds of this process. The scene-text photos have no captions: each is paired with its
+annotated visible text. Every disagreement is listed (image, caption, the best line each path
+read).
 """
 from __future__ import annotations
 
