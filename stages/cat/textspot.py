@@ -105,10 +105,13 @@ class FastPath:
     a bounded size (``det_pixels``), and only the boxes that could hold ``min_chars`` characters
     are recognised (a crop narrower than ``min_ratio`` times its height cannot); ``tight``: each
     crop is recognised at its own width instead of padded to its batch's widest (and at least
-    320 px): ~3.5x less recogniser work, the same decisions (``bench_textspot.py``)."""
+    320 px): ~3.5x less recogniser work, the same decisions (``bench_textspot.py``);
+    ``gate_pixels`` (0: off): a cheaper detection at that size first, and an image where it finds
+    no box is done (most photos hold no text), so ``det_pixels`` can be larger for the rest."""
     det_pixels: int = 196_608
     min_ratio: float = 0.0
     tight: bool = False
+    gate_pixels: int = 0
 
 
 class RapidOcrBackend:
@@ -147,6 +150,8 @@ def rapid_fast(ocr: Any, im: Image.Image, fast: FastPath) -> list[Spot]:
     the detector at ``fast.det_pixels`` and the crops that cannot hold the rule's text left out."""
     img, _, _ = ocr.preprocess(ocr.load_img(im))
     img, _ = ocr.maybe_add_letterbox(img, {})
+    if fast.gate_pixels and not len(detect(ocr.text_det, img, fast.gate_pixels)):
+        return []
     boxes = detect(ocr.text_det, img, fast.det_pixels)
     crops = [c for c in ocr.get_crop_img_list(img, boxes)
              if c.shape[1] >= fast.min_ratio * c.shape[0]]
@@ -276,12 +281,13 @@ MIN_CHAR_RATIO = 0.2
 
 def fast_path(cfg: Any) -> Optional[FastPath]:
     """``textspot.mode=fast``'s settings (None: the full OCR); ``keep_texts`` recognises every box
-    as the full OCR does, so that ocr_texts lists every line read."""
+    as the full OCR does, so that ocr_texts lists every line read (no gate)."""
     if cfg.mode == "full":
         return None
     if cfg.keep_texts:
         return FastPath(det_pixels=cfg.det_pixels)
-    return FastPath(det_pixels=cfg.det_pixels, min_ratio=MIN_CHAR_RATIO * cfg.min_chars, tight=True)
+    return FastPath(det_pixels=cfg.det_pixels, min_ratio=MIN_CHAR_RATIO * cfg.min_chars, tight=True,
+                    gate_pixels=cfg.gate_pixels)
 
 
 def make_backend(cfg: Any) -> Any:

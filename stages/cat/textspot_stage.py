@@ -28,6 +28,8 @@ class TextSpotParams(Params):
         "rapidocr: fast reads only what the rule needs (docs/textspot.md); full: the full OCR"))
     det_pixels: int = positive(196_608, doc=(
         "fast: the text detector's input size in pixels (~512 x 384)"))
+    gate_pixels: int = at_least(0, 0, doc="fast: a first, cheaper text detection at this size; "
+                                "an image where it finds no box is done (0: off)")
     keep_texts: bool = doc(False, "fast: recognise every box, so ocr_texts lists every line "
                                   "read")
     device: Literal["cpu", "cuda"] = doc("cpu", "rapidocr's onnxruntime device (cuda needs "

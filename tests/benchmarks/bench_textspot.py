@@ -3,13 +3,17 @@
 per (image, caption) row, on the real sets in ``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
-        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text] [--det-pixels N]
+        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
+        [--det-pixels N[:GATE][,...]]
 
-One process, one onnxruntime thread; the two paths run interleaved, a few images at a time, in
-alternating order, so that the load of the shared machine falls on both alike (the load average is
-printed beside every figure). Images per CPU-second = images / CPU seconds of this process. The
-scene-text photos have no captions: each is paired with its annotated visible text. Every
-disagreement is listed (image, caption, the best line each path read).
+Each ``--det-pixels`` value is one fast path (the default: the stage's ``textspot.det_pixels``;
+``N:GATE`` adds ``textspot.gate_pixels``), so that several detector sizes are measured against
+the full OCR in one run. One process, one onnxruntime thread; the paths run interleaved, a few
+images at a time, in rotating order, so that the load of the shared machine falls on all alike
+(the load average is printed beside every figure). Images per CPU-second = images / CPU
+seconds of this process. The scene-text photos have no captions: each is paired with its
+annotated visible text. Every disagreement is listed (image, caption, the best line each path
+read).
 """
 from __future__ import annotations
 
@@ -66,23 +70,39 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
     for r in range(rounds):
         for i in range(0, len(keys), CHUNK):
             chunk = keys[i:i + CHUNK]
-            order = list(paths) if (r + i // CHUNK) % 2 == 0 else list(paths)[::-1]
+            turn = (r + i // CHUNK) % len(paths)
+            order = list(paths)[turn:] + list(paths)[:turn]
             for path in order:
                 c0 = cpu()
                 out, _ = T.spot_all(paths[path], [images[k] for k in chunk], p.max_side)
                 cpu_s[path] += cpu() - c0
                 spots[path].update(zip(chunk, out))
     n = len(keys) * rounds
-    full, fast = ({(k, c): decision(spots[path][k] or [], c, p) for k, c in rows}
-                  for path in ("full", "fast"))
-    flags = {path: sum(T.text_spotted(m, p.min_chars) for m in d.values())
-             for path, d in (("full", full), ("fast", fast))}
-    hit = {path: {r: T.text_spotted(m, p.min_chars) for r, m in d.items()}
-           for path, d in (("full", full), ("fast", fast))}
-    dis = [(k, c, full[(k, c)], fast[(k, c)]) for k, c in rows
-           if hit["full"][(k, c)] != hit["fast"][(k, c)]]
+    hit = {path: {(k, c): decision(spots[path][k] or [], c, p) for k, c in rows} for path in paths}
+    out = {}
+    for path in paths:
+        dis = [(k, c, hit["full"][(k, c)], hit[path][(k, c)]) for k, c in rows
+               if T.text_spotted(hit["full"][(k, c)], p.min_chars)
+               != T.text_spotted(hit[path][(k, c)], p.min_chars)]
+        out[path] = {"rate": n / cpu_s[path], "dis": dis,
+                     "flags": sum(T.text_spotted(m, p.min_chars) for m in hit[path].values())}
     return {"set": name, "images": len(keys), "rows": len(rows), "load": os.getloadavg()[0],
-            "full": n / cpu_s["full"], "fast": n / cpu_s["fast"], "flags": flags, "dis": dis}
+            "paths": out}
+
+
+def report(r: dict) -> None:
+    full = r["paths"]["full"]
+    for path, x in r["paths"].items():
+        if path == "full":
+            continue
+        print(f"{r['set']} {path}: {r['images']} images, {r['rows']} rows: full "
+              f"{full['rate']:.2f}, fast {x['rate']:.2f} images/CPU-s "
+              f"({x['rate'] / full['rate']:.1f}x); flagged rows full {full['flags']}, fast "
+              f"{x['flags']}; agreement {1 - len(x['dis']) / r['rows']:.2%}; load "
+              f"{os.getloadavg()}", flush=True)
+        for k, c, m_full, m_fast in x["dis"]:
+            print(f"    {k} {c!r}: full read {m_full.text!r} ({m_full.chars} chars, conf "
+                  f"{m_full.conf}), fast read {m_fast.text!r} ({m_fast.chars} chars)")
 
 
 def main() -> None:
@@ -90,29 +110,30 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=200, help="images per set (0: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sets", default=",".join(SETS))
-    ap.add_argument("--det-pixels", type=int, default=TextSpotParams().det_pixels)
+    ap.add_argument("--det-pixels", default=str(TextSpotParams().det_pixels),
+                    help="comma-separated detector sizes (N or N:GATE), one fast path each")
     a = ap.parse_args()
-    p = TextSpotParams(det_pixels=a.det_pixels)
-    paths = {"full": T.RapidOcrBackend(threads=1),
-             "fast": T.RapidOcrBackend(threads=1, fast=T.fast_path(p))}
-    print(f"fast path: {T.fast_path(p)}; load average {os.getloadavg()}", flush=True)
+    p = TextSpotParams()
+    paths = {"full": T.RapidOcrBackend(threads=1)}
+    for spec in a.det_pixels.split(","):
+        px, _, gate = spec.partition(":")
+        fast = T.fast_path(TextSpotParams(det_pixels=int(px), gate_pixels=int(gate or 0)))
+        paths[f"fast@{spec}"] = T.RapidOcrBackend(threads=1, fast=fast)
+    print(f"fast paths: {list(paths)[1:]}; load average {os.getloadavg()}", flush=True)
     res = []
     for name in a.sets.split(","):
-        r = run_set(name, paths, p, a.limit, a.rounds)
-        res.append(r)
-        print(f"{name}: {r['images']} images, {r['rows']} rows: full {r['full']:.2f}, fast "
-              f"{r['fast']:.2f} images/CPU-s ({r['fast'] / r['full']:.1f}x); flagged rows full "
-              f"{r['flags']['full']}, fast {r['flags']['fast']}; agreement "
-              f"{1 - len(r['dis']) / r['rows']:.2%}; load {os.getloadavg()}", flush=True)
-        for k, c, m_full, m_fast in r["dis"]:
-            print(f"    {k} {c!r}: full read {m_full.text!r} ({m_full.chars} chars, conf "
-                  f"{m_full.conf}), fast read {m_fast.text!r} ({m_fast.chars} chars)")
-    print("\n| set | images (rows) | full OCR img/CPU-s | fast img/CPU-s | speed-up | flagged "
-          "full / fast | agreement | disagreements | load avg |\n" + "|---" * 9 + "|")
+        res.append(run_set(name, paths, p, a.limit, a.rounds))
+        report(res[-1])
+    print("\n| set | images (rows) | fast path | full OCR img/CPU-s | fast img/CPU-s | speed-up | "
+          "flagged full / fast | agreement | disagreements | load avg |\n" + "|---" * 10 + "|")
     for r in res:
-        print(f"| {r['set']} | {r['images']} ({r['rows']}) | {r['full']:.2f} | {r['fast']:.2f} | "
-              f"{r['fast'] / r['full']:.1f}x | {r['flags']['full']} / {r['flags']['fast']} | "
-              f"{1 - len(r['dis']) / r['rows']:.2%} | {len(r['dis'])} | {r['load']:.1f} |")
+        full = r["paths"]["full"]
+        for path, x in r["paths"].items():
+            if path != "full":
+                print(f"| {r['set']} | {r['images']} ({r['rows']}) | {path} | {full['rate']:.2f} "
+                      f"| {x['rate']:.2f} | {x['rate'] / full['rate']:.1f}x | {full['flags']} / "
+                      f"{x['flags']} | {1 - len(x['dis']) / r['rows']:.2%} | {len(x['dis'])} | "
+                      f"{r['load']:.1f} |")
 
 
 if __name__ == "__main__":
