@@ -15,6 +15,7 @@ The checker is itself tested on broken manifests, so that it cannot pass vacuous
 """
 from __future__ import annotations
 
+import ast
 import copy
 import re
 import shutil
@@ -396,6 +397,13 @@ def dockerfile() -> list[tuple[str, str]]:
     return out
 
 
+def package_tops() -> tuple[str, ...]:
+    """The top-level folders setup.py collects the installed packages from (its ``TOPS``)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "TOPS")
+
+
 def test_dockerfile_cuda_base_project_extras_and_debian_packages():
     steps = dockerfile()
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for i, a in steps if i == "ARG" and "=" in a}
@@ -412,8 +420,7 @@ def test_dockerfile_cuda_base_project_extras_and_debian_packages():
     extras = pyproject["project"]["optional-dependencies"]
     assert {"gpu", "ocr"} <= set(extras)
     copied = [src for i, a in steps if i == "COPY" for src in a.split()[:-1]]
-    pkg_dirs = pyproject["tool"]["setuptools"]["package-dir"]
-    assert {"pyproject.toml", "README.md", *pkg_dirs.values()} <= set(copied)
+    assert {"pyproject.toml", "setup.py", "README.md", *package_tops()} <= set(copied)
     for src in copied:
         assert (REPO / src).exists(), src
     assert ("USER", "1000") in steps
