@@ -23,6 +23,7 @@ conf = recognition score).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -211,14 +212,32 @@ class TesseractBackend:
         if missing:
             raise BackendUnavailable(f"textspot.tesseract_lang={lang!r}: tesseract has no data for "
                                      f"{missing}: `apt-get install tesseract-ocr-{missing[0]}`")
-        if threads > 0:   # tesseract's OpenMP threads; the env is read by the tesseract process
-            os.environ["OMP_THREAD_LIMIT"] = str(threads)
-        self.tess, self.config, self.lang = pytesseract, f"--psm {psm}", lang
+        self.tess, self.config, self.lang, self.threads = pytesseract, f"--psm {psm}", lang, threads
 
     def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
-        return [tesseract_lines(self.tess.image_to_data(
-            im, lang=self.lang, config=self.config, output_type=self.tess.Output.DICT))
-            for im in images]
+        with omp_limit(self.threads):
+            return [tesseract_lines(self.tess.image_to_data(
+                im, lang=self.lang, config=self.config, output_type=self.tess.Output.DICT))
+                for im in images]
+
+
+@contextlib.contextmanager
+def omp_limit(threads: int):
+    """tesseract's OpenMP threads, through the environment its process inherits, set only while
+    it runs: left in this process's environment, OMP_THREAD_LIMIT would reach every process
+    started later (a Ray worker, a torch subprocess), whose kernels it changes."""
+    if threads <= 0:
+        yield
+        return
+    old = os.environ.get("OMP_THREAD_LIMIT")
+    os.environ["OMP_THREAD_LIMIT"] = str(threads)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["OMP_THREAD_LIMIT"]
+        else:
+            os.environ["OMP_THREAD_LIMIT"] = old
 
 
 def tesseract_lines(data: dict) -> list[Spot]:

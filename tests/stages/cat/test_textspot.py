@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib
 import io
+import os
 import random
 import shutil
 
@@ -316,3 +317,18 @@ def test_cuda_without_a_cuda_onnxruntime_says_what_to_install():
         pytest.skip("onnxruntime has CUDA here")
     with pytest.raises(T.BackendUnavailable, match="onnxruntime-gpu"):
         T.RapidOcrBackend(device="cuda")
+
+
+def test_tesseract_thread_limit_is_set_only_while_it_runs(monkeypatch):
+    """OMP_THREAD_LIMIT reaches tesseract's process only: left in this process's environment it
+    would reach every process started later (a torch subprocess picks other bf16 kernels)."""
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)
+    with T.omp_limit(2):
+        assert os.environ["OMP_THREAD_LIMIT"] == "2"
+    assert "OMP_THREAD_LIMIT" not in os.environ
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "3")
+    with T.omp_limit(1):
+        assert os.environ["OMP_THREAD_LIMIT"] == "1"
+    assert os.environ["OMP_THREAD_LIMIT"] == "3"
+    with T.omp_limit(0):
+        assert os.environ["OMP_THREAD_LIMIT"] == "3"
