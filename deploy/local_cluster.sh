@@ -53,8 +53,11 @@ marked_pids() {  # processes whose environment names this cluster (never this sc
 up() {
   if [ -n "$(marked_pids)" ]; then echo "a cluster for $DIR is already running" >&2; exit 1; fi
   mkdir -p "$DIR"
-  local p; read -r -a p <<<"$(free_ports 15)"
+  local p; read -r -a p <<<"$(free_ports 17)"
   export VLCURATE_LOCAL_CLUSTER="$DIR"
+  # the autoscaler's and the dashboard's metrics servers have no flag and fixed defaults (44217,
+  # 44227), which a port picked free below may be: they come from the environment instead
+  export AUTOSCALER_METRIC_PORT="${p[15]}" DASHBOARD_METRIC_PORT="${p[16]}"
   # the head: GCS on ${p[0]}, dashboard and job API on ${p[1]}, two CPUs
   ray start --head --port "${p[0]}" \
     --dashboard-host 127.0.0.1 --dashboard-port "${p[1]}" --num-cpus "$HEAD_CPUS" \
