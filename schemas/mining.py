@@ -37,8 +37,9 @@ CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
 # duplicate rule to them, so a positives threshold change reruns positives only, with no
 # search. Aligned lists, sorted by the other row's global position.
 PAIR_IDS = pa.field("hpm_pair_ids", pa.list_(pa.string()), metadata={
-    "doc": "sample_ids j of the candidate pairs (i, j): S_ii or X_ii > hpm.pair_image, S_tt or "
-           "X_tt > hpm.pair_text, or S_it > hpm.pair_cross; null when not mined or method fast"})
+    "doc": "sample_ids j of the candidate pairs (i, j): S_ii or X_ii > positives.candidates.image, "
+           "S_tt or X_tt > positives.candidates.text, or S_it > positives.candidates.cross; null "
+           "when not mined or method fast"})
 PAIR_SII = pa.field("hpm_pair_sii", pa.list_(pa.float32()), metadata={
     "doc": "exact image-image cosine S_ii of each candidate pair (HELIP's image encoder)"})
 PAIR_STT = pa.field("hpm_pair_stt", pa.list_(pa.float32()), metadata={
@@ -53,9 +54,9 @@ PAIR_XTT = pa.field("hpm_pair_xtt", pa.list_(pa.float32()), metadata={
     "doc": "exact caption-caption cosine X_tt of each candidate pair on the cross-modal model "
            "(FFF's S_tt on the original captions); null without cross-modal embeddings"})
 PAIRS_CUT = pa.field("hpm_pairs_cut", pa.int32(), metadata={
-    "doc": "candidate pairs above the floors that hpm.max_pairs left out of this row's "
-           "hpm_pair_* lists (the lowest max(S_ii, S_tt, S_it, X_ii, X_tt)); null when not "
-           "mined or method fast"})
+    "doc": "candidate pairs above the floors that positives.candidates.max_pairs left out of "
+           "this row's hpm_pair_* lists (the lowest max(S_ii, S_tt, S_it, X_ii, X_tt)); null when "
+           "not mined or method fast"})
 
 # --- positives stage --------------------------------------------------------------------------------
 POSITIVE_IDS = pa.field("positive_ids", pa.list_(pa.string()), metadata={
