@@ -1,0 +1,83 @@
+"""``complete``'s last step, count only: a short row's supporters over the clusters it has not
+searched, without the search's top-k, bound or pairs.
+
+A noise pair's hard set is empty (HELIP Alg. 1), so for a row still short after the widened
+probe only its support matters, unless that reaches k. ``count`` screens the row against
+every cluster it has not searched in one space (the one with fewer dimensions, the image on
+a tie) with the precision's one-space screen (Precision.space_screen / space_block: a proven
+superset of the pairs above the floor, as spaces.py's searches), and only the pairs that pass
+it get both similarities, as gathered fp32 dot products (native.pair_dots: the re-score's
+own bits). Judged against each threshold within core.MARGIN (a GEMM's fp32 and a dot
+product differ by ~1e-6): a pair above every threshold by MARGIN is a *sure* supporter, one
+above each tau less MARGIN a *possible* one. A row stops being counted once its sure
+supporters reach what it lacks (``need``): it is no noise pair, and ``complete`` searches it
+in every cluster left, as before. For the others, the clusters that hold a possible
+supporter are all that ``complete`` searches: every other cluster holds no pair with a
+positive score, so the search there gives the exact support, top-k and certificate, the same
+bytes as a search of every cluster."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import native
+from .core import MARGIN, PassParams, Vectors, _take, _whole
+from .layout import Layout
+from .precision import get
+
+
+def first_space(vec: Vectors) -> tuple[str, str]:
+    """(the space screened, the other): the one with fewer dimensions (cheaper), image on a
+    tie."""
+    return ("txt", "img") if vec.txt.shape[1] < vec.img.shape[1] else ("img", "txt")
+
+
+def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np.ndarray,
+          p: PassParams, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Rows at sorted positions ``pos``, against the clusters not ``done`` ([rows, clusters]
+    bool): (reached: [rows] bool, at least ``need`` sure supporters found; possible: [rows,
+    clusters] bool, the clusters holding a possible supporter, complete for the rows not
+    reached)."""
+    one, two = first_space(vec)
+    x = {s: _take(getattr(vec, s), pos, device) for s in (one, two)}
+    tau = {"img": p.tau_i, "txt": p.tau_t}
+    prec = get(p.precision)
+    low = (vec.low or {}).get(one)
+    xs, floor, hits = prec.space_screen(x[one], None, tau[one] - MARGIN)
+    got = np.zeros(len(pos), np.int64)
+    possible = np.zeros(done.shape, bool)
+    with torch.no_grad():
+        for c in np.flatnonzero(np.diff(lay.bounds) > 0):
+            live = np.flatnonzero(~done[:, c] & (got < need))
+            a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
+            for s0 in range(a, b, p.block_size) if len(live) else ():
+                s1 = min(b, s0 + p.block_size)
+                m = prec.space_block(low, getattr(vec, one), slice(s0, s1), c, xs, device)
+                for q0 in range(0, len(live), p.query_block):
+                    rows = live[q0:q0 + p.query_block]
+                    r, col = hits(xs, rows, m, floor)
+                    q, j = rows[r], s0 + np.asarray(col, np.int64)
+                    sure, maybe = _judge(vec, x, pos, q, j, tau, p, device)
+                    got += np.bincount(q[sure], minlength=len(pos))
+                    possible[q[maybe], c] = True
+    return got >= need, possible
+
+
+def _judge(vec: Vectors, x: dict, pos: np.ndarray, q: np.ndarray, j: np.ndarray, tau: dict,
+           p: PassParams, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sure, possible) supporters among pairs (query q: an index into x's rows, member j: a
+    sorted position): both similarities as fp32 dot products, against tau (and dup) within
+    MARGIN. A row's own pair is neither."""
+    other = pos[q] != j
+    qi, ji = torch.as_tensor(q[other]), torch.as_tensor(j[other])
+    s = {n: native.pair_dots(x[n], qi, _whole(getattr(vec, n)), ji, device).cpu().numpy()
+         for n in x}
+    sure = np.zeros(len(q), bool)
+    maybe = np.zeros(len(q), bool)
+    maybe[other] = (s["img"] > tau["img"] - MARGIN) & (s["txt"] > tau["txt"] - MARGIN)
+    ok = (s["img"] > tau["img"] + MARGIN) & (s["txt"] > tau["txt"] + MARGIN) & \
+        (s["img"] * s["txt"] > 0)
+    if p.dup is not None:
+        ok &= (s["img"] <= p.dup - MARGIN) & (s["txt"] <= p.dup - MARGIN)
+    sure[other] = ok
+    return sure, maybe
