@@ -27,7 +27,7 @@ def search_every_cluster_left(lay, vec, pos, r, rows, searched, p, device):
 
 @pytest.fixture(scope="module")
 def data():
-    img, txt, kind = uneven(2000, 24, seed=11, clusters=40, alpha=1.5, spread=(0.5, 1.3),
+    img, txt, kind = uneven(1200, 24, seed=11, clusters=30, alpha=1.5, spread=(0.5, 1.3),
                             isolated=0.05, mismatched=0.03)
     return img, txt, exact_support(img, txt, TAU, TAU, DUP)
 
@@ -38,7 +38,7 @@ def test_last_step_keeps_every_byte_and_exact_noise(data, k, precision, monkeypa
     """int8 counts (fp32 searches every cluster left: its scores are read off GEMMs whose last
     bits follow their shapes)."""
     img, txt, support = data
-    p = core.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=40, probe=2,
+    p = core.PassParams(k=k, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=30, probe=2,
                         precision=precision)
     lay, vec, _ = E.prepare(img, txt, p)
     pos = lay.positions()
@@ -51,11 +51,11 @@ def test_last_step_keeps_every_byte_and_exact_noise(data, k, precision, monkeypa
         return got
 
     monkeypatch.setattr(passes, "count", spy)
-    new = passes.PassResult.concat([E.mine(lay, vec, pos[a:a + 700], p)
-                                    for a in range(0, len(pos), 700)])
+    new = passes.PassResult.concat([E.mine(lay, vec, pos[a:a + 500], p)
+                                    for a in range(0, len(pos), 500)])
     monkeypatch.setattr(passes, "_last_step", search_every_cluster_left)
-    old = passes.PassResult.concat([E.mine(lay, vec, pos[a:a + 700], p)
-                                    for a in range(0, len(pos), 700)])
+    old = passes.PassResult.concat([E.mine(lay, vec, pos[a:a + 500], p)
+                                    for a in range(0, len(pos), 500)])
     if precision == "fp32":
         assert not reached
     else:
@@ -75,7 +75,7 @@ def test_count_stops_at_need_and_lists_every_supporting_cluster(data):
     (nearly every such row does: sure supporters are MARGIN above the thresholds), and a row not
     reached lists every cluster holding one of its supporters."""
     img, txt, support = data
-    p = core.PassParams(k=10, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=40, probe=2,
+    p = core.PassParams(k=10, tau_i=TAU, tau_t=TAU, dup=DUP, n_clusters=30, probe=2,
                         precision="int8")
     lay, vec, _ = E.prepare(img, txt, p)
     pos = lay.positions()                      # global row i at sorted position pos[i]
