@@ -97,10 +97,14 @@ def real_pairs(cache: Path) -> tuple[np.ndarray, np.ndarray]:
 
 # the synthetic shapes (--set): lo, hi of a row's relative noise norm; alpha: the real pairs
 # used as centres are drawn with weights ~ rank^-alpha (0: uniform); isolated / mismatched: the
-# share of rows that are noise alone (no centre) / image and text of two different centres
+# share of rows that are noise alone (no centre) / image and text of two different centres;
+# centre_rows, spread: only N / centre_rows real pairs are centres, with lognormal(0, spread)
+# weights (uneven sizes, ~centre_rows rows each on average)
 SHAPES = {"synth": dict(lo=0.5, hi=1.0, alpha=0.0, isolated=0.0, mismatched=0.0),
           "uneven": dict(lo=0.4, hi=1.6, alpha=1.1, isolated=0.0, mismatched=0.0),
-          "tail": dict(lo=0.5, hi=1.0, alpha=0.0, isolated=0.15, mismatched=0.05)}
+          "tail": dict(lo=0.5, hi=1.0, alpha=0.0, isolated=0.15, mismatched=0.05),
+          "web": dict(lo=0.3, hi=0.8, alpha=0.0, isolated=0.02, mismatched=0.01,
+                      centre_rows=400, spread=0.8)}
 
 
 def synthetic(n: int, cache: Path, seed: int = 0, rank: int = 128,
@@ -109,7 +113,9 @@ def synthetic(n: int, cache: Path, seed: int = 0, rank: int = 128,
     15 variants of each real pair; ``uneven`` cluster sizes from a power law (a few real pairs
     with thousands of variants, most with none) and wide per-row spreads; ``tail`` the synth
     shape with a long tail of isolated rows (noise in the principal subspace alone) and
-    mismatched pairs (image and text around two different real pairs)."""
+    mismatched pairs (image and text around two different real pairs); ``web`` tight clusters
+    around N / 400 real pairs of lognormal sizes (most rows have well over 100 supporters at
+    tau 0.5), 2% isolated rows and 1% mismatched pairs: a few percent noise pairs at k 100."""
     sh = SHAPES[shape]
     path = cache / (f"synthetic_{n}_{seed}.npz" if shape == "synth" else
                     f"synthetic_{shape}_{n}_{seed}.npz")
@@ -129,6 +135,11 @@ def synthetic(n: int, cache: Path, seed: int = 0, rank: int = 128,
     if sh["alpha"]:
         weight = np.arange(1, len(img0) + 1, dtype=np.float64) ** -sh["alpha"]
         weight = weight[rng.permutation(len(img0))] / weight.sum()
+    if sh.get("centre_rows"):
+        weight = np.zeros(len(img0))
+        chosen = rng.choice(len(img0), max(1, n // sh["centre_rows"]), replace=False)
+        weight[chosen] = rng.lognormal(0.0, sh["spread"], len(chosen))
+        weight /= weight.sum()
     for c0 in range(0, n, 100_000):
         m = min(100_000, n - c0)
         centre = rng.choice(len(img0), m, p=weight)
