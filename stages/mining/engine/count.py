@@ -46,28 +46,41 @@ def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np
     xs, floor, hits = prec.space_screen(x[one], None, tau[one] - MARGIN)
     got = np.zeros(len(pos), np.int64)
     possible = np.zeros(done.shape, bool)
+    held: list = []
     with torch.no_grad():
         for c in np.flatnonzero(np.diff(lay.bounds) > 0):
             live = np.flatnonzero(~done[:, c] & (got < need))
             a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
             for s0 in range(a, b, p.block_size) if len(live) else ():
-                s1 = min(b, s0 + p.block_size)
-                m = prec.space_block(low, getattr(vec, one), slice(s0, s1), c, xs, device)
-                for q0 in range(0, len(live), p.query_block):
-                    rows = live[q0:q0 + p.query_block]
-                    r, col = hits(xs, rows, m, floor)
-                    q, j = rows[r], s0 + np.asarray(col, np.int64)
-                    sure, maybe = _judge(vec, x, pos, q, j, tau, p, device)
-                    got += np.bincount(q[sure], minlength=len(pos))
-                    possible[q[maybe], c] = True
+                m = prec.space_block(low, getattr(vec, one), slice(s0, min(b, s0 + p.block_size)),
+                                     c, xs, device)
+                r, col = hits(xs, live, m, floor)
+                held.append((live[r], s0 + np.asarray(col, np.int64), c))
+            if sum(len(h[0]) for h in held) >= JUDGE:
+                _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
+                held = []
+        _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
     return got >= need, possible
 
 
-def _judge(vec: Vectors, x: dict, pos: np.ndarray, q: np.ndarray, j: np.ndarray, tau: dict,
-           p: PassParams, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """(sure, possible) supporters among pairs (query q: an index into x's rows, member j: a
-    sorted position): both similarities as fp32 dot products, against tau (and dup) within
-    MARGIN. A row's own pair is neither."""
+JUDGE = 1 << 15      # screened pairs judged at once (rows stop being counted between batches)
+
+
+def _add(held: list, got: np.ndarray, possible: np.ndarray, sure: np.ndarray,
+         maybe: np.ndarray) -> None:
+    """The judged pairs ``held`` counted into got (sure) and possible (maybe)."""
+    q = np.concatenate([h[0] for h in held] + [np.zeros(0, np.int64)])
+    c = np.repeat(np.array([h[2] for h in held], np.int64), [len(h[0]) for h in held])
+    got += np.bincount(q[sure], minlength=len(got))
+    possible[q[maybe], c[maybe]] = True
+
+
+def _judge(vec: Vectors, x: dict, pos: np.ndarray, held: list, tau: dict, p: PassParams,
+           device: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sure, possible) supporters among the ``held`` pairs (query: an index into x's rows,
+    member: a sorted position, cluster), both similarities as fp32 dot products, against tau
+    (and dup) within MARGIN. A row's own pair is neither."""
+    q, j = (np.concatenate([h[i] for h in held] + [np.zeros(0, np.int64)]) for i in (0, 1))
     other = pos[q] != j
     qi, ji = torch.as_tensor(q[other]), torch.as_tensor(j[other])
     s = {n: native.pair_dots(x[n], qi, _whole(getattr(vec, n)), ji, device).cpu().numpy()
