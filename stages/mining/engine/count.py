@@ -46,7 +46,7 @@ def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np
     xs, floor, hits = prec.space_screen(x[one], None, tau[one] - MARGIN)
     got = np.zeros(len(pos), np.int64)
     possible = np.zeros(done.shape, bool)
-    held: list = []
+    held, pairs = [], 0
     with torch.no_grad():
         for c in np.flatnonzero(np.diff(lay.bounds) > 0):
             live = np.flatnonzero(~done[:, c] & (got < need))
@@ -56,9 +56,10 @@ def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np
                                      c, xs, device)
                 r, col = hits(xs, live, m, floor)
                 held.append((live[r], s0 + np.asarray(col, np.int64), c))
-            if sum(len(h[0]) for h in held) >= JUDGE:
+                pairs += len(r)
+            if pairs >= JUDGE:
                 _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
-                held = []
+                held, pairs = [], 0
         _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
     return got >= need, possible
 
