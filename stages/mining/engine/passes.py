@@ -33,8 +33,8 @@ from ..hpm import score_bound
 from .core import PassParams, Vectors, freed_memory_kept
 from .count import count
 from .layout import Layout
-from .precision import get
 from .pairs import Held, csr
+from .precision import get
 from .routing import route
 from .topk import Best
 from .units import Queries, UnitResult, run_stack, run_unit, stacks

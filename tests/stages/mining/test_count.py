@@ -27,7 +27,7 @@ def search_every_cluster_left(lay, vec, pos, r, rows, searched, p, device):
 
 @pytest.fixture(scope="module")
 def data():
-    img, txt, kind = uneven(1200, 24, seed=11, clusters=30, alpha=1.5, spread=(0.5, 1.3),
+    img, txt, _ = uneven(1200, 24, seed=11, clusters=30, alpha=1.5, spread=(0.5, 1.3),
                             isolated=0.05, mismatched=0.03)
     return img, txt, exact_support(img, txt, TAU, TAU, DUP)
 
