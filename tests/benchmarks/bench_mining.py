@@ -435,7 +435,8 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
           f"{t_build:.1f}s; mined: {scope}; rows scored per target {per:.0f} ({per / n:.2%} of N)")
     print(f"exact HPM: {us_exact:.0f} us/target (k = {kmax}) -> {us_exact * n / 1e6:.0f}s for all")
     print(f"rows the pass found short of k = {kmax} supporters, searched again: "
-          f"{found.widened} ({found.widened / len(mined):.2%}), of them in every cluster "
+          f"{found.widened} ({found.widened / len(mined):.2%}), of them counted in every "
+          f"cluster left "
           f"{found.everywhere} ({found.everywhere / len(mined):.2%}); load average "
           f"{os.getloadavg()[0]:.1f}")
     print(f"pass: {us_pass:.0f} us/target = {us_exact / us_pass:.1f}x faster per target; total "
