@@ -17,7 +17,11 @@ positive score, so the search there gives the exact support, top-k and certifica
 bytes as a search of every cluster where the precision re-scores its pairs (int8, bf16: a
 pair's similarities are its dot products, whatever GEMMs screened it). fp32 reads them off
 GEMMs whose last bits follow their shapes, so there ``complete`` searches every cluster left
-instead (passes._last_step).
+instead (passes._last_step). One exception remains: a stack of units whose candidates exceed
+the screen's dense share (screen.DENSE_SHARE; int8: x DENSE_GAIN) is computed in fp32 too,
+and the searches here stack other rows than a search of every cluster would; a short row's
+few supporters make that rare (no byte differed on the bench shapes, test_count.py's set or
+tests/stages/mining)."""
 
 Cost per short row: one int8 GEMM of one space against the N rows (~0.3-0.55 ms at 200k
 rows of 384 dimensions on one core of this machine), against a search's both spaces, top-k
