@@ -21,7 +21,7 @@ instead (passes._last_step). One exception remains: a stack of units whose candi
 the screen's dense share (screen.DENSE_SHARE; int8: x DENSE_GAIN) is computed in fp32 too,
 and the searches here stack other rows than a search of every cluster would; a short row's
 few supporters make that rare (no byte differed on the bench shapes, test_count.py's set or
-tests/stages/mining)."""
+tests/stages/mining).
 
 Cost per short row: one int8 GEMM of one space against the N rows (~0.3-0.55 ms at 200k
 rows of 384 dimensions on one core of this machine), against a search's both spaces, top-k
