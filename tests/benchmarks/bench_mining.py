@@ -29,6 +29,8 @@ Sets:
   in the real data's top-128 principal subspace (scaled by its spectrum) of relative norm
   U(0.5, 1.0), renormalised: about 15 paraphrase-like variants per real pair at N = 1M, on the
   real data's manifold rather than in isotropic noise.
+* uneven, tail, web: other SHAPES of the same construction (``synthetic``); web has a few
+  percent noise pairs at k 100, tau 0.5, as web data is expected to (the others 50-99%).
 
 Figures (one table per set; timings are wall clock on this machine, whatever else runs on it):
 * exact: exact HPM (blockwise torch matmul) on --exact-queries targets against all N, scaled
