@@ -74,6 +74,12 @@ class PassParams:
         return max(1, min(c, n))
 
 
+# a hit is screened by a GEMM this far below its threshold, then judged by its gathered dot
+# product (native.pair_dots): spaces.py's one-space searches (a pair at the floor is never
+# listed twice nor lost between searches) and count.py's supporters (fp32 GEMM and dot differ
+# by ~1e-6 for unit vectors)
+MARGIN = 1e-4
+
 COMPACT_SLACK = 1 << 20    # pairs held beyond 2 x n x max_pairs before gather caps them
 
 

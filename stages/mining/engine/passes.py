@@ -31,8 +31,10 @@ import torch
 from .. import native
 from ..hpm import score_bound
 from .core import PassParams, Vectors, freed_memory_kept
+from .count import count
 from .layout import Layout
 from .pairs import Held, csr
+from .precision import get
 from .routing import route
 from .topk import Best
 from .units import Queries, UnitResult, run_stack, run_unit, stacks
@@ -134,11 +136,15 @@ def complete(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, routes: 
     """HELIP's noise rule decides on a count, which a partial search undercounts: rows with
     fewer than k supporters found and a bound > 0 (a pair left out could support them) are
     searched again in the clusters they did not search, first WIDEN x probe of them (the next
-    by routing: most rows near the threshold reach k there), then, for those still short, every
-    other cluster. Their support is then exact (clusters are disjoint: counts add), so is
-    their noise decision, and after the last step their top-k and certificate too. In place on
-    ``r``; only the top-k, support, bound and certificate of those rows change (their
-    candidate pairs are the pass's: the searches keep none)."""
+    by routing: most rows near the threshold reach k there); for those still short, the
+    supporters in every other cluster are counted (count.py: one space's screen, the other's
+    similarity only where it passes, stopped once a row reaches k). A row that reaches k is
+    searched in every cluster left; the others only in the clusters holding a possible
+    supporter (no other pair of theirs has a positive score). Their support is then exact
+    (clusters are disjoint: counts add), so is their noise decision, and after the last step
+    their top-k and certificate too. In place on ``r``; only the top-k, support, bound and
+    certificate of those rows change (their candidate pairs are the pass's: the searches
+    keep none)."""
     short = np.flatnonzero((r.support < p.k) & (r.bound > 0))
     if not len(short):
         return
@@ -156,12 +162,26 @@ def complete(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, routes: 
         short, searched = short[still], searched[still]
     r.everywhere += len(short)
     step = max(1, WIDE_CELLS // lay.n_clusters)
-    every = np.arange(lay.n_clusters)[None, :]
-    empty = np.diff(lay.bounds) == 0
     for a in range(0, len(short), step):
-        rest = np.where(searched[a:a + step] | empty, -1, every)
-        _search(lay, vec, pos, r, short[a:a + step], rest,
-                np.full(len(rest), -np.inf, np.float32), q, device)
+        _last_step(lay, vec, pos, r, short[a:a + step], searched[a:a + step], q, device)
+
+
+def _last_step(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, rows: np.ndarray,
+               searched: np.ndarray, p: PassParams, device: str) -> None:
+    """``complete``'s last step for short ``rows`` (``searched``: their clusters searched so
+    far): counted (count.py), then searched in every cluster left (rows that reach k) or in
+    those holding a possible supporter (the others); nothing is left to bound. In fp32 (a
+    precision that does not re-score) every row is searched in every cluster left: its
+    similarities are read off the GEMMs, whose last bits follow their shapes, and a search
+    of fewer clusters would stack other GEMMs."""
+    done = searched | (np.diff(lay.bounds) == 0)
+    every = np.arange(lay.n_clusters)[None, :]
+    reached, possible = (count(lay, vec, pos[rows], done, p.k - r.support[rows], p, device)
+                         if get(p.precision).rescores else (np.ones(len(rows), bool), done))
+    for pick, where in ((reached, ~done), (~reached, possible & ~done)):
+        if pick.any():
+            _search(lay, vec, pos, r, rows[pick], np.where(where[pick], every, -1),
+                    np.full(int(pick.sum()), -np.inf, np.float32), p, device)
 
 
 def _search(lay: Layout, vec: Vectors, pos: np.ndarray, r: PassResult, rows: np.ndarray,

@@ -40,7 +40,7 @@ import torch
 
 from .. import native
 from . import persist
-from .core import SIMS, PassParams, Vectors, _take, _whole, freed_memory_kept
+from .core import MARGIN, SIMS, PassParams, Vectors, _take, _whole, freed_memory_kept
 from .layout import Layout, build_layout
 from .pairs import Held, csr
 from .passes import PassResult
@@ -170,10 +170,6 @@ def _found_by(s: Space, probe: np.ndarray, sim: str, floor: float):
     return was
 
 
-# a hit is screened by the GEMM this far below its floor, then accepted by its gathered dot
-# product, the value an exclusion test (_found_by) reads too: so a pair at the floor is never
-# listed twice nor lost between searches (fp32 GEMM and dot differ by ~1e-6 for unit vectors)
-MARGIN = 1e-4
 BATCH = 1 << 14       # hits per batch whose similarities are gathered (~BATCH x d floats each)
 
 

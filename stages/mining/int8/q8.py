@@ -63,9 +63,14 @@ class Q8:
     norm: np.ndarray
 
     def index_select(self, dim: int, i: torch.Tensor) -> "Q8":
-        """Rows i (as a tensor's index_select: QueryRows gathers either)."""
+        """Rows i (as a tensor's index_select: QueryRows gathers either). On a CPU by NumPy:
+        torch's int8 index_select with 2 threads on a loaded machine took ~5.6 ms for 1,000 x
+        384 rows, NumPy's 0.03 ms (the same bytes)."""
         at = i.cpu().numpy()
-        return Q8(self.values.index_select(dim, i), *(x[at] for x in self.stats()))
+        v = self.values
+        rows = torch.from_numpy(v.numpy()[at]) if v.device.type == "cpu" and dim == 0 else \
+            v.index_select(dim, i)
+        return Q8(rows, *(x[at] for x in self.stats()))
 
     def __getitem__(self, rows: slice) -> "Q8":
         return Q8(self.values[rows], *(x[rows] for x in self.stats()))

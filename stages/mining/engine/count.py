@@ -1,0 +1,109 @@
+"""``complete``'s last step, count only: a short row's supporters over the clusters it has not
+searched, without the search's top-k, bound or pairs.
+
+A noise pair's hard set is empty (HELIP Alg. 1), so for a row still short after the widened
+probe only its support matters, unless that reaches k. ``count`` screens the row against
+every cluster it has not searched in one space (the one with fewer dimensions, the image on
+a tie) with the precision's one-space screen (Precision.space_screen / space_block: a proven
+superset of the pairs above the floor, as spaces.py's searches), and only the pairs that pass
+it get both similarities, as gathered fp32 dot products (native.pair_dots: the re-score's
+own bits). Judged against each threshold within core.MARGIN (a GEMM's fp32 and a dot
+product differ by ~1e-6): a pair above every threshold by MARGIN is a *sure* supporter, one
+above each tau less MARGIN a *possible* one. A row stops being counted once its sure
+supporters reach what it lacks (``need``): it is no noise pair, and ``complete`` searches it
+in every cluster left, as before. For the others, the clusters that hold a possible
+supporter are all that ``complete`` searches: every other cluster holds no pair with a
+positive score, so the search there gives the exact support, top-k and certificate, the same
+bytes as a search of every cluster where the precision re-scores its pairs (int8, bf16: a
+pair's similarities are its dot products, whatever GEMMs screened it). fp32 reads them off
+GEMMs whose last bits follow their shapes, so there ``complete`` searches every cluster left
+instead (passes._last_step). One exception remains: a stack of units whose candidates exceed
+the screen's dense share (screen.DENSE_SHARE; int8: x DENSE_GAIN) is computed in fp32 too,
+and the searches here stack other rows than a search of every cluster would; a short row's
+few supporters make that rare (no byte differed on the bench shapes, test_count.py's set or
+tests/stages/mining).
+
+Cost per short row: one int8 GEMM of one space against the N rows (~0.3-0.55 ms at 200k
+rows of 384 dimensions on one core of this machine), against a search's both spaces, top-k
+merges and re-scores; ~80 us of Python per cluster and chunk besides, which the stage's
+32,768-row chunks share among their short rows."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import native
+from .core import MARGIN, PassParams, Vectors, _take, _whole
+from .layout import Layout
+from .precision import get
+
+
+def first_space(vec: Vectors) -> tuple[str, str]:
+    """(the space screened, the other): the one with fewer dimensions (cheaper), image on a
+    tie."""
+    return ("txt", "img") if vec.txt.shape[1] < vec.img.shape[1] else ("img", "txt")
+
+
+def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np.ndarray,
+          p: PassParams, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Rows at sorted positions ``pos``, against the clusters not ``done`` ([rows, clusters]
+    bool): (reached: [rows] bool, at least ``need`` sure supporters found; possible: [rows,
+    clusters] bool, the clusters holding a possible supporter, complete for the rows not
+    reached)."""
+    one, two = first_space(vec)
+    x = {s: _take(getattr(vec, s), pos, device) for s in (one, two)}
+    tau = {"img": p.tau_i, "txt": p.tau_t}
+    prec = get(p.precision)
+    low = (vec.low or {}).get(one)
+    xs, floor, hits = prec.space_screen(x[one], None, tau[one] - MARGIN)
+    got = np.zeros(len(pos), np.int64)
+    possible = np.zeros(done.shape, bool)
+    held, pairs = [], 0
+    with torch.no_grad():
+        for c in np.flatnonzero(np.diff(lay.bounds) > 0):
+            live = np.flatnonzero(~done[:, c] & (got < need))
+            a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
+            for s0 in range(a, b, p.block_size) if len(live) else ():
+                m = prec.space_block(low, getattr(vec, one), slice(s0, min(b, s0 + p.block_size)),
+                                     c, xs, device)
+                r, col = hits(xs, live, m, floor)
+                held.append((live[r], s0 + np.asarray(col, np.int64), c))
+                pairs += len(r)
+            if pairs >= JUDGE:
+                _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
+                held, pairs = [], 0
+        _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
+    return got >= need, possible
+
+
+JUDGE = 1 << 15      # screened pairs judged at once (rows stop being counted between batches)
+
+
+def _add(held: list, got: np.ndarray, possible: np.ndarray, sure: np.ndarray,
+         maybe: np.ndarray) -> None:
+    """The judged pairs ``held`` counted into got (sure) and possible (maybe)."""
+    q = np.concatenate([h[0] for h in held] + [np.zeros(0, np.int64)])
+    c = np.repeat(np.array([h[2] for h in held], np.int64), [len(h[0]) for h in held])
+    got += np.bincount(q[sure], minlength=len(got))
+    possible[q[maybe], c[maybe]] = True
+
+
+def _judge(vec: Vectors, x: dict, pos: np.ndarray, held: list, tau: dict, p: PassParams,
+           device: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sure, possible) supporters among the ``held`` pairs (query: an index into x's rows,
+    member: a sorted position, cluster), both similarities as fp32 dot products, against tau
+    (and dup) within MARGIN. A row's own pair is neither."""
+    q, j = (np.concatenate([h[i] for h in held] + [np.zeros(0, np.int64)]) for i in (0, 1))
+    other = pos[q] != j
+    qi, ji = torch.as_tensor(q[other]), torch.as_tensor(j[other])
+    s = {n: native.pair_dots(x[n], qi, _whole(getattr(vec, n)), ji, device).cpu().numpy()
+         for n in x}
+    sure = np.zeros(len(q), bool)
+    maybe = np.zeros(len(q), bool)
+    maybe[other] = (s["img"] > tau["img"] - MARGIN) & (s["txt"] > tau["txt"] - MARGIN)
+    ok = (s["img"] > tau["img"] + MARGIN) & (s["txt"] > tau["txt"] + MARGIN) & \
+        (s["img"] * s["txt"] > 0)
+    if p.dup is not None:
+        ok &= (s["img"] <= p.dup - MARGIN) & (s["txt"] <= p.dup - MARGIN)
+    sure[other] = ok
+    return sure, maybe
