@@ -193,7 +193,7 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "15"       # hard pairs, exact support (short rows searched again), noise flag,
+    version = "16"       # hard pairs, exact support (short rows searched again), noise flag,
                          # certificate and candidate pairs of the pass; history: CHANGELOG.md
     Params = HpmParams
     reads = ("positives.candidates",)   # the candidate pairs' floors the pass keeps

@@ -43,6 +43,7 @@ what a duplicate is. Positives cut by ``positives.max_positives`` are counted pe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -61,11 +62,12 @@ from . import engine, fff, hpm
 from .hpm_stage import EMBED, HpmState, set_threads, use_fast
 from .pass_io import pass_dir, pass_params
 from vlcurate.stages.arrow import masked_lists, spread
-
 from .store import Gathered, Store, StoreMeta, collect, vectors
 
 if TYPE_CHECKING:
     from vlcurate.stages.base import Prepared
+
+log = logging.getLogger(__name__)
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 RECAPTIONS = RecaptionEmbedStage.name
@@ -216,7 +218,9 @@ def hpm_pass(config: Any, read: Any) -> Optional["Prepared"]:
     prepared = getattr(read, "prepared", None)      # a plain function in a direct call
     try:
         hp = prepared(HPM) if prepared else None
-    except (ModuleNotFoundError, AttributeError):     # a state pickled by an older vlcurate
+    except (ModuleNotFoundError, AttributeError) as e:  # a state pickled by an older vlcurate
+        log.info("positives: hpm's state in this run was written by another vlcurate (%s); "
+                 "collecting the vectors here (same pairs, slower)", e)
         return None
     done = hp.state.pass_state if hp is not None and isinstance(hp.state, HpmState) else None
     if done is None or config.hpm.method == "fast" or not os.path.isdir(pass_dir(hp.workdir.local)):
