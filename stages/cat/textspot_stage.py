@@ -24,9 +24,9 @@ from .optional import decide, skip_status, skipped_table
 class TextSpotParams(Params):
     """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
     backend: Literal["rapidocr", "tesseract", "mmocr"] = doc("rapidocr", "the OCR engine")
-    mode: Literal["cascade", "fast", "full"] = doc("cascade", (
-        "rapidocr: cascade gives the full OCR's decisions, reading only images that may hold "
-        "text; fast reads only what the rule needs, at det_pixels; full: the full OCR "
+    mode: Literal["fast", "cascade", "full"] = doc("fast", (
+        "rapidocr: fast reads only what the rule needs, at det_pixels; cascade: the full OCR's "
+        "decisions on photos, reading only images that may hold text; full: the full OCR "
         "(docs/textspot.md)"))
     det_pixels: int = positive(196_608, doc=(
         "fast: the text detector's input size in pixels (~512 x 384)"))

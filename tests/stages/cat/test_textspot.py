@@ -293,10 +293,13 @@ def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_
 
 def test_fast_path_settings_follow_the_config():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
-    assert TextSpotParams().mode == "cascade" and T.fast_path(TextSpotParams(mode="full")) is None
-    assert T.fast_path(TextSpotParams()) == T.Cascade(gate_ratio=2.0, min_ratio=1.0)
-    assert T.fast_path(TextSpotParams(min_chars=4)) == T.Cascade(gate_ratio=1.6, min_ratio=0.8)
-    assert T.fast_path(TextSpotParams(keep_texts=True)) is None   # the cascade reads every box
+    assert TextSpotParams().mode == "fast" and T.fast_path(TextSpotParams(mode="full")) is None
+    cascade = TextSpotParams(mode="cascade")
+    assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0)
+    assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4)) == \
+        T.Cascade(gate_ratio=1.6, min_ratio=0.8)
+    # keep_texts: the cascade reads every box, as the full OCR does
+    assert T.fast_path(TextSpotParams(mode="cascade", keep_texts=True)) is None
     p = TextSpotParams(mode="fast")
     assert T.fast_path(p) == T.FastPath(det_pixels=p.det_pixels, min_ratio=1.0, tight=True)
     assert T.fast_path(TextSpotParams(mode="fast", keep_texts=True)) == \
@@ -306,10 +309,11 @@ def test_fast_path_settings_follow_the_config():
     assert T.fast_path(TextSpotParams(mode="fast", gate_pixels=131_072,
                                       keep_texts=True)).gate_pixels == 0
     keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"), TextSpotParams(keep_texts=True),
-                                    TextSpotParams(mode="fast", det_pixels=300_000), gated,
-                                    TextSpotParams(), TextSpotParams(min_chars=4))]
-    assert len({repr(k) for k in keys}) == 6                  # each reads differently: own entries
-    assert _cache_key(TextSpotParams(mode="full")) == _cache_key(TextSpotParams(keep_texts=True))
+                                    TextSpotParams(det_pixels=300_000), gated, cascade,
+                                    TextSpotParams(mode="cascade", min_chars=4))]
+    assert len({repr(k) for k in keys}) == 7                  # each reads differently: own entries
+    assert _cache_key(TextSpotParams(mode="full")) == \
+        _cache_key(TextSpotParams(mode="cascade", keep_texts=True))    # the same lines
 
 
 def test_gate_ends_an_image_without_text_and_leaves_text_to_the_larger_detection(monkeypatch):
@@ -332,7 +336,7 @@ def test_gate_ends_an_image_without_text_and_leaves_text_to_the_larger_detection
 @pytest.fixture(scope="module")
 def cascade():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
-    return T.RapidOcrBackend(fast=T.fast_path(TextSpotParams()))
+    return T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="cascade")))
 
 
 def usable(lines):
