@@ -132,7 +132,7 @@ class Cascade:
     gate_scale: float = 0.7
     gate_min_pixels: int = 65_536
     gate_level: float = 0.3
-    gate_length: float = 8.0
+    gate_length: float = 4.0
     gate_ratio: float = 0.0
     min_ratio: float = 0.0
     tight: bool = False

@@ -372,17 +372,20 @@ def test_cascade_agrees_with_the_full_ocr_on_coco_photos(cascade, rapid_paths):
 
 
 @pytest.mark.realdata
-def test_gate_stops_a_text_free_photo_and_passes_small_street_text(cascade, rapid_paths):
+def test_gate_stops_a_text_free_photo_and_passes_small_text(cascade, rapid_paths):
     free = (shared_data("coco_mini") / "images" / "000000000802.jpg").read_bytes()
     street = (shared_data("ocr_scene_text") / "images" / "icdar2015_img_1.jpg").read_bytes()
     assert not usable(T.spot_all(rapid_paths[0], [free], 1024)[0][0])    # a kitchen, no text
     cascade.spent = {}
     assert T.spot_all(cascade, [free], 1024)[0] == [[]]
     assert cascade.spent == {"images": 1, "passed": 0, "gate": cascade.spent["gate"]}
-    # "Theatre", 17-20 px high in the 1024 x 576 photo
-    lines = T.spot_all(cascade, [street], 1024)[0][0]
-    assert cascade.spent["passed"] == 1 and "det" in cascade.spent
-    assert any("theatre" in T.normalize(s.text) and s.conf >= 0.8 for s in lines), lines
+    # "Theatre", 17-20 px high in the 1024 x 576 photo; "POLICE" on a motorcycle in a 224 px
+    # Flickr photo (a region 6 x 1 px in the gate's map)
+    police = (shared_data("flickr8k_224") / "images" / "1251558317_4ef844b775.jpg").read_bytes()
+    lines = T.spot_all(cascade, [street, police], 1024)[0]
+    assert cascade.spent["passed"] == 2 and "det" in cascade.spent
+    assert any("theatre" in T.normalize(s.text) and s.conf >= 0.8 for s in lines[0]), lines
+    assert [s.text for s in lines[1]] == ["POLICE"] and lines[1][0].conf >= 0.8
 
 
 def test_textspot_mode_key_reaches_the_stage():
