@@ -389,17 +389,19 @@ def test_gate_stops_a_text_free_photo_and_passes_small_text(cascade, rapid_paths
 
 
 def test_textspot_mode_key_reaches_the_stage():
+    """textspot.mode in the config selects the cascade in the stage, which flags as the full OCR
+    does (the blank image stopped by the gate)."""
+    import pyarrow as pa
     from vlcurate.pipeline import config as C
     from vlcurate.pipeline.runner import build_stage
-    from vlcurate.stages.cat.textspot_stage import TextSpotStage
-    from vlcurate.stages.ingest.stage import image_hash
-    import pyarrow as pa
     from vlcurate.schemas import F
     from vlcurate.schemas import reasons as R
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
+    from vlcurate.stages.ingest.stage import image_hash
 
     def stage(mode):
-        return build_stage(TextSpotStage, C.load(None, {"textspot.mode": mode, "run.progress": False,
-                                                        "run.image_cache": False}))
+        return build_stage(TextSpotStage, C.load(None, {
+            "textspot.mode": mode, "run.progress": False, "run.image_cache": False}))
     ims = [png(render("")), png(render("COFFEE"))]
     batch = pa.table({F.SAMPLE_ID.name: ["a", "b"], F.CAPTION.name: ["coffee", "coffee"],
                       F.IMAGE.name: pa.array(ims, pa.binary()),
