@@ -24,14 +24,16 @@ from .optional import decide, skip_status, skipped_table
 class TextSpotParams(Params):
     """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
     backend: Literal["rapidocr", "tesseract", "mmocr"] = doc("rapidocr", "the OCR engine")
-    mode: Literal["fast", "full"] = doc("fast", (
-        "rapidocr: fast reads only what the rule needs (docs/textspot.md); full: the full OCR"))
+    mode: Literal["fast", "cascade", "full"] = doc("fast", (
+        "rapidocr: fast reads only what the rule needs, at det_pixels; cascade: the full OCR's "
+        "decisions on photos, reading only images that may hold text; full: the full OCR "
+        "(docs/textspot.md)"))
     det_pixels: int = positive(196_608, doc=(
         "fast: the text detector's input size in pixels (~512 x 384)"))
     gate_pixels: int = at_least(0, 0, doc="fast: a first, cheaper text detection at this size; "
                                 "an image where it finds no box is done (0: off)")
-    keep_texts: bool = doc(False, "fast: recognise every box, so ocr_texts lists every line "
-                                  "read")
+    keep_texts: bool = doc(False, "fast, cascade: recognise every box, so ocr_texts lists "
+                                  "every line read (cascade: the full OCR)")
     device: Literal["cpu", "cuda"] = doc("cpu", "rapidocr's onnxruntime device (cuda needs "
                                                 "onnxruntime-gpu)")
     if_missing: Literal["error", "skip"] = doc("error", "no OCR backend: stop (error), or run "
@@ -81,7 +83,7 @@ def _keep(pair: tuple) -> bool:
 class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
-    version = "2"
+    version = "3"
     Params = TextSpotParams
     speed_only = ("threads",)             # OCR threads
     inputs = {"ingest": (F.CAPTION, F.IMAGE, F.IMAGE_HASH)}

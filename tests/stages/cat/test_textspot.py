@@ -121,6 +121,12 @@ def render(text: str, size=(360, 120)) -> Image.Image:
     return im
 
 
+def png(im: Image.Image) -> bytes:
+    b = io.BytesIO()
+    im.save(b, "PNG")
+    return b.getvalue()
+
+
 def installed_backends():
     out = [pytest.param("rapidocr", id="rapidocr")]
     out.append(pytest.param("tesseract", id="tesseract", marks=pytest.mark.skipif(
@@ -190,7 +196,7 @@ def mmocr_importable() -> bool:
 @pytest.fixture(scope="module")
 def rapid_paths():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
-    return T.RapidOcrBackend(), T.RapidOcrBackend(fast=T.fast_path(TextSpotParams()))
+    return T.RapidOcrBackend(), T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="fast")))
 
 
 def decisions(ocr, rows):
@@ -207,24 +213,28 @@ def scene_text_rows():
                 for r in csv.DictReader(fh)]
 
 
-def coco_rows(n_images):
+def coco_rows(n_images=0, names=()):
+    """The rows of the first ``n_images`` COCO photos (by name), or of those ``names``."""
     folder = shared_data("coco_mini")
     with open(folder / "captions.csv", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    keep = sorted({r["image"] for r in rows})[:n_images]
+    keep = set(names) or sorted({r["image"] for r in rows})[:n_images]
     return [((folder / "images" / r["image"]).read_bytes(), r["caption"]) for r in rows
             if r["image"] in keep]
 
 
 @pytest.fixture(scope="module")
 def scene_text_full(rapid_paths):
+    """The scene-text rows, the full OCR's decision on each and its lines per photo."""
     rows = scene_text_rows()
-    return rows, decisions(rapid_paths[0], rows)
+    lines = T.spot_all(rapid_paths[0], [b for b, _ in rows], 1024)[0]
+    return rows, [T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(lines, rows)], \
+        lines
 
 
 @pytest.mark.realdata
 def test_fast_path_flags_the_scene_text_photos_as_the_full_ocr_does(rapid_paths, scene_text_full):
-    rows, full = scene_text_full
+    rows, full, _ = scene_text_full
     fast = decisions(rapid_paths[1], rows)
     assert sum(full) >= 8                                   # the photos hold text their caption has
     # the detector at ~512 x 384 instead of 1312 x 736 loses the smallest text of one ICDAR photo
@@ -237,8 +247,8 @@ def test_fast_path_at_400k_detector_pixels_flags_every_scene_text_photo_as_the_f
         scene_text_full):
     # the setting docs/textspot.md gives for street scenes: 1024 x 576 photos detected at ~840 x 472
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
-    rows, full = scene_text_full
-    fast = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(det_pixels=400_000)))
+    rows, full, _ = scene_text_full
+    fast = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="fast", det_pixels=400_000)))
     assert decisions(fast, rows) == full
 
 
@@ -254,7 +264,7 @@ def test_fast_path_agrees_with_the_full_ocr_on_coco_photos(rapid_paths):
 def test_gated_fast_path_at_400k_agrees_with_the_full_ocr_on_coco_photos(rapid_paths):
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
     rows = coco_rows(12)
-    gated = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(det_pixels=400_000,
+    gated = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="fast", det_pixels=400_000,
                                                               gate_pixels=131_072)))
     assert decisions(gated, rows) == decisions(rapid_paths[0], rows)
 
@@ -274,7 +284,7 @@ def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
     im = render("7", size=(120, 120))
     fast = rapid_paths[1]
-    keep = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(keep_texts=True)))
+    keep = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="fast", keep_texts=True)))
     assert fast([im]) == [[]]                                # one character: never 5 of a caption
     assert [s.text for s in keep([im])[0]] == ["7"]          # keep_texts: every box is read
     coffee = fast([render("COFFEE")])[0]
@@ -283,16 +293,27 @@ def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_
 
 def test_fast_path_settings_follow_the_config():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
-    p = TextSpotParams()
-    assert p.mode == "fast" and T.fast_path(TextSpotParams(mode="full")) is None
+    assert TextSpotParams().mode == "fast" and T.fast_path(TextSpotParams(mode="full")) is None
+    cascade = TextSpotParams(mode="cascade")
+    assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0)
+    assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4)) == \
+        T.Cascade(gate_ratio=1.6, min_ratio=0.8)
+    # keep_texts: the cascade reads every box, as the full OCR does
+    assert T.fast_path(TextSpotParams(mode="cascade", keep_texts=True)) is None
+    p = TextSpotParams(mode="fast")
     assert T.fast_path(p) == T.FastPath(det_pixels=p.det_pixels, min_ratio=1.0, tight=True)
-    assert T.fast_path(TextSpotParams(keep_texts=True)) == T.FastPath(det_pixels=p.det_pixels)
-    gated = TextSpotParams(det_pixels=400_000, gate_pixels=131_072)
+    assert T.fast_path(TextSpotParams(mode="fast", keep_texts=True)) == \
+        T.FastPath(det_pixels=p.det_pixels)
+    gated = TextSpotParams(mode="fast", det_pixels=400_000, gate_pixels=131_072)
     assert T.fast_path(gated).gate_pixels == 131_072 and p.gate_pixels == 0
-    assert T.fast_path(TextSpotParams(gate_pixels=131_072, keep_texts=True)).gate_pixels == 0
+    assert T.fast_path(TextSpotParams(mode="fast", gate_pixels=131_072,
+                                      keep_texts=True)).gate_pixels == 0
     keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"), TextSpotParams(keep_texts=True),
-                                    TextSpotParams(det_pixels=300_000), gated)]
-    assert len({repr(k) for k in keys}) == 5                  # each reads differently: own entries
+                                    TextSpotParams(det_pixels=300_000), gated, cascade,
+                                    TextSpotParams(mode="cascade", min_chars=4))]
+    assert len({repr(k) for k in keys}) == 7                  # each reads differently: own entries
+    assert _cache_key(TextSpotParams(mode="full")) == \
+        _cache_key(TextSpotParams(mode="cascade", keep_texts=True))    # the same lines
 
 
 def test_gate_ends_an_image_without_text_and_leaves_text_to_the_larger_detection(monkeypatch):
@@ -309,6 +330,89 @@ def test_gate_ends_an_image_without_text_and_leaves_text_to_the_larger_detection
     seen.clear()
     gated([render("COFFEE")])
     assert seen == [131_072, 400_000]                         # text: then the larger detection
+
+
+# --- the cascade against the full OCR -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cascade():
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    return T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="cascade")))
+
+
+def usable(lines):
+    """The lines the rule can use: at least 5 letters or digits."""
+    return [s for s in lines if len(T.normalize(s.text)) >= 5]
+
+
+@pytest.mark.realdata
+def test_cascade_reads_the_scene_text_photos_as_the_full_ocr(cascade, scene_text_full):
+    rows, full, full_lines = scene_text_full
+    cascade.spent = {}
+    lines = T.spot_all(cascade, [b for b, _ in rows], 1024)[0]
+    got = [T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(lines, rows)]
+    assert got == full and sum(full) >= 8                   # all 16, icdar2015_img_1 included
+    # each line that can hold the rule's text is the full OCR's, read alike (same confidence)
+    assert [usable(s) for s in lines] == [usable(s) for s in full_lines]
+    assert cascade.spent["images"] == 16 and cascade.spent["passed"] >= 12
+
+
+@pytest.mark.realdata
+def test_cascade_agrees_with_the_full_ocr_on_coco_photos(cascade, rapid_paths):
+    # 6 photos, and 2 whose caption repeats small text ("Serta" on a label, "anywhere!" on a
+    # laptop's screen) that the fast path misses
+    rows = coco_rows(6) + coco_rows(names={"000000379349.jpg", "000000553664.jpg"})
+    images = list(dict.fromkeys(b for b, _ in rows))
+    full, got = (T.spot_all(ocr, images, 1024)[0] for ocr in (rapid_paths[0], cascade))
+    # an image the gate passes gets the full OCR's lines; one it stops (small text no caption
+    # repeats: a museum's name far off) gets none
+    assert all(usable(a) in ([], usable(b)) for a, b in zip(got, full))
+    assert sum(usable(a) == usable(b) != [] for a, b in zip(got, full)) >= 2
+    assert decisions(cascade, rows) == decisions(rapid_paths[0], rows)
+    assert sum(decisions(cascade, rows)) >= 2
+
+
+@pytest.mark.realdata
+def test_gate_stops_a_text_free_photo_and_passes_small_text(cascade, rapid_paths):
+    free = (shared_data("coco_mini") / "images" / "000000000802.jpg").read_bytes()
+    street = (shared_data("ocr_scene_text") / "images" / "icdar2015_img_1.jpg").read_bytes()
+    assert not usable(T.spot_all(rapid_paths[0], [free], 1024)[0][0])    # a kitchen, no text
+    cascade.spent = {}
+    assert T.spot_all(cascade, [free], 1024)[0] == [[]]
+    assert cascade.spent == {"images": 1, "passed": 0, "gate": cascade.spent["gate"]}
+    # "Theatre", 17-20 px high in the 1024 x 576 photo; "POLICE" on a motorcycle in a 224 px
+    # Flickr photo (a region 6 x 1 px in the gate's map)
+    police = (shared_data("flickr8k_224") / "images" / "1251558317_4ef844b775.jpg").read_bytes()
+    lines = T.spot_all(cascade, [street, police], 1024)[0]
+    assert cascade.spent["passed"] == 2 and "det" in cascade.spent
+    assert any("theatre" in T.normalize(s.text) and s.conf >= 0.8 for s in lines[0]), lines
+    assert [s.text for s in lines[1]] == ["POLICE"] and lines[1][0].conf >= 0.8
+
+
+def test_textspot_mode_key_reaches_the_stage():
+    """textspot.mode in the config selects the cascade in the stage, which flags as the full OCR
+    does (the blank image stopped by the gate)."""
+    import pyarrow as pa
+    from vlcurate.pipeline import config as C
+    from vlcurate.pipeline.runner import build_stage
+    from vlcurate.schemas import F
+    from vlcurate.schemas import reasons as R
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
+    from vlcurate.stages.ingest.stage import image_hash
+
+    def stage(mode):
+        return build_stage(TextSpotStage, C.load(None, {
+            "textspot.mode": mode, "run.progress": False, "run.image_cache": False}))
+    ims = [png(render("")), png(render("COFFEE"))]
+    batch = pa.table({F.SAMPLE_ID.name: ["a", "b"], F.CAPTION.name: ["coffee", "coffee"],
+                      F.IMAGE.name: pa.array(ims, pa.binary()),
+                      F.IMAGE_HASH.name: [image_hash(b) for b in ims]})
+    cas, full = stage("cascade"), stage("full")
+    assert isinstance(cas.ocr.fast, T.Cascade) and full.ocr.fast is None
+    cas.ocr.spent = {}
+    out = cas(batch)
+    assert cas.ocr.spent["images"] == 2 and cas.ocr.spent["passed"] == 1   # the blank one: gate
+    assert out.column(F.REASONS.name).to_pylist() == [[], [R.CAT_TEXT_SPOTTED]]
+    assert out.column(F.REASONS.name).to_pylist() == full(batch).column(F.REASONS.name).to_pylist()
 
 
 def test_cuda_without_a_cuda_onnxruntime_says_what_to_install():
