@@ -45,3 +45,12 @@ def exact_support(img, txt, tau_i: float, tau_t: float, dup=None) -> np.ndarray:
         ok &= (si <= dup) & (st <= dup)
     np.fill_diagonal(ok, False)
     return ok.sum(1)
+
+
+def exact_scores(img, txt, k: int, tau: float, dup: float) -> np.ndarray:
+    """Each row's k best HELIP scores (float64, 0 padded), descending: exact HPM by brute force."""
+    a, b = img.astype(np.float64), txt.astype(np.float64)
+    si, st = a @ a.T, b @ b.T
+    s = np.where((si > tau) & (st > tau) & (si <= dup) & (st <= dup), si * st, 0.0)
+    np.fill_diagonal(s, 0.0)
+    return -np.sort(-s, axis=1)[:, :k]

@@ -11,7 +11,7 @@ import pytest
 from vlcurate.stages.mining import engine as E
 from vlcurate.stages.mining.engine import core, count, passes
 
-from .shapes import exact_support, uneven
+from .shapes import exact_scores, exact_support, uneven
 
 TAU, DUP = 0.3, 0.98
 FIELDS = [f.name for f in dataclasses.fields(passes.Found)] + ["bound", "cut"]
@@ -69,16 +69,7 @@ def test_last_step_keeps_every_byte_and_exact_noise(data, k, precision, monkeypa
     np.testing.assert_array_equal(new.support[want], support[want])
     assert new.certified[want].all()
     cert = new.certified                       # their top-k is exact HPM's (float64)
-    np.testing.assert_allclose(new.score[cert], exact_scores(img, txt, k)[cert], atol=2e-6)
-
-
-def exact_scores(img, txt, k):
-    """Each row's k best scores (float64, 0 padded), descending: exact HPM by brute force."""
-    a, b = img.astype(np.float64), txt.astype(np.float64)
-    si, st = a @ a.T, b @ b.T
-    s = np.where((si > TAU) & (st > TAU) & (si <= DUP) & (st <= DUP), si * st, 0.0)
-    np.fill_diagonal(s, 0.0)
-    return -np.sort(-s, axis=1)[:, :k]
+    np.testing.assert_allclose(new.score[cert], exact_scores(img, txt, k, TAU, DUP)[cert], atol=2e-6)
 
 
 def test_count_stops_at_need_and_lists_every_supporting_cluster(data):

@@ -8,19 +8,10 @@ import pytest
 from vlcurate.stages.mining import engine as E
 from vlcurate.stages.mining.engine import core
 
-from .shapes import exact_support, uneven
+from .shapes import exact_scores, exact_support, uneven
 
 TAU, DUP = 0.3, 0.98
 SHAPES = {"uneven": dict(), "wide, long tail": dict(spread=(0.8, 1.4), isolated=0.15, alpha=2.0)}
-
-
-def exact_scores(img, txt, k):
-    """Each row's k best scores (float64, 0 padded), descending."""
-    a, b = img.astype(np.float64), txt.astype(np.float64)
-    si, st = a @ a.T, b @ b.T
-    s = np.where((si > TAU) & (st > TAU) & (si <= DUP) & (st <= DUP), si * st, 0.0)
-    np.fill_diagonal(s, 0.0)
-    return -np.sort(-s, axis=1)[:, :k]
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -50,7 +41,7 @@ def test_noise_flags_equal_exact_hpms(shape, k, precision):
     # every certified row's top-k is exact: the completed rows (searched everywhere) among them
     cert = r.certified
     assert cert[want].all()
-    np.testing.assert_allclose(r.score[cert], exact_scores(img, txt, k)[cert], atol=2e-6)
+    np.testing.assert_allclose(r.score[cert], exact_scores(img, txt, k, TAU, DUP)[cert], atol=2e-6)
 
 
 def test_without_completing_a_partial_pass_flags_good_rows(shape):
