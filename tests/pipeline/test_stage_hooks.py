@@ -30,7 +30,7 @@ def test_every_declared_hook_reaches_the_guards():
     """Each stage's expected share and knobs, as the guards use them."""
     by_name = {n.name: n.stage for n in default_dag()}
     assert {n: s.expected_reject for n, s in by_name.items() if s.expected_reject is not None} \
-        == {"ingest": 0.5, "ids": 0.05, "lang": 0.2, "cat": 0.5, "textspot": 0.3, "hpm": 0.5,
+        == {"ingest": 0.5, "ids": 0.05, "lang": 0.2, "cat": 0.75, "textspot": 0.3, "hpm": 0.5,
             "dedup": 0.3}
     assert expected("lang", 0.9) == 0.2 and expected("lang", 0.1) == 0.1
     assert expected("embed", 0.9) == 0.9          # no share of its own: the run's threshold
