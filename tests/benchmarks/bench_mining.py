@@ -629,6 +629,72 @@ def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:
     return set(zip(q_of[inq].tolist(), r.pair_j[inq].tolist()))
 
 
+class _Dense(Exception):
+    """compare_dense's old path: a screen too dense to re-score, computed as before."""
+
+
+def _old_ragged(new, screen):
+    """screen.ragged_pairs as it was: a dense screen recomputes every block and every pair in
+    fp32 (flat_sims, flat_candidates), instead of screen.dense_pairs."""
+    def _raise(*_):
+        raise _Dense
+
+    def ragged(q, blocks, floors, tau_i, tau_t, precision, own, members=None):
+        screen.dense_pairs, dense = _raise, screen.dense_pairs
+        try:
+            return new(q, blocks, floors, tau_i, tau_t, precision, own, members)
+        except _Dense:
+            s = screen.flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])
+            flat = screen.flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
+            r, c = screen.pair_rows(blocks, flat, [0] * len(blocks) if members is None
+                                    else members[1])
+            return r, c, {f: screen.at_flat(v, flat) for f, v in s.items()}
+        finally:
+            screen.dense_pairs = dense
+    return ragged
+
+
+def compare_dense(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
+    """Old (every block of a dense stack in fp32) against new (screen.dense_pairs) dense
+    screens, interleaved chunk by chunk in this process: every PassResult field compared byte
+    for byte, and the pass's time per target of each."""
+    from dataclasses import fields, replace
+    from vlcurate.stages.mining import calibrate, engine
+    from vlcurate.stages.mining.engine import layout, passes, persist, screen
+    from vlcurate.stages.mining.pass_io import pass_params
+    config = pass_config(a, max(a.ks))
+    p = pass_params(config, len(img))
+    t = time.time()
+    lay = layout.build_layout(img, txt, p, a.device)
+    vec = persist.sorted_vectors(lay, img, txt, precision=p.precision)
+    p = replace(p, probe=a.probe or calibrate.probe_for(lay, vec, p, config.hpm.engine.recall,
+                                                        a.device))
+    print(f"{name}: precision {p.precision}, probe {p.probe}, layout {time.time() - t:.0f}s",
+          flush=True)
+    rng = np.random.default_rng(0)
+    n = len(img)
+    engine.mine(lay, vec, lay.positions()[rng.choice(n, 512, replace=False)], p, a.device)
+    pos = lay.positions()[np.sort(rng.choice(n, min(a.targets or 4096, n), replace=False))]
+    new = screen.ragged_pairs
+    ways = {"old": _old_ragged(new, screen), "new": new}
+    took, diffs = {"old": 0.0, "new": 0.0}, []
+    for c in range(0, len(pos), a.chunk):
+        got = {}
+        for way in ("old", "new") if (c // a.chunk) % 2 == 0 else ("new", "old"):
+            screen.ragged_pairs = ways[way]
+            t = time.perf_counter()
+            got[way] = engine.mine(lay, vec, pos[c:c + a.chunk], p, a.device)
+            took[way] += time.perf_counter() - t
+        screen.ragged_pairs = new
+        diffs += [(c, f.name) for f in fields(got["old"]) if np.asarray(
+            getattr(got["old"], f.name)).tobytes() != np.asarray(getattr(got["new"], f.name)).tobytes()]
+    us = {w: 1e6 * v / len(pos) for w, v in took.items()}
+    print(f"RESULT {name} {p.precision}: {len(pos)} targets, chunks of {a.chunk}; old "
+          f"{us['old']:.0f} us per target, new {us['new']:.0f}, x{us['old'] / us['new']:.2f}; "
+          f"fields differing: {diffs or 'none'}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", choices=("real", *SHAPES), default="real",
@@ -679,6 +745,9 @@ def main() -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 100],
                     help="the pass is mined at the largest (every row it finds short of k "
                          "supporters is searched until its count is exact: at k = 500 most are)")
+    ap.add_argument("--compare-dense", action="store_true",
+                    help="instead of the benchmark: old against new dense screens, interleaved, "
+                         "every PassResult field compared (compare_dense)")
     a = ap.parse_args()
     if a.procs > 1 and a.device != "cpu":
         ap.error("--procs mines on CPU processes: use it with --device cpu")
@@ -709,7 +778,7 @@ def main() -> int:
         print(f"synthetic set ready in {time.time() - t:.0f}s", flush=True)
         name = f"{'clustered' if a.set == 'synth' else a.set} synthetic N = {a.n}"
         for a.precision in a.precisions:
-            bench_pass(name, img, txt, a)
+            (compare_dense if a.compare_dense else bench_pass)(name, img, txt, a)
         if a.fasthpm:
             bench(name, img, txt, a)
     return 0

@@ -221,21 +221,34 @@ def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: floa
     themselves) left out. The rule runs over the whole block a hair low (``_rule``: GUARD),
     then exactly on the few pairs it lists."""
     flat = _rule(s, floors, tau_i, tau_t, eps)
-    v = {n: at_flat(x, flat) for n, x in s.items()}
+    keep = _passes({n: at_flat(x, flat) for n, x in s.items()}, floors, tau_i, tau_t, eps)
+    return _without(flat[keep], own)
+
+
+def _passes(v: dict, floors: dict, tau_i: float, tau_t: float, eps: float) -> torch.Tensor:
+    """Which listed pairs (similarities v, by name) pass the candidate rule within ``eps``."""
     keep = (v["sii"] > tau_i - eps).logical_and_(v["stt"] > tau_t - eps)
     for name, floor in floors.items():
         if name in v:
             keep.logical_or_(v[name] > floor - eps)
-    return _without(flat[keep], own)
+    return keep
 
 
 def _without(flat: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-    """Sorted flat indices without those in ``own``."""
-    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
-    if not len(flat):
+    """Sorted flat indices without those in ``own`` (on a CPU by NumPy's mask, ~3x torch's
+    boolean indexing of a dense screen's millions of candidates)."""
+    if not len(flat) or not len(own):
         return flat
+    at = torch.searchsorted(flat, own).clamp_(max=len(flat) - 1)
+    at = at[flat[at] == own]
+    if not len(at):
+        return flat
+    if flat.device.type == "cpu":
+        keep = np.ones(len(flat), bool)
+        keep[at.numpy()] = False
+        return torch.from_numpy(flat.numpy()[keep])
     keep = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
-    keep[at[flat[at] == own]] = False
+    keep[at] = False
     return flat[keep]
 
 
@@ -268,6 +281,35 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: 
     flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
     r, c = pair_rows(blocks, flat, [0] * len(blocks) if members is None else members[1])
     return r, c, {f: at_flat(v, flat) for f, v in s.items()}
+
+
+def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor, floors: dict, tau_i: float,
+                tau_t: float, members: Optional[tuple]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """ragged_pairs' fp32 computation for a screen too dense to re-score, given the screen's
+    candidates ``flat`` (a proven superset: the margin holds for fp32 sums in any order; the
+    targets' own pairs out): only the blocks holding a candidate are computed, each by the
+    same GEMMs as ``flat_sims`` (the same bits), read at its candidates alone, then the rule
+    exactly. The same pairs and values as computing every block and its every pair (a block
+    without a candidate holds no pair that passes), without the GEMMs of empty blocks, a
+    copy of every block into one buffer and a pass over all its pairs."""
+    at = offsets(blocks)
+    cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).cpu().numpy()
+    first = [0] * len(blocks) if members is None else members[1]
+    got: dict = {s: [] for s, a, _ in PAIRS if q.has(a)}
+    rows: list = [flat[:0]]
+    cols: list = [flat[:0]]
+    for u, (a, b, m, _) in enumerate(blocks):
+        if cut[u + 1] > cut[u]:
+            nm = len(m["img"])
+            s = sims({f: None if v is None else v[a:b] for f, v in q.full.items()}, m, nm)
+            local = flat[cut[u]:cut[u + 1]] - int(at[u])
+            for name, x in s.items():
+                got[name].append(at_flat(x, local))
+            rows.append(local.div(nm, rounding_mode="floor").add_(a))   # pair_rows' rows
+            cols.append(local.remainder_(nm).add_(int(first[u])))
+    v = {n: torch.cat(x) if x else torch.zeros(0, device=flat.device) for n, x in got.items()}
+    keep = _passes(v, floors, tau_i, tau_t, 0.0)
+    return torch.cat(rows)[keep], torch.cat(cols)[keep], {n: x[keep] for n, x in v.items()}
 
 
 def offsets(blocks: list) -> np.ndarray:
