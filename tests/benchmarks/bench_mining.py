@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import sys
 import time
@@ -654,6 +655,66 @@ def _old_ragged(new, screen):
     return ragged
 
 
+def _old_without(flat, own):
+    """screen._without as it was (torch's boolean indexing)."""
+    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
+    if not len(flat):
+        return flat
+    keep = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
+    keep[at[flat[at] == own]] = False
+    return flat[keep]
+
+
+def _old_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
+    """topk.at_or_above_kth as it was: mask of the entries whose value v is at least their row's k-th largest (every entry of a
+    row with at most k; r sorted). No entry outside it can be among its row's best k, whatever
+    the tie rule, so cutting to it first is exact: a dense [rows, longest run] top-k, ~20x
+    cheaper than sorting a dense block's pairs (the demo's random encoders: ~6,000 per row)."""
+    _, row, count = torch.unique_consecutive(r, return_inverse=True, return_counts=True)
+    keep = torch.ones(len(r), dtype=torch.bool, device=r.device)
+    if not len(r) or int(count.max()) <= k:
+        return keep
+    start = torch.cumsum(count, 0) - count
+    v = torch.nan_to_num(v.float(), nan=-math.inf)
+    big = (count > k).nonzero().flatten()          # only rows over k need a k-th value
+    width = int(count.max())
+    step = max(1, (1 << 22) // width)             # topk.DENSE_CELLS
+    for a in range(0, len(big), step):
+        rows = big[a:a + step]
+        at = torch.repeat_interleave(start[rows], count[rows])
+        at += torch.arange(len(at), device=r.device) - torch.repeat_interleave(
+            torch.cumsum(count[rows], 0) - count[rows], count[rows])
+        piece = torch.repeat_interleave(torch.arange(len(rows), device=r.device), count[rows])
+        dense = torch.full((len(rows), width), -math.inf, device=r.device)
+        dense[piece, at - start[rows][piece]] = v[at]
+        keep[at] = v[at] >= dense.topk(k, dim=1).values[:, -1][piece]
+    return keep
+
+
+def _old_add(self, r, member, val):
+    """units.Findings.add as it was (a boolean index per tensor and mask)."""
+    from vlcurate.stages.mining.engine import pairs, units
+    p = self.p
+    new = pairs._above_floors(val, self.floors, r, member, p.max_pairs, self.cut)
+    self.found, self.held = self.found + new, self.held + sum(len(x[0]) for x in new)
+    if p.max_pairs is not None and self.held > 2 * len(self.cut) * p.max_pairs + (1 << 20):
+        capped = pairs._cap(pairs._pairs(self.found), p.max_pairs, self.cut)
+        self.found, self.held = [pairs._on(capped, self.device)], len(capped["q"])
+    ok, v = units.positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
+    self.support += torch.bincount(r[ok], minlength=len(self.support))
+    r, member, v = r[ok], member[ok], v[ok]
+    top = _old_kth(r, v, p.k)
+    self.best.add(r[top], member[top], v[top])
+
+
+def _old_path(screen) -> list:
+    """(object, attribute, the old value) of each function compare_dense's old path runs."""
+    from vlcurate.stages.mining.engine import pairs, units
+    return [(screen, "ragged_pairs", _old_ragged(screen.ragged_pairs, screen)),
+            (screen, "_without", _old_without), (pairs, "at_or_above_kth", _old_kth),
+            (units.Findings, "add", _old_add)]
+
+
 def compare_dense(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     """Old (every block of a dense stack in fp32) against new (screen.dense_pairs) dense
     screens, interleaved chunk by chunk in this process: every PassResult field compared byte
@@ -675,24 +736,28 @@ def compare_dense(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     n = len(img)
     engine.mine(lay, vec, lay.positions()[rng.choice(n, 512, replace=False)], p, a.device)
     pos = lay.positions()[np.sort(rng.choice(n, min(a.targets or 4096, n), replace=False))]
-    new = screen.ragged_pairs
-    ways = {"old": _old_ragged(new, screen), "new": new}
-    took, diffs = {"old": 0.0, "new": 0.0}, []
+    old = _old_path(screen)
+    new = [(o, f, getattr(o, f)) for o, f, _ in old]
+    took = {w: np.zeros(2) for w in ("old", "new")}      # wall, this thread's CPU seconds
+    diffs = []
     for c in range(0, len(pos), a.chunk):
         got = {}
         for way in ("old", "new") if (c // a.chunk) % 2 == 0 else ("new", "old"):
-            screen.ragged_pairs = ways[way]
-            t = time.perf_counter()
+            for o, f, v in old if way == "old" else new:
+                setattr(o, f, v)
+            t = np.array([time.perf_counter(), time.thread_time()])
             got[way] = engine.mine(lay, vec, pos[c:c + a.chunk], p, a.device)
-            took[way] += time.perf_counter() - t
-        screen.ragged_pairs = new
+            took[way] += np.array([time.perf_counter(), time.thread_time()]) - t
+            for o, f, v in new:
+                setattr(o, f, v)
         diffs += [(c, f.name) for f in fields(got["old"]) if np.asarray(
             getattr(got["old"], f.name)).tobytes() != np.asarray(getattr(got["new"], f.name)).tobytes()]
     us = {w: 1e6 * v / len(pos) for w, v in took.items()}
-    print(f"RESULT {name} {p.precision}: {len(pos)} targets, chunks of {a.chunk}; old "
-          f"{us['old']:.0f} us per target, new {us['new']:.0f}, x{us['old'] / us['new']:.2f}; "
-          f"fields differing: {diffs or 'none'}; load average {os.getloadavg()[0]:.1f}",
-          flush=True)
+    print(f"RESULT {name} {p.precision}: {len(pos)} targets, chunks of {a.chunk}, torch "
+          f"threads {torch.get_num_threads()}; us per target wall / main thread's CPU: old "
+          f"{us['old'][0]:.0f} / {us['old'][1]:.0f}, new {us['new'][0]:.0f} / {us['new'][1]:.0f}, "
+          f"x{us['old'][0] / us['new'][0]:.2f} / x{us['old'][1] / us['new'][1]:.2f}; fields "
+          f"differing: {diffs or 'none'}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> int:

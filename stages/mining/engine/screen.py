@@ -283,15 +283,16 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: 
     return r, c, {f: at_flat(v, flat) for f, v in s.items()}
 
 
-def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor, floors: dict, tau_i: float,
-                tau_t: float, members: Optional[tuple]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """ragged_pairs' fp32 computation for a screen too dense to re-score, given the screen's
-    candidates ``flat`` (a proven superset: the margin holds for fp32 sums in any order; the
+def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor,
+                members: Optional[tuple]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """ragged_pairs' answer, in fp32, for a screen too dense to re-score, given the screen's
+    candidates ``flat`` (a proven superset: its margin holds for fp32 sums in any order; the
     targets' own pairs out): only the blocks holding a candidate are computed, each by the
-    same GEMMs as ``flat_sims`` (the same bits), read at its candidates alone, then the rule
-    exactly. The same pairs and values as computing every block and its every pair (a block
-    without a candidate holds no pair that passes), without the GEMMs of empty blocks, a
-    copy of every block into one buffer and a pass over all its pairs."""
+    same GEMMs as ``flat_sims`` (the same bits), and read at its candidates alone. Like a
+    re-scored screen it returns every candidate, which the caller selects exactly (Findings:
+    the floors, Alg. 1's rule), so it keeps the same pairs with the same values as computing
+    every block and every pair, without the GEMMs of blocks without a candidate, a copy of
+    every block into one buffer and the rule's passes over all their pairs."""
     at = offsets(blocks)
     cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).cpu().numpy()
     first = [0] * len(blocks) if members is None else members[1]
@@ -307,9 +308,8 @@ def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor, floors: dict, ta
                 got[name].append(at_flat(x, local))
             rows.append(local.div(nm, rounding_mode="floor").add_(a))   # pair_rows' rows
             cols.append(local.remainder_(nm).add_(int(first[u])))
-    v = {n: torch.cat(x) if x else torch.zeros(0, device=flat.device) for n, x in got.items()}
-    keep = _passes(v, floors, tau_i, tau_t, 0.0)
-    return torch.cat(rows)[keep], torch.cat(cols)[keep], {n: x[keep] for n, x in v.items()}
+    return torch.cat(rows), torch.cat(cols), {
+        n: torch.cat(x) if x else torch.zeros(0, device=flat.device) for n, x in got.items()}
 
 
 def offsets(blocks: list) -> np.ndarray:

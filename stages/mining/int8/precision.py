@@ -71,7 +71,7 @@ class Int8(Precision):
         flat = screen._without(flat.to(own.device), own)
         if len(flat) <= screen.DENSE_SHARE * DENSE_GAIN * at[-1]:
             return screen.rescore_flat(q, blocks, flat, members)
-        return screen.dense_pairs(q, blocks, flat, floors, tau_i, tau_t, members)
+        return screen.dense_pairs(q, blocks, flat, members)
 
     def space_screen(self, x, rows, floor):
         return (q8.rows(x) if rows is None else rows), floor, q8.hits
