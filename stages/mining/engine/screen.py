@@ -16,8 +16,8 @@ random encoders are the dense exception). ``hpm.engine.precision``:
   screened similarities are within that margin of a threshold, so no pair that passes in
   fp32 is missed (tested against fp32 on pairs placed at the thresholds). A block (or a
   stack of small units, units.run_stack, decided as one) whose candidates are over
-  DENSE_SHARE of its pairs is computed in fp32 instead (a re-scored pair costs many times
-  a GEMM's share of it).
+  DENSE_SHARE of its pairs is read off fp32 GEMMs instead (a re-scored pair costs many times
+  a GEMM's share of it): ``dense_pairs``, only the blocks holding a candidate.
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
   (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
