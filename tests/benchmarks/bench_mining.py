@@ -666,10 +666,7 @@ def _old_without(flat, own):
 
 
 def _old_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
-    """topk.at_or_above_kth as it was: mask of the entries whose value v is at least their row's k-th largest (every entry of a
-    row with at most k; r sorted). No entry outside it can be among its row's best k, whatever
-    the tie rule, so cutting to it first is exact: a dense [rows, longest run] top-k, ~20x
-    cheaper than sorting a dense block's pairs (the demo's random encoders: ~6,000 per row)."""
+    """topk.at_or_above_kth as it was: one dense piece as wide as the longest run."""
     _, row, count = torch.unique_consecutive(r, return_inverse=True, return_counts=True)
     keep = torch.ones(len(r), dtype=torch.bool, device=r.device)
     if not len(r) or int(count.max()) <= k:
@@ -750,8 +747,8 @@ def compare_dense(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
             took[way] += np.array([time.perf_counter(), time.thread_time()]) - t
             for o, f, v in new:
                 setattr(o, f, v)
-        diffs += [(c, f.name) for f in fields(got["old"]) if np.asarray(
-            getattr(got["old"], f.name)).tobytes() != np.asarray(getattr(got["new"], f.name)).tobytes()]
+        diffs += [(c, f.name) for f in fields(got["old"]) if np.asarray(getattr(
+            got["old"], f.name)).tobytes() != np.asarray(getattr(got["new"], f.name)).tobytes()]
     us = {w: 1e6 * v / len(pos) for w, v in took.items()}
     print(f"RESULT {name} {p.precision}: {len(pos)} targets, chunks of {a.chunk}, torch "
           f"threads {torch.get_num_threads()}; us per target wall / main thread's CPU: old "
