@@ -221,17 +221,12 @@ def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: floa
     themselves) left out. The rule runs over the whole block a hair low (``_rule``: GUARD),
     then exactly on the few pairs it lists."""
     flat = _rule(s, floors, tau_i, tau_t, eps)
-    keep = _passes({n: at_flat(x, flat) for n, x in s.items()}, floors, tau_i, tau_t, eps)
-    return _without(flat[keep], own)
-
-
-def _passes(v: dict, floors: dict, tau_i: float, tau_t: float, eps: float) -> torch.Tensor:
-    """Which listed pairs (similarities v, by name) pass the candidate rule within ``eps``."""
+    v = {n: at_flat(x, flat) for n, x in s.items()}
     keep = (v["sii"] > tau_i - eps).logical_and_(v["stt"] > tau_t - eps)
     for name, floor in floors.items():
         if name in v:
             keep.logical_or_(v[name] > floor - eps)
-    return keep
+    return _without(flat[keep], own)
 
 
 def _without(flat: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
