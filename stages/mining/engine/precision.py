@@ -149,7 +149,7 @@ class Bf16(Precision):
         flat = screen.flat_candidates(s, floors, tau_i, tau_t, self.margin(q.dim), own)
         if len(flat) <= screen.DENSE_SHARE * s["sii"].numel():
             return screen.rescore_flat(q, blocks, flat, members)
-        return None
+        return screen.dense_pairs(q, blocks, flat, members)
 
     def space_screen(self, x, rows, floor):
         return self.queries({"x": x})["x"], floor - self.margin(x.shape[1]), screen.hits

@@ -16,8 +16,8 @@ random encoders are the dense exception). ``hpm.engine.precision``:
   screened similarities are within that margin of a threshold, so no pair that passes in
   fp32 is missed (tested against fp32 on pairs placed at the thresholds). A block (or a
   stack of small units, units.run_stack, decided as one) whose candidates are over
-  DENSE_SHARE of its pairs is computed in fp32 instead (a re-scored pair costs many times
-  a GEMM's share of it).
+  DENSE_SHARE of its pairs is read off fp32 GEMMs instead (a re-scored pair costs many times
+  a GEMM's share of it): ``dense_pairs``, only the blocks holding a candidate.
 * ``int8``: the same with int8 GEMMs (exact integer sums, ~2x bf16's rate on CPUs with
   AVX512-VNNI or AMX and on GPUs) against per-row thresholds from a bound proven per row
   (q8.py); the layout's k-means and assignment, routing (each row's error bounded for the
@@ -230,12 +230,20 @@ def flat_candidates(s: dict, floors: dict, tau_i: float, tau_t: float, eps: floa
 
 
 def _without(flat: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-    """Sorted flat indices without those in ``own``."""
-    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
-    if not len(flat):
+    """Sorted flat indices without those in ``own`` (on a CPU by NumPy's mask, ~3x torch's
+    boolean indexing of a dense screen's millions of candidates)."""
+    if not len(flat) or not len(own):
         return flat
+    at = torch.searchsorted(flat, own).clamp_(max=len(flat) - 1)
+    at = at[flat[at] == own]
+    if not len(at):
+        return flat
+    if flat.device.type == "cpu":
+        keep = np.ones(len(flat), bool)
+        keep[at.numpy()] = False
+        return torch.from_numpy(flat.numpy()[keep])
     keep = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
-    keep[at[flat[at] == own]] = False
+    keep[at] = False
     return flat[keep]
 
 
@@ -268,6 +276,35 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: 
     flat = flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
     r, c = pair_rows(blocks, flat, [0] * len(blocks) if members is None else members[1])
     return r, c, {f: at_flat(v, flat) for f, v in s.items()}
+
+
+def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor,
+                members: Optional[tuple]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """ragged_pairs' answer, in fp32, for a screen too dense to re-score, given the screen's
+    candidates ``flat`` (a proven superset: its margin holds for fp32 sums in any order; the
+    targets' own pairs out): only the blocks holding a candidate are computed, each by the
+    same GEMMs as ``flat_sims`` (the same bits), and read at its candidates alone. Like a
+    re-scored screen it returns every candidate, which the caller selects exactly (Findings:
+    the floors, Alg. 1's rule), so it keeps the same pairs with the same values as computing
+    every block and every pair, without the GEMMs of blocks without a candidate, a copy of
+    every block into one buffer and the rule's passes over all their pairs."""
+    at = offsets(blocks)
+    cut = torch.searchsorted(flat, torch.as_tensor(at, device=flat.device)).cpu().numpy()
+    first = [0] * len(blocks) if members is None else members[1]
+    got: dict = {s: [] for s, a, _ in PAIRS if q.has(a)}
+    rows: list = [flat[:0]]
+    cols: list = [flat[:0]]
+    for u, (a, b, m, _) in enumerate(blocks):
+        if cut[u + 1] > cut[u]:
+            nm = len(m["img"])
+            s = sims({f: None if v is None else v[a:b] for f, v in q.full.items()}, m, nm)
+            local = flat[cut[u]:cut[u + 1]] - int(at[u])
+            for name, x in s.items():
+                got[name].append(at_flat(x, local))
+            rows.append(local.div(nm, rounding_mode="floor").add_(a))   # pair_rows' rows
+            cols.append(local.remainder_(nm).add_(int(first[u])))
+    return torch.cat(rows), torch.cat(cols), {
+        n: torch.cat(x) if x else torch.zeros(0, device=flat.device) for n, x in got.items()}
 
 
 def offsets(blocks: list) -> np.ndarray:

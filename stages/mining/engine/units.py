@@ -161,6 +161,13 @@ def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p:
     return acc.result(q.index.cpu().numpy())
 
 
+def _taken(mask: torch.Tensor, *xs: torch.Tensor) -> tuple:
+    """Each of xs at the mask's true entries: one nonzero for all (a boolean index each
+    searches the mask again)."""
+    at = mask.nonzero().flatten()
+    return tuple(x.index_select(0, at) for x in xs)
+
+
 class Findings:
     """What n query rows found, as member blocks arrive: the top-k (Best), support, and the
     pairs above the floors, capped per row once over ~2 n max_pairs (a row's best max_pairs
@@ -183,10 +190,9 @@ class Findings:
             capped = _cap(_pairs(self.found), p.max_pairs, self.cut)
             self.found, self.held = [_on(capped, self.device)], len(capped["q"])
         ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
-        self.support += torch.bincount(r[ok], minlength=len(self.support))
-        r, member, v = r[ok], member[ok], v[ok]
-        top = at_or_above_kth(r, v, p.k)
-        self.best.add(r[top], member[top], v[top])
+        r, member, v = _taken(ok, r, member, v)
+        self.support += torch.bincount(r, minlength=len(self.support))
+        self.best.add(*_taken(at_or_above_kth(r, v, p.k), r, member, v))
 
     def result(self, at: np.ndarray) -> UnitResult:
         """The rows' results, row i being the chunk's target at[i] (Queries.pos)."""

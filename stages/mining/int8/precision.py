@@ -64,13 +64,14 @@ class Int8(Precision):
 
     def screen(self, q, blocks, floors, tau_i, tau_t, own, members):
         """Each block's integer sums against its rows' thresholds (exact integers: no second
-        pass), the candidates re-scored in fp32, unless dense (then None: fp32)."""
+        pass), the candidates re-scored in fp32, unless dense (then read off fp32 GEMMs of the
+        blocks holding a candidate: screen.dense_pairs)."""
         at = screen.offsets(blocks)
         flat = q8.candidates(q.low, blocks, screen.PAIRS, floors, tau_i, tau_t, at)
         flat = screen._without(flat.to(own.device), own)
         if len(flat) <= screen.DENSE_SHARE * DENSE_GAIN * at[-1]:
             return screen.rescore_flat(q, blocks, flat, members)
-        return None
+        return screen.dense_pairs(q, blocks, flat, members)
 
     def space_screen(self, x, rows, floor):
         return (q8.rows(x) if rows is None else rows), floor, q8.hits

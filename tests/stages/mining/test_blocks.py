@@ -512,3 +512,43 @@ def test_the_row_order_is_row_then_score_descending_then_j(low):
     s[:3] = [np.float32(1e-30), np.float32(3e38), np.float32(1.5)]
     got = topk._row_order(*(torch.from_numpy(x) for x in (r, j, s))).numpy()
     assert np.array_equal(got, np.lexsort((j, -s, r)))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_a_dense_screen_reads_fp32_gemms_only_where_it_has_candidates(precision, monkeypatch):
+    """A screen too dense to re-score (DENSE_SHARE 0: every one) computes in fp32 only the
+    blocks holding one of its candidates and reads them at those alone (screen.dense_pairs):
+    every cluster probed (the same units, stacks and GEMMs in every precision), the same bytes
+    as fp32, which computes every block and runs the rule over every pair."""
+    img, txt = data(n=240)
+    p = core.PassParams(k=6, tau_i=0.7, tau_t=0.7, dup=0.98, n_clusters=16, probe=16,
+                        query_block=200, block_size=64, floor_i=0.8, floor_t=0.8, max_pairs=5)
+    lay = layout.build_layout(img, txt, p)
+    want = E.mine(lay, persist.sorted_vectors(lay, img, txt), lay.positions(), p)
+    monkeypatch.setattr(screen, "DENSE_SHARE", 0.0)
+    seen, real = [], screen.dense_pairs
+
+    def dense(q, blocks, flat, *a):
+        at = screen.offsets(blocks)
+        seen.append((len(blocks), len(np.unique(np.searchsorted(at, flat.numpy(), "right")))))
+        return real(q, blocks, flat, *a)
+    monkeypatch.setattr(screen, "dense_pairs", dense)
+    q = dataclasses.replace(p, precision=precision)
+    got = E.mine(lay, persist.sorted_vectors(lay, img, txt, precision=precision),
+                 lay.positions(), q)
+    assert seen and any(n > held for n, held in seen)     # blocks without one: skipped
+    for f in dataclasses.fields(want):
+        assert np.asarray(getattr(got, f.name)).tobytes() == \
+            np.asarray(getattr(want, f.name)).tobytes(), f.name
+    assert (want.idx >= 0).sum() > 50 and len(want.pair_j) > 20
+
+
+def test_without_drops_the_targets_own_pairs_only():
+    """screen._without: sorted flat indices less those listed (absent ones ignored), on NumPy's
+    path (a CPU) as on torch's."""
+    flat = torch.tensor([2, 5, 9, 11, 40])
+    for own, want in (([5, 40], [2, 9, 11]), ([3, 41], [2, 5, 9, 11, 40]), ([], [2, 5, 9, 11, 40]),
+                      ([2, 5, 9, 11, 40], [])):
+        got = screen._without(flat, torch.tensor(own, dtype=torch.long))
+        assert got.tolist() == want
+    assert screen._without(flat[:0], torch.tensor([1])).tolist() == []
