@@ -109,9 +109,11 @@ class TextSpotStage(MapStage):
         c = self.config.textspot
         self.ocr, self.skipped = decide(lambda: T.make_backend(c), c.if_missing,
                                          f"text spotting ({c.backend})")
-        # mmocr batches the images it is given (its results depend on the batch): not cached
+        # mmocr batches the images it is given (its results depend on the batch): not cached;
+        # the stage's version is in the namespace: a new version reads images anew
         self.cache = None if c.backend == "mmocr" else ImageCache.of(
-            self.config.run, self.name, _cache_key(c), encode=_encode, decode=_decode, keep=_keep)
+            self.config.run, self.name, {"version": self.version, **_cache_key(c)},
+            encode=_encode, decode=_decode, keep=_keep)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(F.SAMPLE_ID.name)

@@ -104,3 +104,7 @@ def test_a_rerun_with_another_threshold_reads_every_image_from_the_cache(demo, t
     # a changed setting the spotted lines depend on is another namespace: computed again
     _run(demo, tmp_path / "d", cache, **{"textspot.max_side": 512})
     assert len(seen) == 3 * n_first
+    # so is another version of the stage (its OCR code changed): computed again
+    monkeypatch.setattr(TextSpotStage, "version", TextSpotStage.version + "-next")
+    _run(demo, tmp_path / "e", cache, **{"textspot.max_side": 512})
+    assert len(seen) == 4 * n_first
