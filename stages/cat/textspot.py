@@ -35,6 +35,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from PIL import Image
 
+from . import textspot_runtime as R
+
 
 @dataclass(frozen=True)
 class Spot:
@@ -142,7 +144,8 @@ class RapidOcrBackend:
     name = "rapidocr"
 
     def __init__(self, threads: int = 1, fast: Optional[FastPath | Cascade] = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", runtime: str = "onnxruntime", precision: str = "f32"
+                 ) -> None:
         try:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError as e:
@@ -154,6 +157,9 @@ class RapidOcrBackend:
             check_cuda()
             kw.update(det_use_cuda=True, cls_use_cuda=True, rec_use_cuda=True)
         self.ocr, self.fast = RapidOCR(**kw), fast
+        self.runtime = R.resolve(runtime, device)
+        if self.runtime == "openvino":      # the same models; only the sessions change
+            R.use_openvino(self.ocr, threads, precision)
         self.spent: Optional[dict] = None     # the cascade's CPU seconds per step (benchmarks)
 
     def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
@@ -466,7 +472,8 @@ def fast_path(cfg: Any) -> Optional[FastPath | Cascade]:
 def make_backend(cfg: Any) -> Any:
     """The backend ``cfg.backend`` names (``cfg``: the ``textspot`` config section)."""
     if cfg.backend == "rapidocr":
-        return RapidOcrBackend(threads=cfg.threads, fast=fast_path(cfg), device=cfg.device)
+        return RapidOcrBackend(threads=cfg.threads, fast=fast_path(cfg), device=cfg.device,
+                               runtime=cfg.runtime, precision=cfg.precision)
     if cfg.backend == "tesseract":
         return TesseractBackend(lang=cfg.tesseract_lang, psm=cfg.tesseract_psm, threads=cfg.threads)
     if cfg.backend == "mmocr":

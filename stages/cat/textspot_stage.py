@@ -17,6 +17,7 @@ from vlcurate.foundation.versions import installed
 from vlcurate.stages.cache import ImageCache
 
 from . import textspot as T
+from . import textspot_runtime as RT
 from .optional import decide, skip_status, skipped_table
 
 
@@ -36,6 +37,11 @@ class TextSpotParams(Params):
                                   "every line read (cascade: the full OCR)")
     device: Literal["cpu", "cuda"] = doc("cpu", "rapidocr's onnxruntime device (cuda needs "
                                                 "onnxruntime-gpu)")
+    runtime: Literal["auto", "onnxruntime", "openvino"] = doc("auto", (
+        "what runs rapidocr's models on a CPU: auto is openvino when it imports (cuda: always "
+        "onnxruntime)"))
+    precision: Literal["f32", "bf16"] = doc("f32", "openvino: the models' precision (bf16: "
+                                                   "AMX / AVX512-BF16 where the CPU has them)")
     if_missing: Literal["error", "skip"] = doc("error", "no OCR backend: stop (error), or run "
                                                         "without it, saying so")
     min_conf: float = unit(0.8, doc="DiHT: a spotted line needs this OCR confidence ...")
@@ -61,10 +67,15 @@ def _cache_key(c: TextSpotParams) -> dict:
     installed, the downscale size and that backend's own settings; not the thresholds."""
     own = {"tesseract": (c.tesseract_lang, c.tesseract_psm),
            "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights),
-           "rapidocr": (repr(T.fast_path(c)), c.device)}
+           "rapidocr": (repr(T.fast_path(c)), c.device, runtime(c))}
     return {"backend": T.backend_identity(c), "max_side": c.max_side,
             "settings": own.get(c.backend, ()),
             "libraries": installed("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
+
+
+def runtime(c: TextSpotParams) -> str:
+    """What runs rapidocr's models, as it will run (``auto`` resolved), with its precision."""
+    return RT.identity(c.runtime, c.device, c.precision) if c.backend == "rapidocr" else ""
 
 
 def _encode(pair: tuple) -> list:
@@ -83,7 +94,7 @@ def _keep(pair: tuple) -> bool:
 class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
-    version = "3"
+    version = "4"
     Params = TextSpotParams
     speed_only = ("threads",)             # OCR threads
     inputs = {"ingest": (F.CAPTION, F.IMAGE, F.IMAGE_HASH)}
@@ -103,7 +114,9 @@ class TextSpotStage(MapStage):
     @classmethod
     def environment(cls, config: Any) -> dict:
         """What the output depends on beyond config (for the runner's fingerprint)."""
-        return {"ocr_backend": T.backend_identity(config.textspot)}
+        c = config.textspot
+        return {"ocr_backend": T.backend_identity(c), **({"ocr_runtime": runtime(c)}
+                                                         if c.backend == "rapidocr" else {})}
 
     def setup(self) -> None:
         c = self.config.textspot

@@ -1,17 +1,20 @@
-"""Text spotting: rapidocr's cascade (``textspot.mode=cascade``) and fast path (``mode=fast``)
-against the full OCR (``mode=full``), images per CPU-second and the agreement of DiHT's
-decision (``cat.text_spotted``) per (image, caption) row, on the real sets in
-``../shared/data``.
+"""Text spotting: rapidocr's cascade (``textspot.mode=cascade``), fast path (``mode=fast``) and
+full OCR (``mode=full``), each on each runtime (``textspot.runtime``, ``textspot.precision``:
+onnxruntime, OpenVINO f32, OpenVINO bf16), against the full OCR on onnxruntime (rapidocr, all
+defaults): images per CPU-second and the agreement of DiHT's decision (``cat.text_spotted``) per
+(image, caption) row, on the real sets in ``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
         [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
-        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][,...]]
+        [--runtimes ort,ov-f32,ov-bf16] [--no-full]
+        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][,...]]
 
 Each ``--det-pixels`` value is one fast path (``textspot.mode=fast``; the default: the stage's
 ``textspot.det_pixels``; ``N:GATE`` adds ``textspot.gate_pixels``; ``''``: none), each
 ``--cascade`` value one cascade (``mode=cascade``) with its gate at that scale (the default: the
-stage's), so that several settings are measured against the full OCR in one run. Printed: where
-each cascade's CPU time goes (gate, det, cls, rec) and the share of images its gate passes, and
+stage's), so that several settings are measured against the full OCR in one run. Printed: each
+path's CPU ms per image in each model (det, cls, rec) and outside them; where each cascade's
+CPU time goes (gate, det, cls, rec) and the share of images its gate passes, and
 per path the images whose usable lines (confidence >= min_conf, >= min_chars characters) differ
 from the full OCR's, whatever the caption. One process, one onnxruntime thread; the paths run
 interleaved, a few images at a time, in rotating order, so that the load of the shared machine
@@ -39,6 +42,7 @@ from vlcurate.stages.cat import textspot as T  # noqa: E402
 from vlcurate.stages.cat.textspot_stage import TextSpotParams  # noqa: E402
 
 SETS = ("coco_mini", "flickr8k_224", "grocery_packages", "ocr_scene_text")
+REF = "full/ort"      # the reference: the full OCR (rapidocr, all defaults) on onnxruntime
 CHUNK = 8
 
 
@@ -93,13 +97,15 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
     hit = {path: {(k, c): decision(spots[path][k] or [], c, p) for k, c in rows} for path in paths}
     out = {}
     for path in paths:
-        dis = [(k, c, hit["full"][(k, c)], hit[path][(k, c)]) for k, c in rows
-               if T.text_spotted(hit["full"][(k, c)], p.min_chars)
+        dis = [(k, c, hit[REF][(k, c)], hit[path][(k, c)]) for k, c in rows
+               if T.text_spotted(hit[REF][(k, c)], p.min_chars)
                != T.text_spotted(hit[path][(k, c)], p.min_chars)]
         out[path] = {"rate": n / cpu_s[path], "dis": dis, "spent": dict(paths[path].spent or {}),
-                     "lines": sum(usable(spots[path][k], p) != usable(spots["full"][k], p)
+                     "models": dict(paths[path].models), "rounds": rounds,
+                     "lines": sum(usable(spots[path][k], p) != usable(spots[REF][k], p)
                                   for k in keys),
                      "flags": sum(T.text_spotted(m, p.min_chars) for m in hit[path].values())}
+        paths[path].models.clear()
         if paths[path].spent is not None:
             paths[path].spent.clear()
     return {"set": name, "images": len(keys), "rows": len(rows), "load": os.getloadavg()[0],
@@ -107,9 +113,9 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
 
 
 def report(r: dict) -> None:
-    full = r["paths"]["full"]
+    full = r["paths"][REF]
     for path, x in r["paths"].items():
-        if path == "full":
+        if path == REF:
             continue
         print(f"{r['set']} {path}: {r['images']} images, {r['rows']} rows: full "
               f"{full['rate']:.2f}, this path {x['rate']:.2f} images/CPU-s "
@@ -132,45 +138,90 @@ def split(spent: dict) -> str:
     return f"ms per image: {steps}; gate passed {spent.get('passed', 0) / n:.1%} of images"
 
 
+RUNTIMES = {"ort": ("onnxruntime", "f32"), "ov-f32": ("openvino", "f32"),
+            "ov-bf16": ("openvino", "bf16")}
+
+
+class Timed:
+    """A model's session that adds the CPU seconds of each call to ``spent[step]``."""
+
+    def __init__(self, session, spent: dict, step: str) -> None:
+        self.session, self.spent, self.step = session, spent, step
+
+    def __call__(self, x):
+        c0 = cpu()
+        out = self.session(x)
+        self.spent[self.step] = self.spent.get(self.step, 0.0) + cpu() - c0
+        return out
+
+
+def backend(runtime: str, fast=None) -> T.RapidOcrBackend:
+    """rapidocr on ``runtime`` (a RUNTIMES key), its three models timed into ``models``."""
+    rt, precision = RUNTIMES[runtime]
+    b = T.RapidOcrBackend(threads=1, fast=fast, runtime=rt, precision=precision)
+    b.models = {}
+    for model, attr, step in ((b.ocr.text_det, "infer", "det"), (b.ocr.text_cls, "infer", "cls"),
+                              (b.ocr.text_rec, "session", "rec")):
+        setattr(model, attr, Timed(getattr(model, attr), b.models, step))
+    return b
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--limit", type=int, default=200, help="images per set (0: all)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES),
+                    help=f"comma-separated, of {list(RUNTIMES)}: each path on each")
+    ap.add_argument("--full", action=argparse.BooleanOptionalAction, default=True,
+                    help="the full OCR on each runtime but onnxruntime's (the reference)")
     ap.add_argument("--det-pixels", default=str(TextSpotParams().det_pixels),
                     help="comma-separated detector sizes (N or N:GATE), one fast path each")
     ap.add_argument("--cascade", default=str(T.Cascade().gate_scale),
-                    help="comma-separated gate scales (SCALE or SCALE:tight, each crop "
-                    "recognised at its own width), one cascade each ('': none)")
+                    help="comma-separated gate scales (SCALE[:tight][:PIXELS]; tight: each crop "
+                    "recognised at its own width; PIXELS: the gate's least size), one cascade "
+                    "each ('': none)")
     a = ap.parse_args()
     p = TextSpotParams()
-    paths = {"full": T.RapidOcrBackend(threads=1)}
-    for spec in filter(None, a.det_pixels.split(",")):
-        px, _, gate = spec.partition(":")
-        fast = T.fast_path(TextSpotParams(mode="fast", det_pixels=int(px),
-                                          gate_pixels=int(gate or 0)))
-        paths[f"fast@{spec}"] = T.RapidOcrBackend(threads=1, fast=fast)
-    for spec in filter(None, a.cascade.split(",")):
-        scale, _, tight = spec.partition(":")
-        cascade = dataclasses.replace(T.fast_path(TextSpotParams(mode="cascade")),
-                                      gate_scale=float(scale), tight=tight == "tight")
-        paths[f"cascade@{spec}"] = T.RapidOcrBackend(threads=1, fast=cascade)
-        paths[f"cascade@{spec}"].spent = {}
-    print(f"fast paths: {list(paths)[1:]}; load average {os.getloadavg()}", flush=True)
+    paths = {REF: backend("ort")}
+    for rt in a.runtimes.split(","):
+        if a.full and rt != "ort":
+            paths[f"full/{rt}"] = backend(rt)
+        for spec in filter(None, a.det_pixels.split(",")):
+            px, _, gate = spec.partition(":")
+            fast = T.fast_path(TextSpotParams(mode="fast", det_pixels=int(px),
+                                              gate_pixels=int(gate or 0)))
+            paths[f"fast@{spec}/{rt}"] = backend(rt, fast)
+        for spec in filter(None, a.cascade.split(",")):
+            scale, *opts = spec.split(":")
+            least = [int(x) for x in opts if x.isdigit()] or [T.Cascade().gate_min_pixels]
+            cascade = dataclasses.replace(T.fast_path(TextSpotParams(mode="cascade")),
+                                          gate_scale=float(scale), tight="tight" in opts,
+                                          gate_min_pixels=least[0])
+            paths[f"cascade@{spec}/{rt}"] = backend(rt, cascade)
+            paths[f"cascade@{spec}/{rt}"].spent = {}
+    print(f"paths: {list(paths)[1:]}; load average {os.getloadavg()}", flush=True)
     res = []
     for name in a.sets.split(","):
         res.append(run_set(name, paths, p, a.limit, a.rounds))
         report(res[-1])
-    print("\n| set | images (rows) | path | full OCR img/CPU-s | path img/CPU-s | speed-up | "
-          "flagged full / path | agreement | disagreements | load avg |\n" + "|---" * 10 + "|")
+    table(res)
+
+
+def table(res: list) -> None:
+    print("\n| set | images (rows) | path | img/CPU-s | vs full OCR (onnxruntime) | model ms per "
+          "image det / cls / rec | other ms | flagged ref / path | agreement | disagreements | "
+          "load avg |\n" + "|---" * 11 + "|")
     for r in res:
-        full = r["paths"]["full"]
+        full = r["paths"][REF]
         for path, x in r["paths"].items():
-            if path != "full":
-                print(f"| {r['set']} | {r['images']} ({r['rows']}) | {path} | {full['rate']:.2f} "
-                      f"| {x['rate']:.2f} | {x['rate'] / full['rate']:.1f}x | {full['flags']} / "
-                      f"{x['flags']} | {1 - len(x['dis']) / r['rows']:.2%} | {len(x['dis'])} | "
-                      f"{r['load']:.1f} |")
+            m, n = x["models"], r["images"] * x["rounds"]
+            ms = [1000 * m.get(k, 0.0) / n for k in ("det", "cls", "rec")]
+            other = 1000 / x["rate"] - sum(ms)
+            print(f"| {r['set']} | {r['images']} ({r['rows']}) | {path} | {x['rate']:.2f} | "
+                  f"{x['rate'] / full['rate']:.2f}x | {' / '.join(f'{v:.1f}' for v in ms)} | "
+                  f"{other:.1f} | {full['flags']} / {x['flags']} | "
+                  f"{1 - len(x['dis']) / r['rows']:.2%} | {len(x['dis'])} | {r['load']:.1f} |")
 
 
 if __name__ == "__main__":

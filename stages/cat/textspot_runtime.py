@@ -1,0 +1,85 @@
+"""What runs rapidocr's three ONNX models (detector, angle classifier, recogniser):
+``textspot.runtime``.
+
+* ``onnxruntime``: rapidocr's own sessions (the GPU path, ``textspot.device=cuda``, is always this);
+* ``openvino``: the same ONNX files compiled by OpenVINO for the CPU, at ``textspot.precision``
+  (``f32``: the full OCR's lines, ~2x cheaper; ``bf16``: AMX or AVX512-BF16 where the CPU has them);
+* ``auto``: ``openvino`` on a CPU when it imports, else ``onnxruntime``.
+
+Only the session changes: ``use_openvino`` puts an ``OvSession`` in place of each of rapidocr's
+``OrtInferSession`` objects, so rapidocr's own pipeline (``mode=full``) and the fast path and
+cascade run their pre- and post-processing, padding and rules unchanged. One thread per session
+(``threads``) keeps a model's output bytes independent of the batch and of what ran before.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+RUNTIMES = ("auto", "onnxruntime", "openvino")
+PRECISIONS = ("f32", "bf16")
+
+
+@functools.lru_cache(maxsize=None)
+def openvino_version() -> str:
+    """The installed OpenVINO's version, or '' when it does not import."""
+    try:
+        import openvino
+    except Exception:  # noqa: BLE001 - a broken install reads as absent
+        return ""
+    return str(openvino.__version__ if hasattr(openvino, "__version__")
+               else openvino.get_version())
+
+
+def resolve(runtime: str, device: str) -> str:
+    """``textspot.runtime`` as it will run: ``onnxruntime`` or ``openvino``."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"textspot.runtime={runtime!r}: unknown (known: {list(RUNTIMES)})")
+    if device == "cuda" or runtime == "onnxruntime":
+        return "onnxruntime"
+    if runtime == "auto":
+        return "openvino" if openvino_version() else "onnxruntime"
+    return "openvino"
+
+
+def identity(runtime: str, device: str, precision: str) -> str:
+    """The runtime as it will run, with its version and (OpenVINO) precision: what a model's
+    output bytes depend on beyond the models (cheap: no model is loaded)."""
+    if resolve(runtime, device) == "onnxruntime":
+        return "onnxruntime"
+    return f"openvino {openvino_version() or 'missing'} {precision}"
+
+
+class OvSession:
+    """One ONNX model compiled by OpenVINO for the CPU, called as rapidocr calls its
+    ``OrtInferSession``: ``session(x)`` -> [first output] (every model here has one)."""
+
+    def __init__(self, core: Any, model_path: str, threads: int, precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"textspot.precision={precision!r}: unknown (known: "
+                             f"{list(PRECISIONS)})")
+        props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+        if threads > 0:
+            props["INFERENCE_NUM_THREADS"] = threads
+        self.model = core.compile_model(model_path, "CPU", props)
+        self.request = self.model.create_infer_request()
+        self.out = self.model.output(0)
+        self.path, self.precision = model_path, precision
+
+    def __call__(self, x: Any) -> list:
+        return [self.request.infer({0: x})[self.out].copy()]
+
+
+def use_openvino(ocr: Any, threads: int, precision: str) -> None:
+    """Put OpenVINO sessions of the same model files in place of ``ocr``'s (a ``RapidOCR``)
+    onnxruntime sessions; the recogniser keeps the character list it read at start."""
+    from .textspot import BackendUnavailable
+    if not openvino_version():
+        raise BackendUnavailable("textspot.runtime=openvino: cannot import openvino; `pip "
+                                 "install openvino` or textspot.runtime=onnxruntime")
+    import openvino
+    core = openvino.Core()
+    for model, attr in ((ocr.text_det, "infer"), (ocr.text_cls, "infer"),
+                        (ocr.text_rec, "session")):
+        path = str(getattr(model, attr).session._model_path)
+        setattr(model, attr, OvSession(core, path, threads, precision))

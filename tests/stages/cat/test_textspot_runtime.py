@@ -1,0 +1,118 @@
+"""What runs rapidocr's models (``textspot.runtime``, ``textspot.precision``): OpenVINO against
+onnxruntime on real photos, the config seam, the cache's namespace and determinism."""
+from __future__ import annotations
+
+import pytest
+from vlcurate.stages.cat import textspot as T
+from vlcurate.stages.cat import textspot_runtime as RT
+
+from tests.stages.cat.test_textspot import coco_rows, decisions, png, render, scene_text_rows
+
+pytestmark = pytest.mark.skipif(not RT.openvino_version(), reason="openvino is not installed")
+
+
+@pytest.fixture(scope="module")
+def ort():
+    return T.RapidOcrBackend(runtime="onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def ov_f32():
+    return T.RapidOcrBackend(runtime="openvino", precision="f32")
+
+
+def same_lines(a, b):
+    """The same lines in the same order, confidences equal to 1e-5 (f32 kernels differ in
+    their last bits)."""
+    return len(a) == len(b) and all(x.text == y.text and abs(x.conf - y.conf) < 1e-5
+                                    for x, y in zip(a, b))
+
+
+def test_openvino_replaces_every_session_and_auto_picks_it_on_a_cpu(ort, ov_f32):
+    assert ov_f32.runtime == "openvino" and ort.runtime == "onnxruntime"
+    ocr = ov_f32.ocr
+    assert all(isinstance(s, RT.OvSession) and s.precision == "f32"
+               for s in (ocr.text_det.infer, ocr.text_cls.infer, ocr.text_rec.session))
+    assert not isinstance(ort.ocr.text_rec.session, RT.OvSession)
+    assert RT.resolve("auto", "cpu") == "openvino" and RT.resolve("auto", "cuda") == "onnxruntime"
+    assert RT.resolve("openvino", "cuda") == "onnxruntime"      # the GPU path stays onnxruntime
+    with pytest.raises(ValueError, match="precision"):
+        T.RapidOcrBackend(runtime="openvino", precision="int4")
+
+
+def rule(lines, rows):
+    return [T.text_spotted(T.best_match(x, c, 0.8), 5) for x, (_, c) in zip(lines, rows)]
+
+
+@pytest.mark.realdata
+def test_full_ocr_on_openvino_f32_reads_the_scene_text_photos_as_onnxruntime(ort, ov_f32):
+    rows = scene_text_rows()
+    a, b = (T.spot_all(ocr, [b for b, _ in rows], 1024)[0] for ocr in (ort, ov_f32))
+    assert all(same_lines(x, y) for x, y in zip(a, b))
+    assert sum(len(x) for x in a) >= 50                          # the photos hold many lines
+    assert rule(a, rows) == rule(b, rows) and sum(rule(a, rows)) >= 8
+
+
+@pytest.mark.realdata
+def test_cascade_and_bf16_on_openvino_decide_coco_photos_as_the_full_ocr_on_onnxruntime(ort):
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    # 3 photos, and 2 whose caption repeats small text ("Serta", "anywhere!")
+    rows = coco_rows(2) + coco_rows(names={"000000379349.jpg", "000000553664.jpg"})
+    ref = decisions(ort, rows)
+    assert sum(ref) >= 2
+    for mode, precision in (("cascade", "f32"), ("full", "bf16")):
+        ocr = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode=mode)), runtime="openvino",
+                                precision=precision)
+        assert decisions(ocr, rows) == ref, (mode, precision)
+
+
+def card(text):
+    """Rendered text on a card about as large as the full OCR's detector input (736 px high)."""
+    return render(text, size=(300, 240))
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_openvino_output_bytes_do_not_depend_on_the_batch_or_what_ran_before(precision):
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    ims = [card("COFFEE"), card(""), card("Hello")]
+    fast = T.fast_path(TextSpotParams(mode="cascade"))
+    first, again = (T.RapidOcrBackend(fast=fast, runtime="openvino", precision=precision)
+                    for _ in range(2))
+    whole = first(ims)
+    assert whole[0] and whole[2] and not whole[1]
+    assert [again([im])[0] for im in reversed(ims)] == whole[::-1]   # one by one, other order
+    assert first(ims[1:] + ims[:1]) == whole[1:] + whole[:1]          # the same, rerun
+
+
+def test_runtime_key_reaches_the_stage_and_its_cache_namespace():
+    """textspot.runtime / precision in the config select the sessions the stage runs, and each
+    (runtime, precision) reads into its own cache entries; the flags stay the full OCR's."""
+    import pyarrow as pa
+    from vlcurate.pipeline import config as C
+    from vlcurate.pipeline.runner import build_stage
+    from vlcurate.schemas import F
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams, TextSpotStage, _cache_key
+    from vlcurate.stages.ingest.stage import image_hash
+
+    def stage(**keys):
+        return build_stage(TextSpotStage, C.load(None, {
+            **{f"textspot.{k}": v for k, v in keys.items()}, "textspot.mode": "full",
+            "run.progress": False, "run.image_cache": False}))
+    ims = [png(card("")), png(card("COFFEE"))]
+    batch = pa.table({F.SAMPLE_ID.name: ["a", "b"], F.CAPTION.name: ["coffee", "coffee"],
+                      F.IMAGE.name: pa.array(ims, pa.binary()),
+                      F.IMAGE_HASH.name: [image_hash(b) for b in ims]})
+    ort, ov, auto = stage(runtime="onnxruntime"), stage(runtime="openvino", precision="bf16"), \
+        stage()
+    assert ort.ocr.runtime == "onnxruntime" and ov.ocr.runtime == auto.ocr.runtime == "openvino"
+    assert ov.ocr.ocr.text_det.infer.precision == "bf16"
+    assert auto.ocr.ocr.text_det.infer.precision == "f32"
+    assert not isinstance(ort.ocr.ocr.text_det.infer, RT.OvSession)
+    reasons = [s(batch).column(F.REASONS.name).to_pylist() for s in (ort, ov, auto)]
+    assert reasons[0] == reasons[1] == reasons[2] and reasons[0][1]
+    keys = {repr(_cache_key(TextSpotParams(runtime=r, precision=p)))
+            for r, p in (("onnxruntime", "f32"), ("openvino", "f32"), ("openvino", "bf16"))}
+    assert len(keys) == 3
+    assert _cache_key(TextSpotParams()) == _cache_key(TextSpotParams(runtime="openvino"))
+    assert _cache_key(TextSpotParams(runtime="onnxruntime", precision="bf16")) == \
+        _cache_key(TextSpotParams(runtime="onnxruntime"))   # precision is OpenVINO's alone
