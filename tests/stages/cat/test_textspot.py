@@ -293,7 +293,7 @@ def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_
 
 def test_fast_path_settings_follow_the_config():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
-    assert TextSpotParams().mode == "fast" and T.fast_path(TextSpotParams(mode="full")) is None
+    assert TextSpotParams().mode == "cascade" and T.fast_path(TextSpotParams(mode="full")) is None
     cascade = TextSpotParams(mode="cascade")
     assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0)
     assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4)) == \
@@ -308,10 +308,13 @@ def test_fast_path_settings_follow_the_config():
     assert T.fast_path(gated).gate_pixels == 131_072 and p.gate_pixels == 0
     assert T.fast_path(TextSpotParams(mode="fast", gate_pixels=131_072,
                                       keep_texts=True)).gate_pixels == 0
-    keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"), TextSpotParams(keep_texts=True),
-                                    TextSpotParams(det_pixels=300_000), gated, cascade,
-                                    TextSpotParams(mode="cascade", min_chars=4))]
-    assert len({repr(k) for k in keys}) == 7                  # each reads differently: own entries
+    assert T.fast_path(TextSpotParams(gate_min_pixels=65_536)).gate_min_pixels == 65_536
+    keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"),
+                                    TextSpotParams(mode="fast", keep_texts=True),
+                                    TextSpotParams(mode="fast", det_pixels=300_000), gated, cascade,
+                                    TextSpotParams(mode="cascade", min_chars=4),
+                                    TextSpotParams(gate_min_pixels=65_536))]
+    assert len({repr(k) for k in keys}) == 8                  # each reads differently: own entries
     assert _cache_key(TextSpotParams(mode="full")) == \
         _cache_key(TextSpotParams(mode="cascade", keep_texts=True))    # the same lines
 
