@@ -8,7 +8,7 @@ from vlcurate.stages.cat import textspot_runtime as RT
 
 from tests.stages.cat.test_textspot import coco_rows, decisions, png, render, scene_text_rows
 
-pytestmark = pytest.mark.skipif(not RT.openvino_version(), reason="openvino is not installed")
+needs_openvino = pytest.mark.skipif(not RT.openvino_version(), reason="openvino is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,16 @@ def same_lines(a, b):
                                     for x, y in zip(a, b))
 
 
+def test_without_openvino_auto_falls_back_and_openvino_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(RT, "openvino_version", lambda: "")      # as where it does not import
+    assert RT.resolve("auto", "cpu") == "onnxruntime"
+    assert RT.identity("auto", "cpu", "bf16") == "onnxruntime"
+    with pytest.raises(T.BackendUnavailable, match="pip install openvino"):
+        T.RapidOcrBackend(runtime="openvino")
+    assert T.RapidOcrBackend(runtime="auto").runtime == "onnxruntime"
+
+
+@needs_openvino
 def test_openvino_replaces_every_session_and_auto_picks_it_on_a_cpu(ort, ov_f32):
     assert ov_f32.runtime == "openvino" and ort.runtime == "onnxruntime"
     ocr = ov_f32.ocr
@@ -44,6 +54,7 @@ def rule(lines, rows):
     return [T.text_spotted(T.best_match(x, c, 0.8), 5) for x, (_, c) in zip(lines, rows)]
 
 
+@needs_openvino
 @pytest.mark.realdata
 def test_full_ocr_on_openvino_f32_reads_the_scene_text_photos_as_onnxruntime(ort, ov_f32):
     rows = scene_text_rows()
@@ -53,6 +64,7 @@ def test_full_ocr_on_openvino_f32_reads_the_scene_text_photos_as_onnxruntime(ort
     assert rule(a, rows) == rule(b, rows) and sum(rule(a, rows)) >= 8
 
 
+@needs_openvino
 @pytest.mark.realdata
 def test_cascade_and_bf16_on_openvino_decide_coco_photos_as_the_full_ocr_on_onnxruntime(ort):
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
@@ -71,6 +83,7 @@ def card(text):
     return render(text, size=(300, 240))
 
 
+@needs_openvino
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_openvino_output_bytes_do_not_depend_on_the_batch_or_what_ran_before(precision):
     from vlcurate.stages.cat.textspot_stage import TextSpotParams
@@ -84,6 +97,7 @@ def test_openvino_output_bytes_do_not_depend_on_the_batch_or_what_ran_before(pre
     assert first(ims[1:] + ims[:1]) == whole[1:] + whole[:1]          # the same, rerun
 
 
+@needs_openvino
 def test_runtime_key_reaches_the_stage_and_its_cache_namespace():
     """textspot.runtime / precision in the config select the sessions the stage runs, and each
     (runtime, precision) reads into its own cache entries; the flags stay the full OCR's."""
