@@ -124,10 +124,11 @@ class Cascade:
 
     A gate first: the text detector on the image at ``gate_scale`` of its size (side by side; at
     least ``gate_min_pixels``, as the full OCR scales small images up and sees their small,
-    blurred text: a 348 px product photo's at 196,608 pixels, not at 65,536). An image passes when its probability map above ``gate_level`` (the detector's own
-    threshold) holds a region whose rotated box is at least ``gate_length`` pixels long and
-    ``gate_ratio`` times as long as wide: a line of several characters. An image it stops is
-    done (no spots; most photos hold no text). An image it passes gets the full OCR's own
+    blurred text: a 348 px product photo's at 196,608 pixels, not at 65,536). An image passes
+    when its probability map above ``gate_level`` (the detector's own threshold) holds a region
+    whose rotated box is at least ``gate_length`` pixels long and ``gate_ratio`` times as long
+    as wide: a line of several characters. An image it stops is done (no spots; most photos
+    hold no text). An image it passes gets the full OCR's own
     detection, crops and angle classifier, and its recogniser on the crops that can hold the
     rule's text (``min_ratio``), each padded as its batch in the full OCR pads it (``tight``:
     at its own width)."""

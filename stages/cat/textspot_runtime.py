@@ -20,7 +20,7 @@ RUNTIMES = ("auto", "onnxruntime", "openvino")
 PRECISIONS = ("f32", "bf16")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def openvino_version() -> str:
     """The installed OpenVINO's version, or '' when it does not import."""
     try:
