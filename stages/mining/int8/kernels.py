@@ -8,7 +8,10 @@ caller runs torch's GEMMs and compares (the same pairs).
   with AVX512-VNNI (members packed per block as u8 panels, each query's thresholds shifted
   by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
   screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
-  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms)."""
+  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
+* ``count_hits`` (count_int8.c): the exact noise count's one-space screen over a whole range of
+  sorted members in one call, with AMX tiles (exact integer sums against each query's
+  threshold for the member's cluster: the same pairs as screen_int8 per cluster)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,6 +25,7 @@ import torch
 from .. import native
 
 SOURCE = Path(__file__).with_name("screen_int8.c")
+COUNT_SOURCE = Path(__file__).with_name("count_int8.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -38,6 +42,53 @@ def _declare(lib: ctypes.CDLL) -> None:
                                 _P, _P]
     lib.screen_int8.restype = _I
     lib.vnni_ready.restype = ctypes.c_int
+
+
+@functools.lru_cache(maxsize=None)
+def count_library() -> Optional[ctypes.CDLL]:
+    """count_int8.c, built and loaded; None when turned off or when it cannot be built."""
+    return native.build(COUNT_SOURCE, _declare_count)
+
+
+def _declare_count(lib: ctypes.CDLL) -> None:
+    lib.count_hits.argtypes = [_P, _I, _I, _P, _I, _I, _P, _I, _P, _P, _P, _I, _P]
+    lib.count_hits.restype = _I
+    lib.amx_ready.restype = ctypes.c_int
+
+
+def amx() -> bool:
+    """Whether count_hits runs on this CPU (the library, AMX-INT8 and the kernel's leave)."""
+    lib = count_library()
+    return lib is not None and bool(lib.amx_ready())
+
+
+def count_hits(q: np.ndarray, members: np.ndarray, a: int, b: int, bounds: np.ndarray,
+               c0: int, lim: np.ndarray, cap: int) -> Optional[tuple]:
+    """(query index, member row, the row it stopped at) of the pairs of queries q [nq, d] x
+    members[a:b] (int8 arrays; members: every sorted row, clusters ``bounds``) whose integer
+    sum exceeds lim[cluster - c0, query] (int32 [clusters, nq rounded up to 32]); stops before
+    a 32-member group that might not fit in ``cap`` pairs (at least 32 x lim's width). None
+    without the library or AMX, or with a dimension that is not a multiple of 64 (the caller
+    screens per cluster)."""
+    lib = count_library()
+    if lib is None:
+        return None
+    q = np.ascontiguousarray(q, np.int8)
+    lim = np.ascontiguousarray(lim, np.int32)
+    bounds = np.ascontiguousarray(bounds, np.int64)
+    nq, d = q.shape
+    width = -(-nq // 32) * 32
+    if members.dtype != np.int8 or not members.flags.c_contiguous or members.shape[1] != d or \
+            lim.shape[1] != width or cap < 32 * width or not 0 <= a <= b <= len(members) or \
+            not (0 <= c0 and c0 + len(lim) < len(bounds) and bounds[c0] <= a and
+                 bounds[c0 + len(lim)] >= b):
+        raise ValueError("count_hits: queries, members, thresholds or room of different shapes")
+    out_q, out_j = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    stop = np.zeros(1, np.int64)
+    n = lib.count_hits(q.ctypes.data, nq, d, members.ctypes.data, a, b, bounds.ctypes.data,
+                       c0, lim.ctypes.data, out_q.ctypes.data, out_j.ctypes.data, cap,
+                       stop.ctypes.data)
+    return None if n < 0 else (out_q[:n], out_j[:n], int(stop[0]))
 
 
 def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,

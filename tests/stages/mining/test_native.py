@@ -32,9 +32,10 @@ def no_native(monkeypatch):
 
 
 def _clear() -> None:
-    """Both C libraries (native.c's, the int8 package's) built or loaded again when next used."""
+    """The C libraries (native.c's, the int8 package's) built or loaded again when next used."""
     native.library.cache_clear()
     kernels.library.cache_clear()
+    kernels.count_library.cache_clear()
 
 
 def _bits(x: torch.Tensor) -> bytes:
