@@ -9,7 +9,7 @@ caller runs torch's GEMMs and compares (the same pairs).
   by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
   screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
   members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
-* ``count_hits`` (count_int8.c): the exact noise count's one-space screen over a whole range of
+* ``count_hits`` (amx_int8.c): the exact noise count's one-space screen over a whole range of
   sorted members in one call, with AMX tiles (exact integer sums against each query's
   threshold for the member's cluster: the same pairs as screen_int8 per cluster)."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from .. import native
 
 SOURCE = Path(__file__).with_name("screen_int8.c")
-COUNT_SOURCE = Path(__file__).with_name("count_int8.c")
+COUNT_SOURCE = Path(__file__).with_name("amx_int8.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -46,13 +46,16 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 @functools.lru_cache(maxsize=None)
 def count_library() -> Optional[ctypes.CDLL]:
-    """count_int8.c, built and loaded; None when turned off or when it cannot be built."""
+    """amx_int8.c, built and loaded; None when turned off or when it cannot be built."""
     return native.build(COUNT_SOURCE, _declare_count)
 
 
 def _declare_count(lib: ctypes.CDLL) -> None:
     lib.count_hits.argtypes = [_P, _I, _I, _P, _I, _I, _P, _I, _P, _P, _P, _I, _P]
     lib.count_hits.restype = _I
+    lib.screen_amx.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
+                               _P]
+    lib.screen_amx.restype = _I
     lib.amx_ready.restype = ctypes.c_int
 
 
@@ -124,8 +127,9 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
                 ) -> Optional[np.ndarray]:
     """first + the flat indices (ascending) of the pairs of queries qi, qt [nq, d] x members
     mi, mt [nm, d] (int8 tensors) that pass screen_pairs' rule against each row's [floor, tau]
-    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with
-    AVX512-VNNI, no int32 sums written. qt None: one similarity, the pairs above lim_i's
+    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with AMX
+    tiles where they run and dimensions are multiples of 64 (amx_int8.c), else AVX512-VNNI; no
+    int32 sums written. qt None: one similarity, the pairs above lim_i's
     floor alone (q8.hits). None without the library, on a GPU, on a CPU without AVX512-VNNI
     or with a dimension that is not a multiple of 4 (the caller multiplies)."""
     lib = library()
@@ -140,12 +144,18 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
     if a[1].shape != (nm, di) or (qt is not None and (a[2].shape[0] != nq or a[3].shape != (
             nm, dt))) or any(t.shape != (nq, 1) for t in lims):
         raise ValueError("screen_int8: queries, members and thresholds of different shapes")
-    panels = -(-nm // 16)
-    scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
     out = np.empty(max(nq * nm, 1), np.int64)
     txt = (None, 0, 0, None, 0) if qt is None else (a[2].ctypes.data, dt, dt, a[3].ctypes.data, dt)
     lims += [lims[0]] * (4 - len(lims))                  # unread with one similarity
-    n = lib.screen_int8(a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:],
-                        nm, *(t.ctypes.data for t in lims), first, out.ctypes.data,
-                        scratch.ctypes.data)
+    args = (a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:], nm,
+            *(t.ctypes.data for t in lims), first, out.ctypes.data)
+    amx_ = count_library()
+    n = -1 if amx_ is None or not USE_AMX else amx_.screen_amx(*args)     # AMX where it runs
+    if n < 0:
+        panels = -(-nm // 16)
+        scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
+        n = lib.screen_int8(*args, scratch.ctypes.data)
     return None if n < 0 else out[:n]
+
+
+USE_AMX = True       # screen_int8 tries amx_int8.c's screen_amx first (the same pairs)

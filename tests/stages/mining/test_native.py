@@ -91,13 +91,19 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
                                               "int8 blocks take torch's GEMMs")
 @pytest.mark.parametrize("nq, nm, di, dt", [(57, 300, 384, 384), (8, 16, 4, 8), (9, 33, 40, 72),
                                             (1, 1, 384, 768), (0, 5, 8, 8), (4, 0, 8, 8),
-                                            (130, 47, 64, 128)])
-def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt):
+                                            (130, 47, 64, 128), (16, 17, 128, 64)])
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt, amx,
+                                                                         monkeypatch):
     """native.screen_int8 (VNNI GEMMs and the rule in one pass) against torch's int32 sums
     and q8.rule (and, with one similarity, S_ii above its floor): values at int8's ends
     (-127, 127, and -128, which q8 never writes), tiles' row tails (the last 8 rows again)
     and panel tails, thresholds at int32's ends and near the sums, both similarities'
-    clauses; the rows read where they lie (a slice of a larger array, as a stack's)."""
+    clauses; the rows read where they lie (a slice of a larger array, as a stack's); with AMX
+    tiles where they run (dimensions multiples of 64) and with VNNI."""
+    if amx and not kernels.amx():
+        pytest.skip("no AMX here")
+    monkeypatch.setattr(kernels, "USE_AMX", amx)
     rng = np.random.default_rng(nq + nm)
     big = [torch.from_numpy(rng.integers(-128, 128, (n + 3, d), dtype=np.int8))
            for n, d in ((nq, di), (nm, di), (nq, dt), (nm, dt))]
