@@ -9,6 +9,7 @@ caller runs torch's GEMMs and compares (the same pairs).
   by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
   screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
   members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
+* ``int_mm`` (amx_int8.c): an int8 GEMM's exact int32 sums with AMX tiles.
 * ``count_hits`` (amx_int8.c): the exact noise count's one-space screen over a whole range of
   sorted members in one call, with AMX tiles (exact integer sums against each query's
   threshold for the member's cluster: the same pairs as screen_int8 per cluster)."""
@@ -56,6 +57,8 @@ def _declare_count(lib: ctypes.CDLL) -> None:
     lib.screen_amx.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
                                _P]
     lib.screen_amx.restype = _I
+    lib.int_mm.argtypes = [_P, _I, _P, _I, _I, _P]
+    lib.int_mm.restype = _I
     lib.amx_ready.restype = ctypes.c_int
 
 
@@ -63,6 +66,23 @@ def amx() -> bool:
     """Whether count_hits runs on this CPU (the library, AMX-INT8 and the kernel's leave)."""
     lib = count_library()
     return lib is not None and bool(lib.amx_ready())
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
+    """a [n, d] x b [m, d] int8 -> the exact int32 sums [n, m] with AMX tiles (amx_int8.c); None
+    without the library or AMX, on a GPU, or with d not a multiple of 64 (the caller runs
+    torch._int_mm: the same integers)."""
+    lib = count_library() if USE_AMX else None
+    if lib is None or a.device.type != "cpu" or b.device.type != "cpu":
+        return None
+    x, y = (np.ascontiguousarray(t.numpy(), np.int8) for t in (a, b))
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError("int_mm: operands of different dimensions")
+    out = np.empty((len(x), len(y)), np.int32)
+    if not out.size:
+        return torch.from_numpy(np.zeros(out.shape, np.int32))
+    n = lib.int_mm(x.ctypes.data, len(x), y.ctypes.data, len(y), x.shape[1], out.ctypes.data)
+    return None if n < 0 else torch.from_numpy(out)
 
 
 def count_hits(q: np.ndarray, members: np.ndarray, a: int, b: int, bounds: np.ndarray,

@@ -234,6 +234,9 @@ def scaled(x: torch.Tensor, top) -> torch.Tensor:
 def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [n, d] x b [m, d] int8 -> int32 [n, m]. On CUDA, _int_mm wants > 16 rows and
     multiples of 8: both sides are padded with zero rows, which are cut off."""
+    got = kernels.int_mm(a, b)             # a CPU with AMX: the same integers, ~10x the rate
+    if got is not None:
+        return got
     n, m = len(a), len(b)
     if a.is_cuda:
         a = _pad(a, max(32, -(-n // 8) * 8))

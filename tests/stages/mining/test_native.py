@@ -353,3 +353,21 @@ def test_c_stable_order_is_numpy_s_stable_argsort():
     with pytest.raises(IndexError):
         native.stable_order(key, 200)
 
+
+
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX (or no C compiler) here: torch's _int_mm")
+@pytest.mark.parametrize("n, m, d", [(1, 1, 64), (15, 17, 128), (17, 16, 64), (33, 47, 384),
+                                     (0, 5, 64), (5, 0, 64), (40, 3, 40)])
+def test_the_amx_int8_gemm_gives_torch_s_integers(n, m, d):
+    """kernels.int_mm (AMX tiles) against torch._int_mm: the same int32 sums, values at int8's
+    ends, row and column tails; None where d is not a multiple of 64 (q8.int_mm: torch's)."""
+    rng = np.random.default_rng(n + m + d)
+    a, b = (torch.from_numpy(rng.integers(-128, 128, (k, d), dtype=np.int8)) for k in (n, m))
+    a[:1, :] = -128
+    got = kernels.int_mm(a, b)
+    if d % 64:
+        assert got is None and q8.int_mm(a, b).shape == (n, m)
+        return
+    want = a.long() @ b.long().T
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert torch.equal(q8.int_mm(a, b), got)
