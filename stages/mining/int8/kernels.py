@@ -72,9 +72,10 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
     """a [n, d] x b [m, d] int8 -> the exact int32 sums [n, m] with AMX tiles (amx_int8.c); None
     without the library or AMX, on a GPU, or with d not a multiple of 64 (the caller runs
     torch._int_mm: the same integers)."""
-    lib = count_library() if USE_AMX else None
-    if lib is None or a.device.type != "cpu" or b.device.type != "cpu":
+    if not USE_AMX or a.device.type != "cpu" or b.device.type != "cpu" or not amx() or \
+            a.shape[-1] % 64:
         return None
+    lib = count_library()
     x, y = (np.ascontiguousarray(t.numpy(), np.int8) for t in (a, b))
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError("int_mm: operands of different dimensions")
