@@ -30,10 +30,11 @@ elsewhere cluster by cluster and block by block (space_block, hits), JUDGE pairs
 Either screen is a proven superset and each pair is judged alike, so both give the same
 answers (reached; possible for the rows not reached), whatever the batches.
 
-Cost per short row: one int8 GEMM of one space against the N rows. On one core of this machine
-(web, 1M rows of 384 dimensions, 1,312 short rows of 32,768 targets): cluster by cluster 3.0 ms
-of CPU (VNNI's ~220 GMAC/s and ~0.3 ms of Python per cluster and call), by range 0.80 ms (AMX:
-~1 TMAC/s; then the judged pairs' dot products are a third of it)."""
+Cost per short row: one int8 GEMM of one space against the N rows, then the other space's dot
+product of each screened pair (~530 per row on web; the screened space's only for the few that
+pass). On one core of this machine (web, 1M rows of 384 dimensions, 1,312 short rows of 32,768
+targets): cluster by cluster ~3 ms of CPU (VNNI's ~220 GMAC/s and ~0.3 ms of Python per cluster
+and call), by range ~0.8 ms (AMX: ~1 TMAC/s)."""
 from __future__ import annotations
 
 import numpy as np
