@@ -12,6 +12,7 @@
  * chunk's targets, each row's entries then sorted by score, then j).
  *
  * The int8 package's own kernels live in that package (stages/mining/int8). */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -382,4 +383,54 @@ CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int6
             sx[t] = 0.0f;
     }
     return -1;
+}
+
+/* The k-th largest (k counted from 0) of v[0..n), k < n, no NaN; v reordered: quickselect
+ * with a three-way partition (runs of equal values end it at once). */
+static float kth_largest(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const float a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi];
+        const float p = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        int64_t lt = lo, i = lo, gt = hi;
+        while (i <= gt) {                      /* v: > p | == p | < p */
+            const float x = v[i];
+            if (x > p) {
+                v[i++] = v[lt];
+                v[lt++] = x;
+            } else if (x < p) {
+                v[i] = v[gt];
+                v[gt--] = x;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt - 1;
+        else if (k > gt)
+            lo = gt + 1;
+        else
+            return p;
+    }
+    return v[lo];
+}
+
+/* keep[i] = 1 where v[i] is at least the k-th largest value of its run (a run: consecutive
+ * entries of equal r; every entry of a run of at most k), NaN as -inf: topk.at_or_above_kth's
+ * mask (k >= 1). scratch: room for the longest run's values. */
+CLONES void at_or_above_kth(const int64_t *r, const float *v, int64_t e, int64_t k,
+                            uint8_t *keep, float *scratch) {
+    for (int64_t a = 0, b; a < e; a = b) {
+        for (b = a + 1; b < e && r[b] == r[a]; b++)
+            ;
+        if (b - a <= k) {
+            memset(keep + a, 1, (size_t)(b - a));
+            continue;
+        }
+        for (int64_t i = a; i < b; i++)
+            scratch[i - a] = v[i] != v[i] ? -INFINITY : v[i];
+        const float t = kth_largest(scratch, b - a, k - 1);
+        for (int64_t i = a; i < b; i++)
+            keep[i] = (v[i] != v[i] ? -INFINITY : v[i]) >= t;
+    }
 }

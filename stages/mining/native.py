@@ -86,6 +86,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
     lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.row_best.restype = _I
+    lib.at_or_above_kth.argtypes = [_P, _P, _I, _I, _P, _P]
 
 
 def _built(source: Path) -> Path:
@@ -284,3 +285,20 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
                         idx.ctypes.data, score.ctypes.data, count.ctypes.data, order.ctypes.data,
                         by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
+
+
+def at_or_above_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+    """topk.at_or_above_kth's mask (v at least the k-th largest of its run of equal r, NaN as
+    -inf; every entry of a run of at most k) by a quickselect per run in C, the same mask as
+    torch's dense top-k; None without the library or on a GPU."""
+    lib = library()
+    if lib is None or r.device.type != "cpu" or k < 1:
+        return None
+    r = np.ascontiguousarray(r.numpy(), np.int64)
+    v = np.ascontiguousarray(v.numpy(), np.float32)
+    if len(r) != len(v):
+        raise ValueError("at_or_above_kth: rows and values of different lengths")
+    keep, scratch = np.empty(len(r), np.bool_), np.empty(max(len(r), 1), np.float32)
+    lib.at_or_above_kth(r.ctypes.data, v.ctypes.data, len(r), k, keep.ctypes.data,
+                        scratch.ctypes.data)
+    return torch.from_numpy(keep)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import sys
 import time
@@ -630,131 +629,103 @@ def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:
     return set(zip(q_of[inq].tolist(), r.pair_j[inq].tolist()))
 
 
-class _Dense(Exception):
-    """compare_dense's old path: a screen too dense to re-score, computed as before."""
+def host_kernels(on: bool) -> None:
+    """The host's fast kernels on (the defaults) or off: AMX's count by range
+    (Precision.space_count), AMX's block screen (kernels.USE_AMX) and the C cut to each row's
+    k-th value (native.at_or_above_kth); off, the paths they replace, which run where a host
+    has none of them (count cluster by cluster, VNNI's screen, torch's dense top-k)."""
+    from vlcurate.stages.mining import native
+    from vlcurate.stages.mining.int8 import kernels
+    from vlcurate.stages.mining.int8.precision import Int8
+    for owner, name, old in _kernels(Int8, kernels, native):
+        if not hasattr(owner, "_kept_" + name):
+            setattr(owner, "_kept_" + name, getattr(owner, name))
+        setattr(owner, name, getattr(owner, "_kept_" + name) if on else old)
 
 
-def _old_ragged(new, screen):
-    """screen.ragged_pairs as it was: a dense screen recomputes every block and every pair in
-    fp32 (flat_sims, flat_candidates), instead of screen.dense_pairs."""
-    def _raise(*_):
-        raise _Dense
-
-    def ragged(q, blocks, floors, tau_i, tau_t, precision, own, members=None):
-        screen.dense_pairs, dense = _raise, screen.dense_pairs
-        try:
-            return new(q, blocks, floors, tau_i, tau_t, precision, own, members)
-        except _Dense:
-            s = screen.flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])
-            flat = screen.flat_candidates(s, floors, tau_i, tau_t, 0.0, own)
-            r, c = screen.pair_rows(blocks, flat, [0] * len(blocks) if members is None
-                                    else members[1])
-            return r, c, {f: screen.at_flat(v, flat) for f, v in s.items()}
-        finally:
-            screen.dense_pairs = dense
-    return ragged
+def _kernels(Int8, kernels, native):
+    return [(Int8, "space_count", lambda *a: None), (kernels, "USE_AMX", False),
+            (native, "at_or_above_kth", lambda *a: None)]
 
 
-def _old_without(flat, own):
-    """screen._without as it was (torch's boolean indexing)."""
-    at = torch.searchsorted(flat, own).clamp_(max=max(len(flat) - 1, 0))
-    if not len(flat):
-        return flat
-    keep = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
-    keep[at[flat[at] == own]] = False
-    return flat[keep]
-
-
-def _old_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
-    """topk.at_or_above_kth as it was: one dense piece as wide as the longest run."""
-    _, row, count = torch.unique_consecutive(r, return_inverse=True, return_counts=True)
-    keep = torch.ones(len(r), dtype=torch.bool, device=r.device)
-    if not len(r) or int(count.max()) <= k:
-        return keep
-    start = torch.cumsum(count, 0) - count
-    v = torch.nan_to_num(v.float(), nan=-math.inf)
-    big = (count > k).nonzero().flatten()          # only rows over k need a k-th value
-    width = int(count.max())
-    step = max(1, (1 << 22) // width)             # topk.DENSE_CELLS
-    for a in range(0, len(big), step):
-        rows = big[a:a + step]
-        at = torch.repeat_interleave(start[rows], count[rows])
-        at += torch.arange(len(at), device=r.device) - torch.repeat_interleave(
-            torch.cumsum(count[rows], 0) - count[rows], count[rows])
-        piece = torch.repeat_interleave(torch.arange(len(rows), device=r.device), count[rows])
-        dense = torch.full((len(rows), width), -math.inf, device=r.device)
-        dense[piece, at - start[rows][piece]] = v[at]
-        keep[at] = v[at] >= dense.topk(k, dim=1).values[:, -1][piece]
-    return keep
-
-
-def _old_add(self, r, member, val):
-    """units.Findings.add as it was (a boolean index per tensor and mask)."""
-    from vlcurate.stages.mining.engine import pairs, units
-    p = self.p
-    new = pairs._above_floors(val, self.floors, r, member, p.max_pairs, self.cut)
-    self.found, self.held = self.found + new, self.held + sum(len(x[0]) for x in new)
-    if p.max_pairs is not None and self.held > 2 * len(self.cut) * p.max_pairs + (1 << 20):
-        capped = pairs._cap(pairs._pairs(self.found), p.max_pairs, self.cut)
-        self.found, self.held = [pairs._on(capped, self.device)], len(capped["q"])
-    ok, v = units.positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
-    self.support += torch.bincount(r[ok], minlength=len(self.support))
-    r, member, v = r[ok], member[ok], v[ok]
-    top = _old_kth(r, v, p.k)
-    self.best.add(r[top], member[top], v[top])
-
-
-def _old_path(screen) -> list:
-    """(object, attribute, the old value) of each function compare_dense's old path runs."""
-    from vlcurate.stages.mining.engine import pairs, units
-    return [(screen, "ragged_pairs", _old_ragged(screen.ragged_pairs, screen)),
-            (screen, "_without", _old_without), (pairs, "at_or_above_kth", _old_kth),
-            (units.Findings, "add", _old_add)]
-
-
-def compare_dense(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
-    """Old (every block of a dense stack in fp32) against new (screen.dense_pairs) dense
-    screens, interleaved chunk by chunk in this process: every PassResult field compared byte
-    for byte, and the pass's time per target of each."""
-    from dataclasses import fields, replace
+def compare_kernels(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
+    """The host's kernels off (old) against on (new), interleaved in this process: the pass
+    chunk by chunk (every PassResult field compared byte for byte, time per target), then the
+    exact count alone (count.count) on the rows the pass counted, call by call (its answers
+    compared: reached, and the clusters listed for the rows not reached). The layout and
+    sorted vectors are written once to --cache and memory-mapped, as the stage's actors read
+    them."""
+    import dataclasses
     from vlcurate.stages.mining import calibrate, engine
-    from vlcurate.stages.mining.engine import layout, passes, persist, screen
+    from vlcurate.stages.mining.engine import count, layout, passes, persist
     from vlcurate.stages.mining.pass_io import pass_params
     config = pass_config(a, max(a.ks))
     p = pass_params(config, len(img))
-    t = time.time()
-    lay = layout.build_layout(img, txt, p, a.device)
-    vec = persist.sorted_vectors(lay, img, txt, precision=p.precision)
-    p = replace(p, probe=a.probe or calibrate.probe_for(lay, vec, p, config.hpm.engine.recall,
-                                                        a.device))
-    print(f"{name}: precision {p.precision}, probe {p.probe}, layout {time.time() - t:.0f}s",
-          flush=True)
+    out = a.cache / f"pass_{a.set}_{len(img)}_{p.precision}"
+    if not (out / "probe").exists():
+        t = time.time()
+        lay = layout.build_layout(img, txt, p, a.device)
+        persist.save_layout(str(out), lay)
+        persist.save_vectors(str(out), lay, {"img": img, "txt": txt}, p.precision)
+        vec = persist.load_vectors(str(out), len(img))
+        probe = calibrate.probe_for(lay, vec, p, config.hpm.engine.recall, a.device)
+        (out / "probe").write_text(str(probe))
+        print(f"layout written to {out} in {time.time() - t:.0f}s", flush=True)
+    lay, positions = persist.load_layout(str(out))
+    vec = persist.load_vectors(str(out), len(img))
+    p = dataclasses.replace(p, probe=a.probe or int((out / "probe").read_text()))
+    print(f"{name}: precision {p.precision}, probe {p.probe}", flush=True)
     rng = np.random.default_rng(0)
     n = len(img)
-    engine.mine(lay, vec, lay.positions()[rng.choice(n, 512, replace=False)], p, a.device)
-    pos = lay.positions()[np.sort(rng.choice(n, min(a.targets or 4096, n), replace=False))]
-    old = _old_path(screen)
-    new = [(o, f, getattr(o, f)) for o, f, _ in old]
-    took = {w: np.zeros(2) for w in ("old", "new")}      # wall, this thread's CPU seconds
+    for on in (False, True):                     # each path's kernels built and warm
+        host_kernels(on)
+        engine.mine(lay, vec, positions[rng.choice(n, 2048, replace=False)], p, a.device)
+    pos = positions[np.sort(rng.choice(n, min(a.targets or 4096, n), replace=False))]
+    counted, real = [], passes._last_step
+
+    def spy(lay_, vec_, pos_, r, rows, searched, q, device):
+        counted.append((pos_[rows], searched | (np.diff(lay.bounds) == 0),
+                        q.k - r.support[rows], q))
+        return real(lay_, vec_, pos_, r, rows, searched, q, device)
+    took = {w: np.zeros(2) for w in (False, True)}      # wall, this thread's CPU seconds
     diffs = []
     for c in range(0, len(pos), a.chunk):
         got = {}
-        for way in ("old", "new") if (c // a.chunk) % 2 == 0 else ("new", "old"):
-            for o, f, v in old if way == "old" else new:
-                setattr(o, f, v)
+        for on in (False, True) if (c // a.chunk) % 2 == 0 else (True, False):
+            host_kernels(on)
+            passes._last_step = spy if on else real
             t = np.array([time.perf_counter(), time.thread_time()])
-            got[way] = engine.mine(lay, vec, pos[c:c + a.chunk], p, a.device)
-            took[way] += np.array([time.perf_counter(), time.thread_time()]) - t
-            for o, f, v in new:
-                setattr(o, f, v)
-        diffs += [(c, f.name) for f in fields(got["old"]) if np.asarray(getattr(
-            got["old"], f.name)).tobytes() != np.asarray(getattr(got["new"], f.name)).tobytes()]
+            got[on] = engine.mine(lay, vec, pos[c:c + a.chunk], p, a.device)
+            took[on] += np.array([time.perf_counter(), time.thread_time()]) - t
+        passes._last_step = real
+        diffs += [(c, f.name) for f in dataclasses.fields(got[True]) if np.asarray(getattr(
+            got[True], f.name)).tobytes() != np.asarray(getattr(got[False], f.name)).tobytes()]
     us = {w: 1e6 * v / len(pos) for w, v in took.items()}
-    print(f"RESULT {name} {p.precision}: {len(pos)} targets, chunks of {a.chunk}, torch "
+    print(f"RESULT {name} {p.precision} pass: {len(pos)} targets, chunks of {a.chunk}, torch "
           f"threads {torch.get_num_threads()}; us per target wall / main thread's CPU: old "
-          f"{us['old'][0]:.0f} / {us['old'][1]:.0f}, new {us['new'][0]:.0f} / {us['new'][1]:.0f}, "
-          f"x{us['old'][0] / us['new'][0]:.2f} / x{us['old'][1] / us['new'][1]:.2f}; fields "
+          f"{us[False][0]:.0f} / {us[False][1]:.0f}, new {us[True][0]:.0f} / {us[True][1]:.0f}, "
+          f"x{us[False][0] / us[True][0]:.2f} / x{us[False][1] / us[True][1]:.2f}; fields "
           f"differing: {diffs or 'none'}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    took = {w: np.zeros(2) for w in (False, True)}
+    rows, same = 0, True
+    for i, (cp, done, need, q) in enumerate(counted):
+        got = {}
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            host_kernels(on)
+            t = np.array([time.perf_counter(), time.thread_time()])
+            got[on] = count.count(lay, vec, cp, done, need, q, a.device)
+            took[on] += np.array([time.perf_counter(), time.thread_time()]) - t
+        left = ~got[True][0]
+        same &= bool(np.array_equal(got[True][0], got[False][0]) and
+                     np.array_equal(got[True][1][left], got[False][1][left]))
+        rows += len(cp)
+    host_kernels(True)
+    ms = {w: 1e3 * v / max(rows, 1) for w, v in took.items()}
+    print(f"RESULT {name} {p.precision} count: {rows} rows counted ({rows / len(pos):.2%} of "
+          f"the targets); ms per counted row wall / CPU: old {ms[False][0]:.3f} / "
+          f"{ms[False][1]:.3f}, new {ms[True][0]:.3f} / {ms[True][1]:.3f}, "
+          f"x{ms[False][1] / ms[True][1]:.2f} CPU; the same answers: {same}; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> int:
@@ -807,9 +778,10 @@ def main() -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[10, 50, 100],
                     help="the pass is mined at the largest (every row it finds short of k "
                          "supporters is searched until its count is exact: at k = 500 most are)")
-    ap.add_argument("--compare-dense", action="store_true",
-                    help="instead of the benchmark: old against new dense screens, interleaved, "
-                         "every PassResult field compared (compare_dense)")
+    ap.add_argument("--compare-kernels", action="store_true",
+                    help="instead of the benchmark: the host's kernels off against on, "
+                         "interleaved, every PassResult field and every count compared "
+                         "(compare_kernels)")
     a = ap.parse_args()
     if a.procs > 1 and a.device != "cpu":
         ap.error("--procs mines on CPU processes: use it with --device cpu")
@@ -840,7 +812,7 @@ def main() -> int:
         print(f"synthetic set ready in {time.time() - t:.0f}s", flush=True)
         name = f"{'clustered' if a.set == 'synth' else a.set} synthetic N = {a.n}"
         for a.precision in a.precisions:
-            (compare_dense if a.compare_dense else bench_pass)(name, img, txt, a)
+            (compare_kernels if a.compare_kernels else bench_pass)(name, img, txt, a)
         if a.fasthpm:
             bench(name, img, txt, a)
     return 0

@@ -23,10 +23,18 @@ and the searches here stack other rows than a search of every cluster would; a s
 few supporters make that rare (no byte differed on the bench shapes, test_count.py's set or
 tests/stages/mining).
 
-Cost per short row: one int8 GEMM of one space against the N rows (~0.3-0.55 ms at 200k
-rows of 384 dimensions on one core of this machine), against a search's both spaces, top-k
-merges and re-scores; ~80 us of Python per cluster and chunk besides, which the stage's
-32,768-row chunks share among their short rows."""
+The screen runs in batches, between which the rows that reached their need stop: where the
+precision has a screen of whole member ranges (Precision.space_count: int8 on a CPU with AMX,
+kernels.count_hits) RANGE sorted members at a time, ROWS rows and at most CAP pairs a call;
+elsewhere cluster by cluster and block by block (space_block, hits), JUDGE pairs at a time.
+Either screen is a proven superset and each pair is judged alike, so both give the same
+answers (reached; possible for the rows not reached), whatever the batches.
+
+Cost per short row: one int8 GEMM of one space against the N rows, then the other space's dot
+product of each screened pair (~530 per row on web; the screened space's only for the few that
+pass). On one core of this machine (web, 1M rows of 384 dimensions, 1,312 short rows of 32,768
+targets): cluster by cluster ~3 ms of CPU (VNNI's ~220 GMAC/s and ~0.3 ms of Python per cluster
+and call), by range ~0.8 ms (AMX: ~1 TMAC/s)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,40 +58,73 @@ def count(lay: Layout, vec: Vectors, pos: np.ndarray, done: np.ndarray, need: np
     bool): (reached: [rows] bool, at least ``need`` sure supporters found; possible: [rows,
     clusters] bool, the clusters holding a possible supporter, complete for the rows not
     reached)."""
-    one, two = first_space(vec)
-    x = {s: _take(getattr(vec, s), pos, device) for s in (one, two)}
+    one, _ = first_space(vec)
+    x = {s: _take(getattr(vec, s), pos, device) for s in ("img", "txt")}
     tau = {"img": p.tau_i, "txt": p.tau_t}
     prec = get(p.precision)
     low = (vec.low or {}).get(one)
     xs, floor, hits = prec.space_screen(x[one], None, tau[one] - MARGIN)
     got = np.zeros(len(pos), np.int64)
     possible = np.zeros(done.shape, bool)
-    held, pairs = [], 0
+    fast = prec.space_count(low, xs, lay.bounds, floor)
+    held = _by_range(fast, lay, done, got, need) if fast else _by_cluster(
+        lay, getattr(vec, one), low, prec, xs, hits, floor, done, got, need, p, device)
     with torch.no_grad():
-        for c in np.flatnonzero(np.diff(lay.bounds) > 0):
-            live = np.flatnonzero(~done[:, c] & (got < need))
-            a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
-            for s0 in range(a, b, p.block_size) if len(live) else ():
-                m = prec.space_block(low, getattr(vec, one), slice(s0, min(b, s0 + p.block_size)),
-                                     c, xs, device)
-                r, col = hits(xs, live, m, floor)
-                held.append((live[r], s0 + np.asarray(col, np.int64), c))
-                pairs += len(r)
-            if pairs >= JUDGE:
-                _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
-                held, pairs = [], 0
-        _add(held, got, possible, *_judge(vec, x, pos, held, tau, p, device))
+        for h in held:                  # got grows between batches: reached rows stop
+            _add(h, got, possible, *_judge(vec, x, pos, h, tau, p, device))
     return got >= need, possible
 
 
+def _by_range(fast, lay: Layout, done: np.ndarray, got: np.ndarray, need: np.ndarray):
+    """Batches of screened pairs [(row, member, cluster)] of the rows that still count, RANGE
+    sorted members at a time, ROWS rows and at most CAP pairs a call (Precision.space_count)."""
+    a, n = 0, int(lay.bounds[-1])
+    while a < n:
+        live = np.flatnonzero(got < need)
+        if not len(live):
+            return
+        b = min(n, a + RANGE)
+        for rows in np.split(live, range(ROWS, len(live), ROWS)):
+            at = a
+            while at < b:
+                r, j, at = fast(rows, done[rows], at, b, CAP)
+                yield [(rows[r], j, lay.cluster_of(j))]
+        a = b
+
+
+def _by_cluster(lay: Layout, members, low, prec, xs, hits, floor: float, done: np.ndarray,
+                got: np.ndarray, need: np.ndarray, p: PassParams, device: str):
+    """Batches of screened pairs [(row, member, cluster)], cluster by cluster and block by
+    block (Precision.space_block and hits), of at least JUDGE pairs, the rows that still
+    count."""
+    held, pairs = [], 0
+    for c in np.flatnonzero(np.diff(lay.bounds) > 0):
+        live = np.flatnonzero(~done[:, c] & (got < need))
+        a, b = int(lay.bounds[c]), int(lay.bounds[c + 1])
+        for s0 in range(a, b, p.block_size) if len(live) else ():
+            m = prec.space_block(low, members, slice(s0, min(b, s0 + p.block_size)), c, xs,
+                                 device)
+            r, col = hits(xs, live, m, floor)
+            held.append((live[r], s0 + np.asarray(col, np.int64), c))
+            pairs += len(r)
+        if pairs >= JUDGE:
+            yield held
+            held, pairs = [], 0
+    yield held
+
+
 JUDGE = 1 << 15      # screened pairs judged at once (rows stop being counted between batches)
+RANGE = 1 << 16      # sorted members screened by space_count between two judged batches
+ROWS = 4096          # rows a space_count call screens
+CAP = 1 << 20        # pairs a space_count call holds (at least 32 x ROWS: it moves on)
 
 
 def _add(held: list, got: np.ndarray, possible: np.ndarray, sure: np.ndarray,
          maybe: np.ndarray) -> None:
     """The judged pairs ``held`` counted into got (sure) and possible (maybe)."""
     q = np.concatenate([h[0] for h in held] + [np.zeros(0, np.int64)])
-    c = np.repeat(np.array([h[2] for h in held], np.int64), [len(h[0]) for h in held])
+    c = np.concatenate([np.broadcast_to(h[2], len(h[0])) for h in held] +
+                       [np.zeros(0, np.int64)]).astype(np.int64)
     got += np.bincount(q[sure], minlength=len(got))
     possible[q[maybe], c[maybe]] = True
 
@@ -92,18 +133,30 @@ def _judge(vec: Vectors, x: dict, pos: np.ndarray, held: list, tau: dict, p: Pas
            device: str) -> tuple[np.ndarray, np.ndarray]:
     """(sure, possible) supporters among the ``held`` pairs (query: an index into x's rows,
     member: a sorted position, cluster), both similarities as fp32 dot products, against tau
-    (and dup) within MARGIN. A row's own pair is neither."""
+    (and dup) within MARGIN. A row's own pair is neither. The space not screened first: a
+    pair below its tau less MARGIN is neither, whatever the screened space's similarity
+    (web 1M: 111 of 700,921 screened pairs pass it), so that one is computed only for the
+    pairs that pass (each dot product's bits are its own: native.pair_dots)."""
     q, j = (np.concatenate([h[i] for h in held] + [np.zeros(0, np.int64)]) for i in (0, 1))
-    other = pos[q] != j
-    qi, ji = torch.as_tensor(q[other]), torch.as_tensor(j[other])
-    s = {n: native.pair_dots(x[n], qi, _whole(getattr(vec, n)), ji, device).cpu().numpy()
-         for n in x}
+    at = np.flatnonzero(pos[q] != j)
+    one, two = first_space(vec)
+    s = {two: _dots(vec, x, two, q[at], j[at], device)}
+    near = s[two] > tau[two] - MARGIN
+    at, s[two] = at[near], s[two][near]
+    s[one] = _dots(vec, x, one, q[at], j[at], device)
     sure = np.zeros(len(q), bool)
     maybe = np.zeros(len(q), bool)
-    maybe[other] = (s["img"] > tau["img"] - MARGIN) & (s["txt"] > tau["txt"] - MARGIN)
+    maybe[at] = (s["img"] > tau["img"] - MARGIN) & (s["txt"] > tau["txt"] - MARGIN)
     ok = (s["img"] > tau["img"] + MARGIN) & (s["txt"] > tau["txt"] + MARGIN) & \
         (s["img"] * s["txt"] > 0)
     if p.dup is not None:
         ok &= (s["img"] <= p.dup - MARGIN) & (s["txt"] <= p.dup - MARGIN)
-    sure[other] = ok
+    sure[at] = ok
     return sure, maybe
+
+
+def _dots(vec: Vectors, x: dict, name: str, q: np.ndarray, j: np.ndarray,
+          device: str) -> np.ndarray:
+    """<x[name][q], vec.name[j]> as fp32 dot products (native.pair_dots)."""
+    return native.pair_dots(x[name], torch.as_tensor(q), _whole(getattr(vec, name)),
+                            torch.as_tensor(j), device).cpu().numpy()

@@ -101,6 +101,15 @@ class Precision:
         """One-space members ``rows`` of ``cluster`` as the queries x take them."""
         return _rows(members, rows.start, rows.stop, device).to(x.dtype)
 
+    def space_count(self, copy, x, bounds: np.ndarray, floor: float):
+        """count.py's screen of whole ranges of sorted members at once, or None (it screens
+        cluster by cluster: space_block, hits). Else a function (rows, skip [rows, C] bool, a,
+        b, cap) -> (index into rows, member, the member it stopped at) of the pairs of the
+        queries x[rows] (space_screen's) x members a:b above ``floor``: a proven superset, the
+        (row, cluster) pairs ``skip`` left out; it stops before it might hold more than ``cap``
+        pairs (or 32 x len(rows) rounded up to 32, if more), at a member it returns."""
+        return None
+
     # --- low copies ---------------------------------------------------------------------------
     def low_copy(self, x: np.ndarray, lay):
         """Sorted rows' copy in this precision (None: none)."""

@@ -8,7 +8,11 @@ caller runs torch's GEMMs and compares (the same pairs).
   with AVX512-VNNI (members packed per block as u8 panels, each query's thresholds shifted
   by 128 x its values' sum): exact integer sums, so the same pairs as torch's GEMMs and
   screen_pairs, without writing and re-reading [nq, nm] int32 sums (1 thread, 451 x 211
-  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms)."""
+  members x 768 dimensions: ~0.46 against ~0.52 ms; 1,024 x 1,024: 4.0 against 4.8 ms).
+* ``int_mm`` (amx_int8.c): an int8 GEMM's exact int32 sums with AMX tiles.
+* ``count_hits`` (amx_int8.c): the exact noise count's one-space screen over a whole range of
+  sorted members in one call, with AMX tiles (exact integer sums against each query's
+  threshold for the member's cluster: the same pairs as screen_int8 per cluster)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,6 +26,7 @@ import torch
 from .. import native
 
 SOURCE = Path(__file__).with_name("screen_int8.c")
+COUNT_SOURCE = Path(__file__).with_name("amx_int8.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -38,6 +43,76 @@ def _declare(lib: ctypes.CDLL) -> None:
                                 _P, _P]
     lib.screen_int8.restype = _I
     lib.vnni_ready.restype = ctypes.c_int
+
+
+@functools.lru_cache(maxsize=None)
+def count_library() -> Optional[ctypes.CDLL]:
+    """amx_int8.c, built and loaded; None when turned off or when it cannot be built."""
+    return native.build(COUNT_SOURCE, _declare_count)
+
+
+def _declare_count(lib: ctypes.CDLL) -> None:
+    lib.count_hits.argtypes = [_P, _I, _I, _P, _I, _I, _P, _I, _P, _P, _P, _I, _P]
+    lib.count_hits.restype = _I
+    lib.screen_amx.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
+                               _P]
+    lib.screen_amx.restype = _I
+    lib.int_mm.argtypes = [_P, _I, _P, _I, _I, _P]
+    lib.int_mm.restype = _I
+    lib.amx_ready.restype = ctypes.c_int
+
+
+def amx() -> bool:
+    """Whether count_hits runs on this CPU (the library, AMX-INT8 and the kernel's leave)."""
+    lib = count_library()
+    return lib is not None and bool(lib.amx_ready())
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
+    """a [n, d] x b [m, d] int8 -> the exact int32 sums [n, m] with AMX tiles (amx_int8.c); None
+    without the library or AMX, on a GPU, or with d not a multiple of 64 (the caller runs
+    torch._int_mm: the same integers)."""
+    if not USE_AMX or a.device.type != "cpu" or b.device.type != "cpu" or not amx() or \
+            a.shape[-1] % 64:
+        return None
+    lib = count_library()
+    x, y = (np.ascontiguousarray(t.numpy(), np.int8) for t in (a, b))
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError("int_mm: operands of different dimensions")
+    out = np.empty((len(x), len(y)), np.int32)
+    if not out.size:
+        return torch.from_numpy(np.zeros(out.shape, np.int32))
+    n = lib.int_mm(x.ctypes.data, len(x), y.ctypes.data, len(y), x.shape[1], out.ctypes.data)
+    return None if n < 0 else torch.from_numpy(out)
+
+
+def count_hits(q: np.ndarray, members: np.ndarray, a: int, b: int, bounds: np.ndarray,
+               c0: int, lim: np.ndarray, cap: int) -> Optional[tuple]:
+    """(query index, member row, the row it stopped at) of the pairs of queries q [nq, d] x
+    members[a:b] (int8 arrays; members: every sorted row, clusters ``bounds``) whose integer
+    sum exceeds lim[cluster - c0, query] (int32 [clusters, nq rounded up to 32]); stops before
+    a 32-member group that might not fit in ``cap`` pairs (at least 32 x lim's width). None
+    without the library or AMX, or with a dimension that is not a multiple of 64 (the caller
+    screens per cluster)."""
+    lib = count_library()
+    if lib is None:
+        return None
+    q = np.ascontiguousarray(q, np.int8)
+    lim = np.ascontiguousarray(lim, np.int32)
+    bounds = np.ascontiguousarray(bounds, np.int64)
+    nq, d = q.shape
+    width = -(-nq // 32) * 32
+    if members.dtype != np.int8 or not members.flags.c_contiguous or members.shape[1] != d or \
+            lim.shape[1] != width or cap < 32 * width or not 0 <= a <= b <= len(members) or \
+            not (0 <= c0 and c0 + len(lim) < len(bounds) and bounds[c0] <= a and
+                 bounds[c0 + len(lim)] >= b):
+        raise ValueError("count_hits: queries, members, thresholds or room of different shapes")
+    out_q, out_j = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    stop = np.zeros(1, np.int64)
+    n = lib.count_hits(q.ctypes.data, nq, d, members.ctypes.data, a, b, bounds.ctypes.data,
+                       c0, lim.ctypes.data, out_q.ctypes.data, out_j.ctypes.data, cap,
+                       stop.ctypes.data)
+    return None if n < 0 else (out_q[:n], out_j[:n], int(stop[0]))
 
 
 def screen_pairs(di: np.ndarray, dt: np.ndarray, lim_i: list, lim_t: list,
@@ -73,8 +148,9 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
                 ) -> Optional[np.ndarray]:
     """first + the flat indices (ascending) of the pairs of queries qi, qt [nq, d] x members
     mi, mt [nm, d] (int8 tensors) that pass screen_pairs' rule against each row's [floor, tau]
-    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with
-    AVX512-VNNI, no int32 sums written. qt None: one similarity, the pairs above lim_i's
+    thresholds (int32 [nq, 1]) of img and txt: the two GEMMs and the rule fused in C with AMX
+    tiles where they run and dimensions are multiples of 64 (amx_int8.c), else AVX512-VNNI; no
+    int32 sums written. qt None: one similarity, the pairs above lim_i's
     floor alone (q8.hits). None without the library, on a GPU, on a CPU without AVX512-VNNI
     or with a dimension that is not a multiple of 4 (the caller multiplies)."""
     lib = library()
@@ -89,12 +165,18 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
     if a[1].shape != (nm, di) or (qt is not None and (a[2].shape[0] != nq or a[3].shape != (
             nm, dt))) or any(t.shape != (nq, 1) for t in lims):
         raise ValueError("screen_int8: queries, members and thresholds of different shapes")
-    panels = -(-nm // 16)
-    scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
     out = np.empty(max(nq * nm, 1), np.int64)
     txt = (None, 0, 0, None, 0) if qt is None else (a[2].ctypes.data, dt, dt, a[3].ctypes.data, dt)
     lims += [lims[0]] * (4 - len(lims))                  # unread with one similarity
-    n = lib.screen_int8(a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:],
-                        nm, *(t.ctypes.data for t in lims), first, out.ctypes.data,
-                        scratch.ctypes.data)
+    args = (a[0].ctypes.data, di, di, *txt[:3], nq, a[1].ctypes.data, di, *txt[3:], nm,
+            *(t.ctypes.data for t in lims), first, out.ctypes.data)
+    amx_ = count_library()
+    n = -1 if amx_ is None or not USE_AMX else amx_.screen_amx(*args)     # AMX where it runs
+    if n < 0:
+        panels = -(-nm // 16)
+        scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
+        n = lib.screen_int8(*args, scratch.ctypes.data)
     return None if n < 0 else out[:n]
+
+
+USE_AMX = True       # screen_int8 tries amx_int8.c's screen_amx first (the same pairs)

@@ -82,6 +82,24 @@ class Int8(Precision):
             return copy.block(rows, cluster, device)
         return q8.block(_rows(members, rows.start, rows.stop, device))
 
+    def space_count(self, copy, x, bounds, floor):
+        """On a CPU with AMX, whole ranges at once (kernels.count_hits): the stored copy's rows
+        against each query's threshold for their cluster (q8.table: the same as space_block
+        and hits per cluster), ~6x the rate of screen_int8's VNNI and no Python per cluster."""
+        if copy is None or x.values.device.type != "cpu" or x.shape[1] % 64 or \
+                isinstance(copy.values, torch.Tensor) or not kernels.amx():
+            return None
+        values = copy.values
+
+        def screen(rows, skip, a, b, cap):
+            c0, c1 = np.searchsorted(bounds, [a, b - 1], side="right") - 1
+            q = x.index_select(0, torch.as_tensor(rows))
+            width = -(-len(rows) // 32) * 32
+            lim = q8.table(q, copy.stats[c0:c1 + 1], floor, skip[:, c0:c1 + 1], width)
+            return kernels.count_hits(q.values.numpy(), values, a, b, bounds, int(c0), lim,
+                                      cap)
+        return screen
+
     def low_copy(self, x, lay):
         """A q8.Copy: per-cluster scales and bounds."""
         from ..engine.persist import _cluster_chunks

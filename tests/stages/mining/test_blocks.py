@@ -12,7 +12,7 @@ from vlcurate.stages.mining.engine import (core, layout, passes, persist, routin
                                            units)
 from vlcurate.stages.mining.engine import pairs as epairs
 from vlcurate.stages.mining.engine import precision
-from vlcurate.stages.mining import fff, hpm
+from vlcurate.stages.mining import fff, hpm, native
 
 from .naive import naive_fff, naive_fff_captions, naive_hpm, pairs
 from .test_hpm import assert_matches_naive
@@ -457,18 +457,25 @@ def test_stacked_units_find_what_units_alone_find(precision, query_block, monkey
     assert (stacked.idx >= 0).sum() > 100 and len(stacked.pair_j) > 50
 
 
-@pytest.mark.parametrize("cells", [1 << 22, 150])
-def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cells, monkeypatch,
-                                                                             device):
+@pytest.mark.parametrize("cells, in_c", [(1 << 22, True), (1 << 22, False), (150, False)])
+def test_at_or_above_kth_keeps_every_entry_that_can_be_among_its_rows_best_k(cells, in_c,
+                                                                             monkeypatch, device):
     """The pre-cut of a block's pairs (Findings: the top-k and the max_pairs cap): per row, every
     entry at or above the row's k-th largest value (ties at the k-th all kept, NaN lowest),
-    every entry of a row with at most k; the same in dense pieces of a row or two (its memory
-    bound, DENSE_CELLS)."""
+    every entry of a row with at most k; the same in C (a quickselect per row, on a CPU) and
+    in torch's dense pieces of a row or two (its memory bound, DENSE_CELLS)."""
     monkeypatch.setattr(topk, "DENSE_CELLS", cells)
+    if not in_c:
+        monkeypatch.setattr(native, "at_or_above_kth", lambda *a: None)
+    elif device != "cpu" or native.library() is None:
+        pytest.skip("the C cut runs on a CPU with the native library")
     g = np.random.default_rng(4)
     r = np.sort(g.integers(0, 40, 3000))
     v = g.integers(0, 30, 3000).astype(np.float32) / 30          # many exact ties
     v[::17] = np.nan
+    v[5::23] = -0.0
+    v[7::29] = np.inf
+    v[:1000] = g.standard_normal(1000)                           # no ties
     for k in (1, 5, 60, 200):
         got = topk.at_or_above_kth(torch.from_numpy(r).to(device), torch.from_numpy(v).to(device), k)
         want = np.ones(len(r), bool)

@@ -32,9 +32,10 @@ def no_native(monkeypatch):
 
 
 def _clear() -> None:
-    """Both C libraries (native.c's, the int8 package's) built or loaded again when next used."""
+    """The C libraries (native.c's, the int8 package's) built or loaded again when next used."""
     native.library.cache_clear()
     kernels.library.cache_clear()
+    kernels.count_library.cache_clear()
 
 
 def _bits(x: torch.Tensor) -> bytes:
@@ -90,13 +91,19 @@ def test_the_c_screen_lists_what_the_rule_s_masks_list():
                                               "int8 blocks take torch's GEMMs")
 @pytest.mark.parametrize("nq, nm, di, dt", [(57, 300, 384, 384), (8, 16, 4, 8), (9, 33, 40, 72),
                                             (1, 1, 384, 768), (0, 5, 8, 8), (4, 0, 8, 8),
-                                            (130, 47, 64, 128)])
-def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt):
+                                            (130, 47, 64, 128), (16, 17, 128, 64)])
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_fused_int8_screen_lists_what_torch_s_gemms_and_the_rule_list(nq, nm, di, dt, amx,
+                                                                         monkeypatch):
     """native.screen_int8 (VNNI GEMMs and the rule in one pass) against torch's int32 sums
     and q8.rule (and, with one similarity, S_ii above its floor): values at int8's ends
     (-127, 127, and -128, which q8 never writes), tiles' row tails (the last 8 rows again)
     and panel tails, thresholds at int32's ends and near the sums, both similarities'
-    clauses; the rows read where they lie (a slice of a larger array, as a stack's)."""
+    clauses; the rows read where they lie (a slice of a larger array, as a stack's); with AMX
+    tiles where they run (dimensions multiples of 64) and with VNNI."""
+    if amx and not kernels.amx():
+        pytest.skip("no AMX here")
+    monkeypatch.setattr(kernels, "USE_AMX", amx)
     rng = np.random.default_rng(nq + nm)
     big = [torch.from_numpy(rng.integers(-128, 128, (n + 3, d), dtype=np.int8))
            for n, d in ((nq, di), (nm, di), (nq, dt), (nm, dt))]
@@ -346,3 +353,21 @@ def test_c_stable_order_is_numpy_s_stable_argsort():
     with pytest.raises(IndexError):
         native.stable_order(key, 200)
 
+
+
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX (or no C compiler) here: torch's _int_mm")
+@pytest.mark.parametrize("n, m, d", [(1, 1, 64), (15, 17, 128), (17, 16, 64), (33, 47, 384),
+                                     (0, 5, 64), (5, 0, 64), (40, 3, 40)])
+def test_the_amx_int8_gemm_gives_torch_s_integers(n, m, d):
+    """kernels.int_mm (AMX tiles) against torch._int_mm: the same int32 sums, values at int8's
+    ends, row and column tails; None where d is not a multiple of 64 (q8.int_mm: torch's)."""
+    rng = np.random.default_rng(n + m + d)
+    a, b = (torch.from_numpy(rng.integers(-128, 128, (k, d), dtype=np.int8)) for k in (n, m))
+    a[:1, :] = -128
+    got = kernels.int_mm(a, b)
+    if d % 64:
+        assert got is None and q8.int_mm(a, b).shape == (n, m)
+        return
+    want = a.long() @ b.long().T
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert torch.equal(q8.int_mm(a, b), got)
