@@ -52,6 +52,16 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+/* Every kernel's tiles: palette 1, tiles 0-7 of 16 rows x 64 bytes. */
+static void tiles_on(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++)
+        cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+}
+
 /* queries [nq, d] -> panels of 16 queries, each [d / 4][16][4] bytes (AMX's B layout); queries
  * past nq are zeros. */
 static void pack(const int8_t *q, int64_t nq, int64_t nqp, int64_t d, uint32_t *out) {
@@ -95,13 +105,8 @@ static int64_t count_amx(const int8_t *q, int64_t nq, int64_t d, const int8_t *m
     int8_t *tail = aligned_alloc(64, (size_t)(32 * d));
     int32_t *s = aligned_alloc(64, 32 * 32 * sizeof(int32_t));
     const int32_t *L[32];
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++)
-        cfg.colsb[t] = 64, cfg.rows[t] = 16;
     pack(q, nq, nqp, d, (uint32_t *)P);
-    _tile_loadconfig(&cfg);
+    tiles_on();
     int64_t n = 0, c = c0, mg = a;
     for (; mg < b && n + 32 * nqp <= cap; mg += 32) {
         const int rows = b - mg < 32 ? (int)(b - mg) : 32;
@@ -220,12 +225,7 @@ static int64_t screen_amx_(const int8_t *qi, int64_t ldi, int64_t di, const int8
     }
     const int64_t rows = nq < 16 ? 16 : nq;
     uint16_t *mk = nq < 16 ? malloc((size_t)(16 * np + 1) * sizeof(uint16_t)) : masks;
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++)
-        cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+    tiles_on();
     for (int64_t b = 0; b < rows; b += 16) {
         const int64_t r = b + 16 <= rows ? b : rows - 16;    /* the tail: the last 16 again */
         for (int64_t p = 0; p < np; p += 2)
@@ -262,12 +262,7 @@ static void int_mm_(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int6
         a = pad;
     }
     const int64_t rows = n < 16 ? 16 : n;
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++)
-        cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+    tiles_on();
     for (int64_t g = 0; g < rows; g += 16) {
         const int64_t r = g + 16 <= rows ? g : rows - 16;    /* the tail: the last 16 again */
         for (int64_t p = 0; p < np; p += 2) {
