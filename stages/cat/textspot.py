@@ -52,6 +52,15 @@ class Match:
     text: Optional[str] = None     # the spotted line
 
 
+class Read(list):
+    """One image's spots in the order they were read (``Cascade`` with ``stop_chars``);
+    ``complete`` is False when reading stopped once every caption given was matched."""
+
+    def __init__(self, spots: Sequence[Spot] = (), complete: bool = True) -> None:
+        super().__init__(spots)
+        self.complete = complete
+
+
 class BackendUnavailable(RuntimeError):
     """The OCR backend cannot run here; the message says what to install or change."""
 
@@ -87,6 +96,26 @@ def best_match(spots: Sequence[Spot], caption: str, min_conf: float) -> Match:
 
 def text_spotted(m: Match, min_chars: int) -> bool:
     return m.chars >= min_chars
+
+
+def repeats(s: Spot, cap: str, min_conf: float, min_chars: int) -> bool:
+    """Does the spot ``s`` flag the normalised caption ``cap`` on its own?"""
+    return s.conf >= min_conf and len(longest_common(normalize(s.text), cap)) >= min_chars
+
+
+def seen_by(spots: Sequence[Spot], caption: str, min_conf: float, min_chars: int,
+            max_texts: int) -> Optional[list[Spot]]:
+    """The spots a row with ``caption`` sees. A ``Read`` of at most ``max_texts`` spots: those
+    read up to the first that flags the caption (all, if none does), so the row depends on its
+    image and caption only, not on the other captions its image was read for; None when the
+    read stopped before either is known. Any other list: all of it."""
+    if not isinstance(spots, Read) or (spots.complete and len(spots) > max_texts):
+        return list(spots)
+    cap = normalize(caption)
+    for i, s in enumerate(spots):
+        if repeats(s, cap, min_conf, min_chars):
+            return list(spots[:i + 1])
+    return list(spots) if spots.complete else None
 
 
 # --- images ---------------------------------------------------------------------------------------
@@ -131,7 +160,11 @@ class Cascade:
     hold no text). An image it passes gets the full OCR's own
     detection, crops and angle classifier, and its recogniser on the crops that can hold the
     rule's text (``min_ratio``), each padded as its batch in the full OCR pads it (``tight``:
-    at its own width)."""
+    at its own width). The crops are read ``read_batch`` at a time (one: no more CPU than in
+    sixes, measured), widest first; with ``stop_chars`` (0: off) and the image's captions,
+    reading stops once every caption is repeated by a line (``repeats`` at ``stop_conf``) if the
+    image has at most ``stop_within`` crops (``seen_by``: each row's decision is the complete
+    read's)."""
     gate_scale: float = 0.7
     gate_min_pixels: int = 196_608
     gate_level: float = 0.3
@@ -139,6 +172,10 @@ class Cascade:
     gate_ratio: float = 0.0
     min_ratio: float = 0.0
     tight: bool = False
+    stop_chars: int = 0
+    stop_conf: float = 0.8
+    stop_within: int = 32
+    read_batch: int = 1
 
 
 class RapidOcrBackend:
@@ -163,9 +200,17 @@ class RapidOcrBackend:
             R.use_openvino(self.ocr, threads, precision)
         self.spent: Optional[dict] = None     # the cascade's CPU seconds per step (benchmarks)
 
-    def __call__(self, images: Sequence[Image.Image]) -> list[list[Spot]]:
+    @property
+    def reads_captions(self) -> bool:
+        """Does a call stop reading an image once its captions are matched (``captions``)?"""
+        return isinstance(self.fast, Cascade) and self.fast.stop_chars > 0
+
+    def __call__(self, images: Sequence[Image.Image],
+                 captions: Optional[Sequence[Sequence[str]]] = None) -> list[list[Spot]]:
         if isinstance(self.fast, Cascade):
-            return [rapid_cascade(self.ocr, im, self.fast, self.spent) for im in images]
+            return [rapid_cascade(self.ocr, im, self.fast, self.spent,
+                                  captions[i] if captions else None)
+                    for i, im in enumerate(images)]
         if self.fast is not None:
             return [rapid_fast(self.ocr, im, self.fast) for im in images]
         return [[Spot(str(r[1]), float(r[2])) for r in (self.ocr(im)[0] or [])] for im in images]
@@ -197,8 +242,8 @@ def rapid_fast(ocr: Any, im: Image.Image, fast: FastPath) -> list[Spot]:
     return [Spot(str(r[0]), float(r[1])) for r in read if float(r[1]) >= ocr.text_score]
 
 
-def rapid_cascade(ocr: Any, im: Image.Image, c: Cascade, spent: Optional[dict] = None
-                  ) -> list[Spot]:
+def rapid_cascade(ocr: Any, im: Image.Image, c: Cascade, spent: Optional[dict] = None,
+                  captions: Optional[Sequence[str]] = None) -> list[Spot]:
     """The cascade (``Cascade``) on one image; ``spent`` (optional) adds up the CPU seconds of
     each step (gate, det with the crops, cls, rec) and counts the images and those passed."""
     clock = Clock(spent)
@@ -209,20 +254,53 @@ def rapid_cascade(ocr: Any, im: Image.Image, c: Cascade, spent: Optional[dict] =
     clock.count("images", 1)
     clock.count("passed", int(passed))
     if not passed:
-        return []
+        return Read() if c.stop_chars else []
     boxes = full_detect(ocr, img)
     crops = ocr.get_crop_img_list(img, boxes) if len(boxes) else []
     widths = full_rec_widths(ocr.text_rec, crops)
     keep = [i for i, x in enumerate(crops) if x.shape[1] >= c.min_ratio * x.shape[0]]
     clock("det")
-    if not keep:
-        return []
-    crops = ocr.text_cls([crops[i] for i in keep])[0]
-    clock("cls")
-    read = [recognise_tight(ocr.text_rec, x) for x in crops] if c.tight else \
-        recognise_padded(ocr.text_rec, crops, [widths[i] for i in keep])
-    clock("rec")
-    return [Spot(str(r[0]), float(r[1])) for r in read if float(r[1]) >= ocr.text_score]
+    left = {normalize(x) for x in captions or ()} if c.stop_chars and \
+        len(keep) <= c.stop_within else set()
+    out = read_crops(ocr, [crops[i] for i in keep], [widths[i] for i in keep], c, left, clock)
+    return out if c.stop_chars else list(out)
+
+
+def read_crops(ocr: Any, crops: list, widths: list[float], c: Cascade, left: set[str],
+               clock: "Clock") -> Read:
+    """The angle classifier and the recogniser on ``crops`` (``reading_order``); with captions
+    ``left`` (normalised), the reading stops once a line repeats each."""
+    out = Read()
+    parts = reading_order(crops, widths, c.read_batch)
+    for n, idx in enumerate(parts):
+        part = ocr.text_cls([crops[i] for i in idx])[0]
+        clock("cls")
+        read = [recognise_tight(ocr.text_rec, x) for x in part] if c.tight else \
+            recognise_padded(ocr.text_rec, part, [widths[i] for i in idx])
+        clock("rec")
+        spots = [Spot(str(r[0]), float(r[1])) for r in read if float(r[1]) >= ocr.text_score]
+        out.extend(spots)
+        had = bool(left)
+        left = {x for x in left if not any(repeats(s, x, c.stop_conf, c.stop_chars)
+                                           for s in spots)}
+        if had and not left:
+            out.complete = n == len(parts) - 1
+            return out
+    return out
+
+
+def reading_order(crops: list, widths: list[float], size: int) -> list[list[int]]:
+    """The crops' indices in the order they are read, in batches of at most ``size`` of one
+    padded width: the widest first (by padded width, then by their own)."""
+    order = sorted(range(len(crops)), key=lambda i: (-widths[i],
+                                                     -crops[i].shape[1] / crops[i].shape[0], i))
+    parts: list[list[int]] = []
+    for i in order:
+        if parts and len(parts[-1]) < size and widths[parts[-1][0]] == widths[i]:
+            parts[-1].append(i)
+        else:
+            parts.append([i])
+    return parts
 
 
 class Clock:
@@ -464,7 +542,9 @@ def fast_path(cfg: Any) -> Optional[FastPath | Cascade]:
     if cfg.mode == "cascade":
         return Cascade(gate_ratio=GATE_CHAR_RATIO * cfg.min_chars,
                        min_ratio=MIN_CHAR_RATIO * cfg.min_chars,
-                       gate_min_pixels=cfg.gate_min_pixels)
+                       gate_min_pixels=cfg.gate_min_pixels,
+                       stop_chars=cfg.min_chars if cfg.stop_early else 0,
+                       stop_conf=cfg.min_conf, stop_within=cfg.max_texts)
     if cfg.keep_texts:
         return FastPath(det_pixels=cfg.det_pixels)
     return FastPath(det_pixels=cfg.det_pixels, min_ratio=MIN_CHAR_RATIO * cfg.min_chars, tight=True,
@@ -485,20 +565,26 @@ def make_backend(cfg: Any) -> Any:
                              f"(known: {sorted(BACKENDS)})")
 
 
-def spot_all(backend: Callable, images: Sequence[bytes], max_side: int
+def spot_all(backend: Callable, images: Sequence[bytes], max_side: int,
+             captions: Optional[Sequence[Sequence[str]]] = None
              ) -> tuple[list[Optional[list[Spot]]], list[Optional[str]]]:
     """OCR a batch of encoded images: (spots per image, error note per image). The batch goes to the
     backend at once; if that fails, image by image, and an image that still fails gets ``None``
-    spots and a note (one bad image never stops a part)."""
+    spots and a note (one bad image never stops a part). ``captions`` (per image, optional) go
+    to a backend that ``reads_captions``."""
+    def call(ims: list, caps: Optional[Sequence]) -> list:
+        if caps is not None and getattr(backend, "reads_captions", False):
+            return list(backend([load_image(b, max_side) for b in ims], caps))
+        return list(backend([load_image(b, max_side) for b in ims]))
     try:
-        return list(backend([load_image(b, max_side) for b in images])), [None] * len(images)
+        return call(list(images), captions), [None] * len(images)
     except Exception:  # noqa: BLE001 - retried image by image below
         pass
     spots: list[Optional[list[Spot]]] = []
     errors: list[Optional[str]] = []
-    for b in images:
+    for i, b in enumerate(images):
         try:
-            spots.append(list(backend([load_image(b, max_side)])[0]))
+            spots.append(call([b], None if captions is None else [captions[i]])[0])
             errors.append(None)
         except Exception as e:  # noqa: BLE001 - recorded in the row
             spots.append(None)

@@ -3,6 +3,7 @@ the rows whose image repeats its caption (``cat.text_spotted``). It runs after `
 (``cat_stage.py``), on the rows the parse kept."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -36,6 +37,9 @@ class TextSpotParams(Params):
     gate_min_pixels: int = positive(196_608, doc=(
         "cascade: the gate's least size in pixels (65,536: ~1.5-2.7x faster on photo sets, "
         "misses blurred small text on product packs)"))
+    stop_early: bool = doc(True, (
+        "cascade: stop reading an image once a line repeats each of its captions (the same "
+        "decisions; ocr_texts then lists the lines read up to the row's match)"))
     keep_texts: bool = doc(False, "fast, cascade: recognise every box, so ocr_texts lists "
                                   "every line read (cascade: the full OCR)")
     device: Literal["cpu", "cuda"] = doc("cpu", "rapidocr's onnxruntime device (cuda needs "
@@ -71,10 +75,18 @@ def _cache_key(c: TextSpotParams) -> dict:
     installed, the downscale size and that backend's own settings; not the thresholds."""
     own = {"tesseract": (c.tesseract_lang, c.tesseract_psm),
            "mmocr": (c.mmocr_det, c.mmocr_rec, c.mmocr_det_weights, c.mmocr_rec_weights),
-           "rapidocr": (repr(T.fast_path(c)), c.device, runtime(c))}
+           "rapidocr": (repr(_reads(c)), c.device, runtime(c))}
     return {"backend": T.backend_identity(c), "max_side": c.max_side,
             "settings": own.get(c.backend, ()),
             "libraries": installed("pillow", "onnxruntime", "numpy")}  # decode, OCR runtime
+
+
+def _reads(c: TextSpotParams) -> Any:
+    """``textspot.mode``'s settings, less the confidence at which a cascade stops reading: a
+    read that stopped is used only for the rows its lines settle (``T.seen_by``), whatever the
+    threshold, so it is valid for any."""
+    fast = T.fast_path(c)
+    return dataclasses.replace(fast, stop_conf=0.0) if isinstance(fast, T.Cascade) else fast
 
 
 def runtime(c: TextSpotParams) -> str:
@@ -82,11 +94,14 @@ def runtime(c: TextSpotParams) -> str:
     return RT.identity(c.runtime, c.device, c.precision) if c.backend == "rapidocr" else ""
 
 
-def _encode(pair: tuple) -> list:
-    return [[s.text, s.conf] for s in pair[0]]
+def _encode(pair: tuple) -> Any:
+    spots = [[s.text, s.conf] for s in pair[0]]
+    return {"read": spots, "complete": pair[0].complete} if isinstance(pair[0], T.Read) else spots
 
 
-def _decode(value: list) -> tuple:
+def _decode(value: Any) -> tuple:
+    if isinstance(value, dict):
+        return T.Read([T.Spot(t, conf) for t, conf in value["read"]], value["complete"]), None
     return [T.Spot(text, conf) for text, conf in value], None
 
 
@@ -98,7 +113,7 @@ def _keep(pair: tuple) -> bool:
 class TextSpotStage(MapStage):
     """OCR text that repeats the caption (``cat.text_spotted``)."""
     name = "textspot"
-    version = "4"
+    version = "5"
     Params = TextSpotParams
     speed_only = ("threads",)             # OCR threads
     inputs = {"ingest": (F.CAPTION, F.IMAGE, F.IMAGE_HASH)}
@@ -137,16 +152,22 @@ class TextSpotStage(MapStage):
         if self.ocr is None:
             return skipped_table(ids, S.TEXTSPOT_SKIPPED, self.skipped, S.TEXTSPOT)
         c = self.config.textspot
-        # each distinct image is read once (COCO, Flickr: five captions per image); the match is
-        # per caption
-        pairs = once_per_image(batch.column(F.IMAGE.name).to_pylist(),
-                               lambda ims: list(zip(*T.spot_all(self.ocr, ims, c.max_side))),
-                               self.cache, batch.column(F.IMAGE_HASH.name).to_pylist())
-        spots, errors = [p[0] for p in pairs], [p[1] for p in pairs]
+        # each distinct image is read once (COCO, Flickr: five captions per image) for all its
+        # captions; the match is per caption
+        images, caps = batch.column(F.IMAGE.name).to_pylist(), \
+            [x or "" for x in batch.column(F.CAPTION.name).to_pylist()]
+        wanted: dict = {}
+        for b, cap in zip(images, caps):
+            wanted.setdefault(b, []).append(cap)
+
+        def read(ims: list) -> list:
+            return list(zip(*T.spot_all(self.ocr, ims, c.max_side, [wanted[b] for b in ims])))
+        pairs = once_per_image(images, read, self.cache,
+                               batch.column(F.IMAGE_HASH.name).to_pylist())
+        spots, errors = self._seen(images, caps, pairs, read)
         spots = [None if s is None else sorted(s, key=lambda x: -x.conf)[:c.max_texts]
                  for s in spots]
-        ms = [T.best_match(s or [], cap or "", c.min_conf)
-              for s, cap in zip(spots, batch.column(F.CAPTION.name).to_pylist())]
+        ms = [T.best_match(s or [], cap, c.min_conf) for s, cap in zip(spots, caps)]
         hit = [T.text_spotted(m, c.min_chars) for m in ms]
         return conform(pa.table({
             F.SAMPLE_ID.name: ids,
@@ -164,6 +185,22 @@ class TextSpotStage(MapStage):
                 [f"spotted {m.text!r} (conf {m.conf:.2f}) repeats {m.chars} characters of the "
                  f"caption ({m.match!r})" if h else None for m, h in zip(ms, hit)], pa.string())}),
             S.TEXTSPOT)
+
+    def _seen(self, images: list, caps: list, pairs: list, read: Any) -> tuple[list, list]:
+        """Per row, the spots it sees (``T.seen_by``) and the error note; an image whose cached
+        read stopped before settling a row's caption is read again for its captions."""
+        c = self.config.textspot
+        seen = [None if s is None else T.seen_by(s, cap, c.min_conf, c.min_chars, c.max_texts)
+                for (s, _), cap in zip(pairs, caps)]
+        todo = list(dict.fromkeys(b for b, s, p in zip(images, seen, pairs)
+                                  if s is None and p[0] is not None))
+        again = dict(zip(todo, read(todo))) if todo else {}
+        for i, b in enumerate(images):
+            if b in again:
+                pairs[i] = again[b]
+                seen[i] = None if pairs[i][0] is None else T.seen_by(
+                    pairs[i][0], caps[i], c.min_conf, c.min_chars, c.max_texts)
+        return seen, [p[1] for p in pairs]
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:

@@ -7,21 +7,21 @@ defaults): images per CPU-second and the agreement of DiHT's decision (``cat.tex
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
         [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
         [--runtimes ort,ov-f32,ov-bf16] [--no-full]
-        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][,...]]
+        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][,...]]
 
 Each ``--det-pixels`` value is one fast path (``textspot.mode=fast``; the default: the stage's
 ``textspot.det_pixels``; ``N:GATE`` adds ``textspot.gate_pixels``; ``''``: none), each
 ``--cascade`` value one cascade (``mode=cascade``) with its gate at that scale (the default: the
-stage's), so that several settings are measured against the full OCR in one run. Printed: each
-path's CPU ms per image in each model (det, cls, rec) and outside them; where each cascade's
-CPU time goes (gate, det, cls, rec) and the share of images its gate passes, and
-per path the images whose usable lines (confidence >= min_conf, >= min_chars characters) differ
-from the full OCR's, whatever the caption. One process, one onnxruntime thread; the paths run
-interleaved, a few images at a time, in rotating order, so that the load of the shared machine
-falls on all alike (the load average is printed beside every figure). Images per CPU-second =
-images / CPU seconds of this process. The scene-text photos have no captions: each is paired
-with its annotated visible text. Every disagreement is listed (image, caption, the best line
-each path read).
+stage's; ``all``: every crop read, ``textspot.stop_early`` off), so that several settings are
+measured against the full OCR in one run. Printed: each path's CPU ms per image in each model (det,
+cls, rec) and outside them; where each cascade's CPU time goes (gate, det, cls, rec) and the share
+of images its gate passes, and per path the images whose usable lines (confidence >= min_conf, >=
+min_chars characters) differ from the full OCR's, whatever the caption. One process, one
+onnxruntime thread; the paths run interleaved, a few images at a time, in rotating order, so that
+the load of the shared machine falls on all alike (the load average is printed beside every
+figure). Images per CPU-second = images / CPU seconds of this process. The scene-text photos have
+no captions: each is paired with its annotated visible text. Every disagreement is listed (image,
+caption, the best line each path read).
 """
 from __future__ import annotations
 
@@ -68,19 +68,25 @@ def load(name: str, limit: int) -> tuple[dict[str, bytes], list[tuple[str, str]]
 
 
 def decision(spots: list, caption: str, p: TextSpotParams) -> T.Match:
-    """The stage's rule on one row: the best max_texts lines, the best match, its length."""
-    return T.best_match(sorted(spots, key=lambda s: -s.conf)[:p.max_texts], caption, p.min_conf)
+    """The stage's rule on one row: the lines it sees (``T.seen_by``), the best max_texts of
+    them, the best match, its length."""
+    seen = T.seen_by(spots, caption, p.min_conf, p.min_chars, p.max_texts)
+    return T.best_match(sorted(seen, key=lambda s: -s.conf)[:p.max_texts], caption, p.min_conf)
 
 
 def usable(spots: list, p: TextSpotParams) -> list:
-    """The texts of the lines the rule can use: confident, at least min_chars characters."""
-    return [s.text for s in spots or [] if s.conf >= p.min_conf
-            and len(T.normalize(s.text)) >= p.min_chars]
+    """The texts of the lines the rule can use: confident, at least min_chars characters (sorted:
+    the cascade reads the widest crops first)."""
+    return sorted(s.text for s in spots or [] if s.conf >= p.min_conf
+                  and len(T.normalize(s.text)) >= p.min_chars)
 
 
 def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) -> dict:
     images, rows = load(name, limit)
     keys = list(images)
+    caps: dict[str, list] = {}
+    for k, c in rows:
+        caps.setdefault(k, []).append(c)
     cpu_s = {k: 0.0 for k in paths}
     spots: dict[str, dict] = {k: {} for k in paths}
     for r in range(rounds):
@@ -90,7 +96,8 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
             order = list(paths)[turn:] + list(paths)[:turn]
             for path in order:
                 c0 = cpu()
-                out, _ = T.spot_all(paths[path], [images[k] for k in chunk], p.max_side)
+                out, _ = T.spot_all(paths[path], [images[k] for k in chunk], p.max_side,
+                                    [caps[k] for k in chunk])
                 cpu_s[path] += cpu() - c0
                 spots[path].update(zip(chunk, out))
     n = len(keys) * rounds
@@ -103,7 +110,7 @@ def run_set(name: str, paths: dict, p: TextSpotParams, limit: int, rounds: int) 
         out[path] = {"rate": n / cpu_s[path], "dis": dis, "spent": dict(paths[path].spent or {}),
                      "models": dict(paths[path].models), "rounds": rounds,
                      "lines": sum(usable(spots[path][k], p) != usable(spots[REF][k], p)
-                                  for k in keys),
+                                  for k in keys if getattr(spots[path][k], "complete", True)),
                      "flags": sum(T.text_spotted(m, p.min_chars) for m in hit[path].values())}
         paths[path].models.clear()
         if paths[path].spent is not None:
@@ -178,9 +185,9 @@ def main() -> None:
     ap.add_argument("--det-pixels", default=str(TextSpotParams().det_pixels),
                     help="comma-separated detector sizes (N or N:GATE), one fast path each")
     ap.add_argument("--cascade", default=str(T.Cascade().gate_scale),
-                    help="comma-separated gate scales (SCALE[:tight][:PIXELS]; tight: each crop "
-                    "recognised at its own width; PIXELS: the gate's least size), one cascade "
-                    "each ('': none)")
+                    help="comma-separated gate scales (SCALE[:tight][:PIXELS][:all]; tight: each "
+                    "crop recognised at its own width; PIXELS: the gate's least size; all: every "
+                    "crop read, stop_early off), one cascade each ('': none)")
     a = ap.parse_args()
     p = TextSpotParams()
     paths = {REF: backend("ort")}
@@ -198,6 +205,11 @@ def main() -> None:
             cascade = dataclasses.replace(T.fast_path(TextSpotParams(mode="cascade")),
                                           gate_scale=float(scale), tight="tight" in opts,
                                           gate_min_pixels=least[0])
+            if "all" in opts:
+                cascade = dataclasses.replace(cascade, stop_chars=0)
+            for x in opts:
+                if x[:1] == "b":
+                    cascade = dataclasses.replace(cascade, read_batch=int(x[1:]))
             paths[f"cascade@{spec}/{rt}"] = backend(rt, cascade)
             paths[f"cascade@{spec}/{rt}"].spent = {}
     print(f"paths: {list(paths)[1:]}; load average {os.getloadavg()}", flush=True)

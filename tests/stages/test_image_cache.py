@@ -86,9 +86,9 @@ def test_a_rerun_with_another_threshold_reads_every_image_from_the_cache(demo, t
     seen = []
     real = T.spot_all
 
-    def counted(backend, images, max_side):
+    def counted(backend, images, max_side, captions=None):
         seen.extend(images)
-        return real(backend, images, max_side)
+        return real(backend, images, max_side, captions)
 
     monkeypatch.setattr(T, "spot_all", counted)
     cache = str(tmp_path / "cache")

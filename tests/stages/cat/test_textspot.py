@@ -59,6 +59,22 @@ def test_best_line_is_the_longest_match_then_the_most_confident():
     assert T.best_match([], cap, 0.8) == T.Match()
 
 
+def test_a_row_sees_the_lines_read_up_to_its_captions_match():
+    lines = spots(("EXIT", 0.99), ("OATLY.", 0.97), ("NATURAL", 0.95))
+    stopped, whole = T.Read(lines, complete=False), T.Read(lines)
+    assert T.seen_by(stopped, "Oatly Natural", 0.8, 5, 32) == lines[:2]
+    assert T.seen_by(stopped, "natural yoghurt", 0.8, 5, 32) == lines
+    assert T.seen_by(stopped, "a dog", 0.8, 5, 32) is None            # not known: read again
+    assert T.seen_by(stopped, "Oatly Natural", 0.99, 5, 32) is None   # another threshold
+    assert T.seen_by(whole, "a dog", 0.8, 5, 32) == lines
+    assert T.seen_by(whole, "Oatly", 0.8, 5, 2) == lines      # more than max_texts: all, as before
+    assert T.seen_by(lines, "Oatly", 0.8, 5, 32) == lines     # other backends: all
+    # the decision is the complete read's
+    for cap in ("Oatly Natural", "natural", "exit", "oat"):
+        assert T.text_spotted(T.best_match(T.seen_by(whole, cap, 0.8, 5, 32), cap, 0.8), 5) == \
+            T.text_spotted(T.best_match(lines, cap, 0.8), 5)
+
+
 def test_lines_are_matched_one_by_one_never_glued():
     # "BRA" + "VO" would spell "bravo" across two lines: no match
     m = T.best_match(spots(("BRA", 0.99), ("VO", 0.99)), "Bravo Apple Juice", 0.8)
@@ -295,9 +311,10 @@ def test_fast_path_settings_follow_the_config():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
     assert TextSpotParams().mode == "cascade" and T.fast_path(TextSpotParams(mode="full")) is None
     cascade = TextSpotParams(mode="cascade")
-    assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0)
-    assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4)) == \
-        T.Cascade(gate_ratio=1.6, min_ratio=0.8)
+    assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0, stop_chars=5)
+    assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4, min_conf=0.9, max_texts=8,
+                                      stop_early=False)) == \
+        T.Cascade(gate_ratio=1.6, min_ratio=0.8, stop_conf=0.9, stop_within=8)
     # keep_texts: the cascade reads every box, as the full OCR does
     assert T.fast_path(TextSpotParams(mode="cascade", keep_texts=True)) is None
     p = TextSpotParams(mode="fast")
@@ -315,6 +332,9 @@ def test_fast_path_settings_follow_the_config():
                                     TextSpotParams(mode="cascade", min_chars=4),
                                     TextSpotParams(gate_min_pixels=65_536))]
     assert len({repr(k) for k in keys}) == 8                  # each reads differently: own entries
+    # a stopped read serves any threshold (T.seen_by): min_conf is not in the key; stopping is
+    assert _cache_key(TextSpotParams(min_conf=0.9)) == _cache_key(cascade) != \
+        _cache_key(TextSpotParams(stop_early=False))
     assert _cache_key(TextSpotParams(mode="full")) == \
         _cache_key(TextSpotParams(mode="cascade", keep_texts=True))    # the same lines
 
@@ -343,19 +363,26 @@ def cascade():
 
 
 def usable(lines):
-    """The lines the rule can use: at least 5 letters or digits."""
-    return [s for s in lines if len(T.normalize(s.text)) >= 5]
+    """The lines the rule can use: at least 5 letters or digits (in a fixed order: the cascade
+    reads the widest crops first)."""
+    return sorted((s for s in lines if len(T.normalize(s.text)) >= 5), key=repr)
 
 
 @pytest.mark.realdata
 def test_cascade_reads_the_scene_text_photos_as_the_full_ocr(cascade, scene_text_full):
     rows, full, full_lines = scene_text_full
     cascade.spent = {}
-    lines = T.spot_all(cascade, [b for b, _ in rows], 1024)[0]
-    got = [T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(lines, rows)]
+    lines = T.spot_all(cascade, [b for b, _ in rows], 1024, [[c] for _, c in rows])[0]
+    got = [T.text_spotted(T.best_match(T.seen_by(s, c, 0.8, 5, 32), c, 0.8), 5)
+           for s, (_, c) in zip(lines, rows)]
     assert got == full and sum(full) >= 8                   # all 16, icdar2015_img_1 included
-    # each line that can hold the rule's text is the full OCR's, read alike (same confidence)
-    assert [usable(s) for s in lines] == [usable(s) for s in full_lines]
+    # each line that can hold the rule's text is the full OCR's, read alike (same confidence);
+    # a read that stopped at its caption's match holds some of them
+    assert all(isinstance(s, T.Read) for s in lines)
+    for s, f in zip(lines, full_lines):
+        got, want = usable(s), usable(f)
+        assert got == want if s.complete else set(got) <= set(want), (got, want)
+    assert sum(not s.complete for s in lines) >= 2
     assert cascade.spent["images"] == 16 and cascade.spent["passed"] >= 12
 
 
@@ -416,6 +443,51 @@ def test_textspot_mode_key_reaches_the_stage():
     assert cas.ocr.spent["images"] == 2 and cas.ocr.spent["passed"] == 1   # the blank one: gate
     assert out.column(F.REASONS.name).to_pylist() == [[], [R.CAT_TEXT_SPOTTED]]
     assert out.column(F.REASONS.name).to_pylist() == full(batch).column(F.REASONS.name).to_pylist()
+
+
+def test_stage_stops_reading_at_each_rows_match_and_rows_do_not_depend_on_their_batch(tmp_path):
+    """An image is read widest line first until each of its captions is matched; each row holds
+    the lines read up to its own match, whichever rows share the batch, the cache or not."""
+    import pyarrow as pa
+    from vlcurate.pipeline import config as C
+    from vlcurate.pipeline.runner import build_stage
+    from vlcurate.schemas import F
+    from vlcurate.schemas import cat as S
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
+    from vlcurate.stages.ingest.stage import image_hash
+
+    im = Image.new("RGB", (720, 200), (250, 250, 245))
+    draw = ImageDraw.Draw(im)
+    draw.text((14, 20), "FRESH COFFEE AND CAKE", fill=(10, 10, 10),
+              font=ImageFont.load_default(size=44))
+    draw.text((14, 120), "OPEN", fill=(10, 10, 10), font=ImageFont.load_default(size=44))
+    img = png(im)
+    caps = ["fresh coffee", "open now", "fresh coffee and cake"]
+
+    def table(rows):
+        return pa.table({F.SAMPLE_ID.name: [str(i) for i in rows],
+                         F.CAPTION.name: [caps[i] for i in rows],
+                         F.IMAGE.name: pa.array([img] * len(rows), pa.binary()),
+                         F.IMAGE_HASH.name: [image_hash(img)] * len(rows)})
+
+    def stage(**sets):
+        return build_stage(TextSpotStage, C.load(None, {"run.progress": False, **sets}))
+    nocache = stage(**{"run.image_cache": False})
+    alone = [nocache(table([i])) for i in range(3)]
+    texts = [sorted(T.normalize(x) for x in t.column(S.OCR_TEXTS.name).to_pylist()[0])
+             for t in alone]
+    assert texts == [["freshcoffeeandcake"], ["freshcoffeeandcake", "open"],
+                     ["freshcoffeeandcake"]], texts      # the caption "open now" is not matched
+    assert [t.column(F.REASONS.name).to_pylist()[0] != [] for t in alone] == [True, False, True]
+    # one batch, in another order, or through a cache that first held a stopped read
+    assert stage(**{"run.cache_dir": str(tmp_path)})(table([0])).equals(alone[0])  # cached
+    rerun = stage(**{"run.cache_dir": str(tmp_path)})
+    rerun.ocr.spent = {}
+    assert rerun(table([2])).equals(alone[2]) and rerun.ocr.spent == {}   # the stopped read
+    for got in (nocache(table([2, 1, 0])), rerun(table([2, 1, 0])), rerun(table([1]))):
+        rows = dict(zip(got.column(F.SAMPLE_ID.name).to_pylist(), got.to_pylist()))
+        assert all(rows[str(i)] == alone[i].to_pylist()[0] for i in range(3) if str(i) in rows)
+    assert rerun.ocr.spent["images"] == 2                     # "open now": read again
 
 
 def test_cuda_without_a_cuda_onnxruntime_says_what_to_install():
