@@ -382,7 +382,7 @@ def test_cascade_reads_the_scene_text_photos_as_the_full_ocr(cascade, scene_text
     for s, f in zip(lines, full_lines):
         got, want = usable(s), usable(f)
         assert got == want if s.complete else set(got) <= set(want), (got, want)
-    assert sum(not s.complete for s in lines) >= 2
+    assert sum(not s.complete for s in lines) >= 8          # 9 of the 10 flagged stop early
     assert cascade.spent["images"] == 16 and cascade.spent["passed"] >= 12
 
 
