@@ -7,21 +7,21 @@ defaults): images per CPU-second and the agreement of DiHT's decision (``cat.tex
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
         [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
         [--runtimes ort,ov-f32,ov-bf16] [--no-full]
-        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][,...]]
+        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][:bN][,...]]
 
 Each ``--det-pixels`` value is one fast path (``textspot.mode=fast``; the default: the stage's
 ``textspot.det_pixels``; ``N:GATE`` adds ``textspot.gate_pixels``; ``''``: none), each
 ``--cascade`` value one cascade (``mode=cascade``) with its gate at that scale (the default: the
-stage's; ``all``: every crop read, ``textspot.stop_early`` off), so that several settings are
-measured against the full OCR in one run. Printed: each path's CPU ms per image in each model (det,
-cls, rec) and outside them; where each cascade's CPU time goes (gate, det, cls, rec) and the share
-of images its gate passes, and per path the images whose usable lines (confidence >= min_conf, >=
-min_chars characters) differ from the full OCR's, whatever the caption. One process, one
-onnxruntime thread; the paths run interleaved, a few images at a time, in rotating order, so that
-the load of the shared machine falls on all alike (the load average is printed beside every
-figure). Images per CPU-second = images / CPU seconds of this process. The scene-text photos have
-no captions: each is paired with its annotated visible text. Every disagreement is listed (image,
-caption, the best line each path read).
+stage's; ``all``: every crop read, ``textspot.stop_early`` off; ``bN``: N crops per recogniser
+call), so that several settings are measured against the full OCR in one run. Printed: each path's
+CPU ms per image in each model (det, cls, rec) and outside them; where each cascade's CPU time goes
+(gate, det, cls, rec) and the share of images its gate passes, and per path the images whose usable
+lines (confidence >= min_conf, >= min_chars characters) differ from the full OCR's, whatever the
+caption. One process, one onnxruntime thread; the paths run interleaved, a few images at a time, in
+rotating order, so that the load of the shared machine falls on all alike (the load average is
+printed beside every figure). Images per CPU-second = images / CPU seconds of this process. The
+scene-text photos have no captions: each is paired with its annotated visible text. Every
+disagreement is listed (image, caption, the best line each path read).
 """
 from __future__ import annotations
 
@@ -185,9 +185,10 @@ def main() -> None:
     ap.add_argument("--det-pixels", default=str(TextSpotParams().det_pixels),
                     help="comma-separated detector sizes (N or N:GATE), one fast path each")
     ap.add_argument("--cascade", default=str(T.Cascade().gate_scale),
-                    help="comma-separated gate scales (SCALE[:tight][:PIXELS][:all]; tight: each "
-                    "crop recognised at its own width; PIXELS: the gate's least size; all: every "
-                    "crop read, stop_early off), one cascade each ('': none)")
+                    help="comma-separated gate scales (SCALE[:tight][:PIXELS][:all][:bN]; tight: "
+                    "each crop recognised at its own width; PIXELS: the gate's least size; all: "
+                    "every crop read, stop_early off; bN: N crops per recogniser call), one "
+                    "cascade each ('': none)")
     a = ap.parse_args()
     p = TextSpotParams()
     paths = {REF: backend("ort")}
