@@ -156,15 +156,16 @@ class Cascade:
     blurred text: a 348 px product photo's at 196,608 pixels, not at 65,536). An image passes
     when its probability map above ``gate_level`` (the detector's own threshold) holds a region
     whose rotated box is at least ``gate_length`` pixels long and ``gate_ratio`` times as long
-    as wide: a line of several characters. An image it stops is done (no spots; most photos
-    hold no text). An image it passes gets the full OCR's own
-    detection, crops and angle classifier, and its recogniser on the crops that can hold the
-    rule's text (``min_ratio``), each padded as its batch in the full OCR pads it (``tight``:
-    at its own width). The crops are read ``read_batch`` at a time (one: no more CPU than in
-    sixes, measured), widest first; with ``stop_chars`` (0: off) and the image's captions,
-    reading stops once every caption is repeated by a line (``repeats`` at ``stop_conf``) if the
-    image has at most ``stop_within`` crops (``seen_by``: each row's decision is the complete
-    read's)."""
+    as wide: a line of several characters. An image it stops is done (no spots; most photos hold
+    no text; ``gate`` False: no gate, every image passes). An image it passes gets the full
+    OCR's own detection, crops and angle classifier, and its recogniser on the crops that can
+    hold the rule's text (``min_ratio``), each padded as its batch in the full OCR pads it
+    (``tight``: at its own width). The crops are read ``read_batch`` at a time (one: no more CPU
+    than in sixes, measured), widest first; with ``stop_chars`` (0: off) and the image's
+    captions, reading stops once every caption is repeated by a line (``repeats`` at
+    ``stop_conf``) if the image has at most ``stop_within`` crops (``seen_by``: each row's
+    decision is the complete read's)."""
+    gate: bool = True
     gate_scale: float = 0.7
     gate_min_pixels: int = 196_608
     gate_level: float = 0.3
@@ -249,7 +250,7 @@ def rapid_cascade(ocr: Any, im: Image.Image, c: Cascade, spent: Optional[dict] =
     clock = Clock(spent)
     img, _, _ = ocr.preprocess(ocr.load_img(im))
     img, _ = ocr.maybe_add_letterbox(img, {})
-    passed = gate(ocr.text_det, img, c)
+    passed = gate(ocr.text_det, img, c) if c.gate else True
     clock("gate")
     clock.count("images", 1)
     clock.count("passed", int(passed))
@@ -542,7 +543,7 @@ def fast_path(cfg: Any) -> Optional[FastPath | Cascade]:
     if cfg.mode == "cascade":
         return Cascade(gate_ratio=GATE_CHAR_RATIO * cfg.min_chars,
                        min_ratio=MIN_CHAR_RATIO * cfg.min_chars,
-                       gate_min_pixels=cfg.gate_min_pixels,
+                       gate=cfg.gate, gate_min_pixels=cfg.gate_min_pixels,
                        stop_chars=cfg.min_chars if cfg.stop_early else 0,
                        stop_conf=cfg.min_conf, stop_within=cfg.max_texts)
     if cfg.keep_texts:

@@ -34,6 +34,9 @@ class TextSpotParams(Params):
         "fast: the text detector's input size in pixels (~512 x 384)"))
     gate_pixels: int = at_least(0, 0, doc="fast: a first, cheaper text detection at this size; "
                                 "an image where it finds no box is done (0: off)")
+    gate: bool = doc(True, (
+        "cascade: the gate; false: every image gets the full OCR's detection (cheaper where "
+        "nearly every image holds text: product packs)"))
     gate_min_pixels: int = positive(196_608, doc=(
         "cascade: the gate's least size in pixels (65,536: ~1.5-2.7x faster on photo sets, "
         "misses blurred small text on product packs)"))

@@ -208,6 +208,8 @@ def main() -> None:
                                           gate_min_pixels=least[0])
             if "all" in opts:
                 cascade = dataclasses.replace(cascade, stop_chars=0)
+            if "nogate" in opts:
+                cascade = dataclasses.replace(cascade, gate=False)
             for x in opts:
                 if x[:1] == "b":
                     cascade = dataclasses.replace(cascade, read_batch=int(x[1:]))

@@ -326,12 +326,14 @@ def test_fast_path_settings_follow_the_config():
     assert T.fast_path(TextSpotParams(mode="fast", gate_pixels=131_072,
                                       keep_texts=True)).gate_pixels == 0
     assert T.fast_path(TextSpotParams(gate_min_pixels=65_536)).gate_min_pixels == 65_536
+    assert T.fast_path(TextSpotParams(gate=False)).gate is False and T.fast_path(cascade).gate
     keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"),
                                     TextSpotParams(mode="fast", keep_texts=True),
                                     TextSpotParams(mode="fast", det_pixels=300_000), gated, cascade,
                                     TextSpotParams(mode="cascade", min_chars=4),
-                                    TextSpotParams(gate_min_pixels=65_536))]
-    assert len({repr(k) for k in keys}) == 8                  # each reads differently: own entries
+                                    TextSpotParams(gate_min_pixels=65_536),
+                                    TextSpotParams(gate=False))]
+    assert len({repr(k) for k in keys}) == 9                  # each reads differently: own entries
     # a stopped read serves any threshold (T.seen_by): min_conf is not in the key; stopping is
     assert _cache_key(TextSpotParams(min_conf=0.9)) == _cache_key(cascade) != \
         _cache_key(TextSpotParams(stop_early=False))
@@ -429,9 +431,10 @@ def test_textspot_mode_key_reaches_the_stage():
     from vlcurate.stages.cat.textspot_stage import TextSpotStage
     from vlcurate.stages.ingest.stage import image_hash
 
-    def stage(mode):
+    def stage(mode, gate=True):
         return build_stage(TextSpotStage, C.load(None, {
-            "textspot.mode": mode, "run.progress": False, "run.image_cache": False}))
+            "textspot.mode": mode, "textspot.gate": gate, "run.progress": False,
+            "run.image_cache": False}))
     ims = [png(render("")), png(render("COFFEE"))]
     batch = pa.table({F.SAMPLE_ID.name: ["a", "b"], F.CAPTION.name: ["coffee", "coffee"],
                       F.IMAGE.name: pa.array(ims, pa.binary()),
@@ -443,6 +446,9 @@ def test_textspot_mode_key_reaches_the_stage():
     assert cas.ocr.spent["images"] == 2 and cas.ocr.spent["passed"] == 1   # the blank one: gate
     assert out.column(F.REASONS.name).to_pylist() == [[], [R.CAT_TEXT_SPOTTED]]
     assert out.column(F.REASONS.name).to_pylist() == full(batch).column(F.REASONS.name).to_pylist()
+    ungated = stage("cascade", gate=False)                   # textspot.gate: false
+    ungated.ocr.spent = {}
+    assert ungated(batch).equals(out) and ungated.ocr.spent["passed"] == 2
 
 
 def test_stage_stops_reading_at_each_rows_match_and_rows_do_not_depend_on_their_batch(tmp_path):
