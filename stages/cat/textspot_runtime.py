@@ -3,7 +3,9 @@
 
 * ``onnxruntime``: rapidocr's own sessions (the GPU path, ``textspot.device=cuda``, is always this);
 * ``openvino``: the same ONNX files compiled by OpenVINO for the CPU, at ``textspot.precision``
-  (``f32``: the full OCR's lines, ~2x cheaper; ``bf16``: AMX or AVX512-BF16 where the CPU has them);
+  (``f32``: the full OCR's lines, ~2x cheaper; ``bf16``: all three models in bf16; ``det-bf16``:
+  the detector in bf16, the classifier and recogniser in f32). bf16 runs where the CPU has it
+  (AMX or AVX512-BF16); elsewhere OpenVINO runs f32, and the identity says so;
 * ``auto``: ``openvino`` on a CPU when it imports, else ``onnxruntime``.
 
 Only the session changes: ``use_openvino`` puts an ``OvSession`` in place of each of rapidocr's
@@ -17,7 +19,10 @@ import functools
 from typing import Any
 
 RUNTIMES = ("auto", "onnxruntime", "openvino")
-PRECISIONS = ("f32", "bf16")
+PRECISIONS = ("f32", "bf16", "det-bf16")
+MODELS = ("det", "cls", "rec")
+# each precision's per-model precisions (detector, angle classifier, recogniser)
+PLANS = {"f32": ("f32",) * 3, "bf16": ("bf16",) * 3, "det-bf16": ("bf16", "f32", "f32")}
 
 
 @functools.cache
@@ -42,44 +47,68 @@ def resolve(runtime: str, device: str) -> str:
     return "openvino"
 
 
+@functools.cache
+def cpu_bf16() -> bool:
+    """Does OpenVINO run bf16 on this CPU (AMX or AVX512-BF16)? Elsewhere a bf16 hint runs f32."""
+    import openvino
+    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def plan(precision: str) -> tuple[str, ...]:
+    """``textspot.precision`` as it runs on this CPU: the detector's, classifier's and
+    recogniser's precisions (f32 for all where the CPU has no bf16)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"textspot.precision={precision!r}: unknown (known: "
+                         f"{list(PRECISIONS)})")
+    return PLANS[precision] if openvino_version() and cpu_bf16() else PLANS["f32"]
+
+
+def effective(precision: str) -> str:
+    """The name of the precision that really runs here (``f32`` where bf16 would not)."""
+    return next(k for k, v in PLANS.items() if v == plan(precision))
+
+
 def identity(runtime: str, device: str, precision: str) -> str:
-    """The runtime as it will run, with its version and (OpenVINO) precision: what a model's
-    output bytes depend on beyond the models (cheap: no model is loaded)."""
+    """The runtime as it will run, with its version and (OpenVINO) precision as it runs on
+    this CPU: what a model's output bytes depend on beyond the models (no model is loaded)."""
     if resolve(runtime, device) == "onnxruntime":
         return "onnxruntime"
-    return f"openvino {openvino_version() or 'missing'} {precision}"
+    if not openvino_version():
+        return f"openvino missing {precision}"
+    return f"openvino {openvino_version()} {effective(precision)}"
 
 
 class OvSession:
-    """One ONNX model compiled by OpenVINO for the CPU, called as rapidocr calls its
-    ``OrtInferSession``: ``session(x)`` -> [first output] (every model here has one)."""
+    """One ONNX model compiled by OpenVINO for the CPU at ``precision`` (f32 or bf16), called as
+    rapidocr calls its ``OrtInferSession``: ``session(x)`` -> [first output] (every model here
+    has one); ``.precision`` is what the compiled model runs."""
 
     def __init__(self, core: Any, model_path: str, threads: int, precision: str) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"textspot.precision={precision!r}: unknown (known: "
-                             f"{list(PRECISIONS)})")
         props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if threads > 0:
             props["INFERENCE_NUM_THREADS"] = threads
         self.model = core.compile_model(model_path, "CPU", props)
         self.request = self.model.create_infer_request()
         self.out = self.model.output(0)
-        self.path, self.precision = model_path, precision
+        self.path = model_path
+        # what runs, read back from the compiled model ('f32' or 'bf16')
+        self.precision = self.model.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     def __call__(self, x: Any) -> list:
         return [self.request.infer({0: x})[self.out].copy()]
 
 
 def use_openvino(ocr: Any, threads: int, precision: str) -> None:
-    """Put OpenVINO sessions of the same model files in place of ``ocr``'s (a ``RapidOCR``)
-    onnxruntime sessions; the recogniser keeps the character list it read at start."""
+    """Put OpenVINO sessions of the same model files, each at its precision in ``plan``, in
+    place of ``ocr``'s (a ``RapidOCR``) onnxruntime sessions; the recogniser keeps the character
+    list it read at start."""
     from .textspot import BackendUnavailable
     if not openvino_version():
         raise BackendUnavailable("textspot.runtime=openvino: cannot import openvino; `pip "
                                  "install openvino` or textspot.runtime=onnxruntime")
     import openvino
     core = openvino.Core()
-    for model, attr in ((ocr.text_det, "infer"), (ocr.text_cls, "infer"),
-                        (ocr.text_rec, "session")):
+    for (model, attr), each in zip(((ocr.text_det, "infer"), (ocr.text_cls, "infer"),
+                                    (ocr.text_rec, "session")), plan(precision)):
         path = str(getattr(model, attr).session._model_path)
-        setattr(model, attr, OvSession(core, path, threads, precision))
+        setattr(model, attr, OvSession(core, path, threads, each))

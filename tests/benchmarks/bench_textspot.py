@@ -1,13 +1,14 @@
 """Text spotting: rapidocr's cascade (``textspot.mode=cascade``), fast path (``mode=fast``) and
 full OCR (``mode=full``), each on each runtime (``textspot.runtime``, ``textspot.precision``:
-onnxruntime, OpenVINO f32, OpenVINO bf16), against the full OCR on onnxruntime (rapidocr, all
-defaults): images per CPU-second and the agreement of DiHT's decision (``cat.text_spotted``) per
-(image, caption) row, on the real sets in ``../shared/data``.
+onnxruntime, OpenVINO f32, OpenVINO bf16, OpenVINO with the detector alone in bf16), against
+the full OCR on onnxruntime (rapidocr, all defaults): images per CPU-second and the agreement of
+DiHT's decision (``cat.text_spotted``) per (image, caption) row, on the real sets in
+``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
         [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
-        [--runtimes ort,ov-f32,ov-bf16] [--no-full]
-        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][:bN][,...]]
+        [--runtimes ort,ov-f32,ov-bf16,ov-det-bf16] [--no-full]
+        [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][:bN][:nogate][,...]]
 
 Each ``--det-pixels`` value is one fast path (``textspot.mode=fast``; the default: the stage's
 ``textspot.det_pixels``; ``N:GATE`` adds ``textspot.gate_pixels``; ``''``: none), each
@@ -146,7 +147,7 @@ def split(spent: dict) -> str:
 
 
 RUNTIMES = {"ort": ("onnxruntime", "f32"), "ov-f32": ("openvino", "f32"),
-            "ov-bf16": ("openvino", "bf16")}
+            "ov-bf16": ("openvino", "bf16"), "ov-det-bf16": ("openvino", "det-bf16")}
 
 
 class Timed:

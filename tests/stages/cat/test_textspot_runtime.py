@@ -9,6 +9,8 @@ from vlcurate.stages.cat import textspot_runtime as RT
 from tests.stages.cat.test_textspot import coco_rows, decisions, png, render, scene_text_rows
 
 needs_openvino = pytest.mark.skipif(not RT.openvino_version(), reason="openvino is not installed")
+needs_bf16 = pytest.mark.skipif(not RT.openvino_version() or not RT.cpu_bf16(),
+                                reason="openvino is not installed or this CPU has no bf16")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,25 @@ def test_openvino_replaces_every_session_and_auto_picks_it_on_a_cpu(ort, ov_f32)
         T.RapidOcrBackend(runtime="openvino", precision="int4")
 
 
+@needs_bf16
+def test_det_bf16_compiles_the_detector_alone_in_bf16_and_says_so():
+    ocr = T.RapidOcrBackend(runtime="openvino", precision="det-bf16").ocr
+    # the precisions read back from the compiled models
+    assert [s.precision for s in (ocr.text_det.infer, ocr.text_cls.infer,
+                                  ocr.text_rec.session)] == ["bf16", "f32", "f32"]
+    assert RT.identity("auto", "cpu", "det-bf16").endswith(" det-bf16")
+
+
+def test_without_bf16_on_the_cpu_every_precision_runs_and_reads_as_f32(monkeypatch):
+    monkeypatch.setattr(RT, "cpu_bf16", lambda: False)          # as on a CPU without AMX
+    monkeypatch.setattr(RT, "openvino_version", lambda: "2099.1")
+    for precision in RT.PRECISIONS:
+        assert RT.plan(precision) == ("f32",) * 3
+        assert RT.identity("openvino", "cpu", precision) == "openvino 2099.1 f32"
+    with pytest.raises(ValueError, match="precision"):
+        RT.plan("int4")
+
+
 def rule(lines, rows):
     return [T.text_spotted(T.best_match(x, c, 0.8), 5) for x, (_, c) in zip(lines, rows)]
 
@@ -62,6 +83,13 @@ def test_full_ocr_on_openvino_f32_reads_the_scene_text_photos_as_onnxruntime(ort
     assert all(same_lines(x, y) for x, y in zip(a, b))
     assert sum(len(x) for x in a) >= 50                          # the photos hold many lines
     assert rule(a, rows) == rule(b, rows) and sum(rule(a, rows)) >= 8
+    if RT.cpu_bf16():       # the detector alone in bf16: the cascade decides as the full OCR
+        from vlcurate.stages.cat.textspot_stage import TextSpotParams
+        mixed = T.RapidOcrBackend(fast=T.fast_path(TextSpotParams(mode="cascade")),
+                                  runtime="openvino", precision="det-bf16")
+        got = T.spot_all(mixed, [b for b, _ in rows], 1024, [[c] for _, c in rows])[0]
+        assert [T.text_spotted(T.best_match(T.seen_by(s, c, 0.8, 5, 32), c, 0.8), 5)
+                for s, (_, c) in zip(got, rows)] == rule(a, rows)
 
 
 @needs_openvino
@@ -98,7 +126,7 @@ def test_openvino_output_bytes_do_not_depend_on_the_batch_or_what_ran_before(pre
 
 
 @needs_openvino
-def test_runtime_key_reaches_the_stage_and_its_cache_namespace():
+def test_runtime_key_reaches_the_stage_and_its_cache_namespace(tmp_path):
     """textspot.runtime / precision in the config select the sessions the stage runs, and each
     (runtime, precision) reads into its own cache entries; the flags stay the full OCR's."""
     import pyarrow as pa
@@ -108,8 +136,8 @@ def test_runtime_key_reaches_the_stage_and_its_cache_namespace():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, TextSpotStage, _cache_key
     from vlcurate.stages.ingest.stage import image_hash
 
-    def stage(**keys):
-        return build_stage(TextSpotStage, C.load(None, {
+    def stage(yaml=None, **keys):
+        return build_stage(TextSpotStage, C.load(yaml, {
             **{f"textspot.{k}": v for k, v in keys.items()}, "textspot.mode": "full",
             "run.progress": False, "run.image_cache": False}))
     ims = [png(card("")), png(card("COFFEE"))]
@@ -118,15 +146,21 @@ def test_runtime_key_reaches_the_stage_and_its_cache_namespace():
                       F.IMAGE_HASH.name: [image_hash(b) for b in ims]})
     ort, ov, auto = stage(runtime="onnxruntime"), stage(runtime="openvino", precision="bf16"), \
         stage()
+    (tmp_path / "c.yaml").write_text("textspot:\n  precision: det-bf16\n")
+    mixed = stage(tmp_path / "c.yaml")
     assert ort.ocr.runtime == "onnxruntime" and ov.ocr.runtime == auto.ocr.runtime == "openvino"
     assert ov.ocr.ocr.text_det.infer.precision == "bf16"
     assert auto.ocr.ocr.text_det.infer.precision == "f32"
+    assert [m.precision for m in (mixed.ocr.ocr.text_det.infer, mixed.ocr.ocr.text_rec.session)
+            ] == (["bf16", "f32"] if RT.cpu_bf16() else ["f32", "f32"])
     assert not isinstance(ort.ocr.ocr.text_det.infer, RT.OvSession)
-    reasons = [s(batch).column(F.REASONS.name).to_pylist() for s in (ort, ov, auto)]
-    assert reasons[0] == reasons[1] == reasons[2] and reasons[0][1]
+    reasons = [s(batch).column(F.REASONS.name).to_pylist() for s in (ort, ov, auto, mixed)]
+    assert reasons[0] == reasons[1] == reasons[2] == reasons[3] and reasons[0][1]
     keys = {repr(_cache_key(TextSpotParams(runtime=r, precision=p)))
-            for r, p in (("onnxruntime", "f32"), ("openvino", "f32"), ("openvino", "bf16"))}
-    assert len(keys) == 3
+            for r, p in (("onnxruntime", "f32"), ("openvino", "f32"), ("openvino", "bf16"),
+                         ("openvino", "det-bf16"))}
+    assert len(keys) == (4 if RT.cpu_bf16() else 2)     # without bf16 on the CPU, all are f32
+    assert (_cache_key(mixed.config.textspot) != _cache_key(auto.config.textspot)) == RT.cpu_bf16()
     assert _cache_key(TextSpotParams()) == _cache_key(TextSpotParams(runtime="openvino"))
     assert _cache_key(TextSpotParams(runtime="onnxruntime", precision="bf16")) == \
         _cache_key(TextSpotParams(runtime="onnxruntime"))   # precision is OpenVINO's alone
