@@ -3,9 +3,10 @@
 
 * ``onnxruntime``: rapidocr's own sessions (the GPU path, ``textspot.device=cuda``, is always this);
 * ``openvino``: the same ONNX files compiled by OpenVINO for the CPU, at ``textspot.precision``
-  (``f32``: the full OCR's lines, ~2x cheaper; ``bf16``: all three models in bf16; ``det-bf16``:
-  the detector in bf16, the classifier and recogniser in f32). bf16 runs where the CPU has it
-  (AMX or AVX512-BF16); elsewhere OpenVINO runs f32, and the identity says so;
+  (``f32``: the full OCR's lines, ~2x cheaper; ``bf16``: all three models in bf16). bf16 runs
+  where the CPU has it (AMX or AVX512-BF16); elsewhere OpenVINO runs f32, and the identity says
+  so. ``det-bf16`` (the detector alone in bf16) is for ``bench_textspot.py``: it changes product-
+  pack decisions, so the stage does not offer it;
 * ``auto``: ``openvino`` on a CPU when it imports, else ``onnxruntime``.
 
 Only the session changes: ``use_openvino`` puts an ``OvSession`` in place of each of rapidocr's
@@ -20,7 +21,6 @@ from typing import Any
 
 RUNTIMES = ("auto", "onnxruntime", "openvino")
 PRECISIONS = ("f32", "bf16", "det-bf16")
-MODELS = ("det", "cls", "rec")
 # each precision's per-model precisions (detector, angle classifier, recogniser)
 PLANS = {"f32": ("f32",) * 3, "bf16": ("bf16",) * 3, "det-bf16": ("bf16", "f32", "f32")}
 

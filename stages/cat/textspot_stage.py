@@ -50,10 +50,10 @@ class TextSpotParams(Params):
     runtime: Literal["auto", "onnxruntime", "openvino"] = doc("auto", (
         "what runs rapidocr's models on a CPU: auto is openvino when it imports (cuda: always "
         "onnxruntime)"))
-    precision: Literal["f32", "bf16", "det-bf16"] = doc("f32", (
+    precision: Literal["f32", "bf16"] = doc("f32", (
         "openvino: the models' precision (f32: the full OCR's lines; bf16: ~1.5x cheaper with "
-        "AMX, but some reads change: 97.5% of product-pack decisions kept; det-bf16: the "
-        "detector alone in bf16; f32 where the CPU has no bf16)"))
+        "AMX, but some reads change: 97.5% of product-pack decisions kept; it runs f32 where the "
+        "CPU has no bf16)"))
     if_missing: Literal["error", "skip"] = doc("error", "no OCR backend: stop (error), or run "
                                                         "without it, saying so")
     min_conf: float = unit(0.8, doc="DiHT: a spotted line needs this OCR confidence ...")
