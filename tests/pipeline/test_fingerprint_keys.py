@@ -47,10 +47,10 @@ def test_pinned_keys_per_stage():
     assert got["cat"] == {"cat": ["if_missing", "min_complexity", "participle_actions",
                                   "require_action", "spacy_model", "title_case", "verb_nouns"]}
     assert got["textspot"] == {"textspot": [
-        "backend", "det_pixels", "device", "gate_min_pixels", "gate_pixels", "if_missing",
-        "keep_texts", "max_side", "max_texts", "min_chars", "min_conf", "mmocr_det",
+        "backend", "det_pixels", "device", "gate", "gate_min_pixels", "gate_pixels",
+        "if_missing", "keep_texts", "max_side", "max_texts", "min_chars", "min_conf", "mmocr_det",
         "mmocr_det_weights", "mmocr_rec", "mmocr_rec_weights", "mode", "precision", "runtime",
-        "tesseract_lang", "tesseract_psm"]}
+        "stop_early", "tesseract_lang", "tesseract_psm"]}
     assert got["teacher"] == {"concepts": ["teacher", "teacher_batch_size"]}   # fields it reads
     assert "decode" not in got["embed"]["embed"] and "decode_threads" not in got["embed"]["embed"]
     assert "build_threads" not in got["hpm"]["hpm"] and "k" in got["hpm"]["hpm"]
