@@ -434,3 +434,78 @@ CLONES void at_or_above_kth(const int64_t *r, const float *v, int64_t e, int64_t
             keep[i] = (v[i] != v[i] ? -INFINITY : v[i]) >= t;
     }
 }
+
+/* Findings.add's selection of a block's candidate pairs in one pass (units.py; runs of equal r,
+ * r ascending), the torch path's results:
+ * - kept: the pairs above a floor (s[f][i] > floor[f] for a present similarity f), with
+ *   max_pairs > 0 only those whose best similarity (NaN as -inf) is at least their run's
+ *   max_pairs-th largest; cut[r] counts the others;
+ * - top, v: Alg. 1's positives (v = s_ii * s_tt > 0, s_ii > tau_i, s_tt > tau_t, both at most
+ *   dup where has_dup), with v at least their run's k-th largest; support[r] counts every
+ *   positive.
+ * Every compare in fp32, as torch's with a Python scalar. out[0], out[1]: kept's and top's
+ * lengths. Returns -1; where r descends or leaves 0..n-1, where it does so (nothing written:
+ * the caller checks, then runs torch's). scratch, held: room for e floats each. */
+CLONES int64_t block_findings(const int64_t *r, int64_t e, int64_t n, const float *const *s,
+                              const float *floor, int64_t max_pairs, float tau_i, float tau_t,
+                              float dup, int64_t has_dup, int64_t k, int64_t *support,
+                              int64_t *cut, int64_t *kept, int64_t *top, float *v,
+                              float *scratch, float *held, int64_t *out) {
+    for (int64_t i = 1; i < e; i++)
+        if (r[i] < r[i - 1])
+            return i;
+    if (e && (r[0] < 0 || r[e - 1] >= n))
+        return r[0] < 0 ? 0 : e - 1;
+    int64_t nk = 0, nt = 0;
+    for (int64_t a = 0, b; a < e; a = b) {
+        for (b = a + 1; b < e && r[b] == r[a]; b++)
+            ;
+        const int64_t k0 = nk, t0 = nt;
+        for (int64_t i = a; i < b; i++) {
+            int any = 0;
+            float best = -INFINITY;
+            for (int f = 0; f < 5; f++) {
+                if (!s[f])
+                    continue;
+                const float x = s[f][i];
+                any |= x > floor[f];
+                if (x > best)                   /* NaN never is: as -inf */
+                    best = x;
+            }
+            if (any) {
+                held[nk - k0] = best;
+                kept[nk++] = i;
+            }
+            const float x = s[0][i], y = s[1][i], p = x * y;
+            if (x > tau_i && y > tau_t && p > 0 && (!has_dup || (x <= dup && y <= dup))) {
+                v[nt] = p;
+                top[nt++] = i;
+            }
+        }
+        support[r[a]] += nt - t0;
+        if (max_pairs > 0 && nk - k0 > max_pairs) {
+            memcpy(scratch, held, (size_t)(nk - k0) * sizeof(float));
+            const float t = kth_largest(scratch, nk - k0, max_pairs - 1);
+            int64_t w = k0;
+            for (int64_t i = k0; i < nk; i++)
+                if (held[i - k0] >= t)
+                    kept[w++] = kept[i];
+            cut[r[a]] += nk - w;
+            nk = w;
+        }
+        if (nt - t0 > k) {
+            memcpy(scratch, v + t0, (size_t)(nt - t0) * sizeof(float));
+            const float t = kth_largest(scratch, nt - t0, k - 1);
+            int64_t w = t0;
+            for (int64_t i = t0; i < nt; i++)
+                if (v[i] >= t) {
+                    v[w] = v[i];
+                    top[w++] = top[i];
+                }
+            nt = w;
+        }
+    }
+    out[0] = nk;
+    out[1] = nt;
+    return -1;
+}

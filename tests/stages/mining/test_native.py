@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from vlcurate.stages.mining import hpm, native
-from vlcurate.stages.mining.engine import core, passes, screen, topk
+from vlcurate.stages.mining.engine import core, passes, screen, topk, units
+from vlcurate.stages.mining.engine.pairs import _pairs as pairs_of
 from vlcurate.stages.mining.int8 import kernels, q8
 from vlcurate.stages.mining.int8 import routing as i8routing
 
@@ -344,6 +345,62 @@ def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
     assert (got[0][1::2] == -1).all() and (got[0][::2, :min(k, per_row)] >= 0).all()
     s[3] = np.nan
     assert native.row_best(*(torch.from_numpy(x) for x in (r, j, s)), n, k) is None
+
+
+def _block(rng, n: int, cross: bool) -> tuple:
+    """A block's candidates: rows ascending in runs (some long, some rows absent), similarities
+    on few levels (ties), with NaN, -0, 0 and values at the floors, taus and dup."""
+    r = np.sort(rng.choice(n, 4000) // 1)
+    r[:900] = r[0]                                              # one long run
+    levels = np.array([np.nan, -0.0, 0.0, -0.5, 0.3, 0.5, 0.6, 0.9, 0.95, 0.98, 0.99, 1.0],
+                      np.float32)
+    names = core.SIMS if cross else ("sii", "stt")
+    val = {f: torch.from_numpy(levels[rng.integers(0, len(levels), len(r))]) for f in names}
+    if cross:
+        val["xtt"][::3] = np.nan
+    return torch.from_numpy(r.astype(np.int64)), torch.from_numpy(rng.integers(0, 10**6, len(r))), \
+        val
+
+
+@built
+@pytest.mark.parametrize("k, max_pairs, dup, cross", [(5, None, 0.98, False), (1, 3, None, True),
+                                                      (50, 40, 0.98, True), (7, 1, 0.95, False)])
+def test_c_block_findings_equal_torch_s_selection(k, max_pairs, dup, cross):
+    """Findings.add in C (native.block_findings) and in torch, over three blocks: the same
+    pairs above the floors, in the same order, with the same values (NaN where a similarity is
+    absent), the same cut, support and held top-k; rows not ascending go to torch's."""
+    rng = np.random.default_rng(k)
+    n = 300
+    p = core.PassParams(k=k, tau_i=0.5, tau_t=0.3, dup=dup, floor_i=0.9, floor_t=0.95,
+                        floor_x=0.6 if cross else 2.0, max_pairs=max_pairs)
+    blocks = [_block(rng, n, cross) for _ in range(3)]
+    got = {}
+    for on in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not on:
+                mp.setattr(native, "block_findings", lambda *a: None)
+            acc = units.Findings(n, p, "cpu")
+            for b in blocks:
+                acc.add(*b)
+            got[on] = (pairs_of(acc.found), acc.best.unsorted(), acc.support, acc.cut)
+    (pa, ta, sa, ca), (pb, tb, sb, cb) = got[True], got[False]
+    assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
+    assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
+    np.testing.assert_array_equal(ca, cb)
+    assert len(pa["q"]) and len(ta[0]) and int(sa.sum()) > len(ta[0])
+    if max_pairs is not None:
+        assert ca.sum() > 0
+    r, _, val = blocks[0]
+    acc = units.Findings(n, p, "cpu")
+    assert native.block_findings(r, val, acc.floors, p, acc.support, acc.cut) is not None
+    assert native.block_findings(r.flip(0), val, acc.floors, p, acc.support, acc.cut) is None
+    with pytest.raises(IndexError):
+        native.block_findings(r + n, val, acc.floors, p, acc.support, acc.cut)
+
+
+def _same(x, y) -> bool:
+    x, y = (np.asarray(v) for v in (x, y))
+    return x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
 @built
