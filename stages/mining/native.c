@@ -415,6 +415,30 @@ static float kth_largest(float *v, int64_t n, int64_t k) {
     return v[lo];
 }
 
+#define SAMPLE 128
+
+/* kth_largest of v[0..n) (k < n, no NaN) with v unchanged, scratch: room for n floats. Where n
+ * is well over k, a sample's value first keeps ~2 (k + 1) of them (branch-free), which hold
+ * the k-th largest when at least k + 1 are kept; else all are searched. The same value either
+ * way (an order statistic), in ~1/3 of the time for runs of ~1,400 and k = 100. */
+static float kth_of(const float *v, int64_t n, int64_t k, float *scratch) {
+    if (n >= 8 * (k + 1) && n >= 4 * SAMPLE) {
+        const int64_t step = n / SAMPLE, j = 2 * (k + 1) * SAMPLE / n;
+        for (int64_t i = 0; i < SAMPLE; i++)
+            scratch[i] = v[i * step];
+        const float t = kth_largest(scratch, SAMPLE, j);
+        int64_t c = 0;
+        for (int64_t i = 0; i < n; i++) {
+            scratch[c] = v[i];
+            c += v[i] >= t;
+        }
+        if (c > k)
+            return kth_largest(scratch, c, k);
+    }
+    memcpy(scratch, v, (size_t)n * sizeof(float));
+    return kth_largest(scratch, n, k);
+}
+
 /* keep[i] = 1 where v[i] is at least the k-th largest value of its run (a run: consecutive
  * entries of equal r; every entry of a run of at most k), NaN as -inf: topk.at_or_above_kth's
  * mask (k >= 1). scratch: room for the longest run's values. */
@@ -456,52 +480,56 @@ CLONES int64_t block_findings(const int64_t *r, int64_t e, int64_t n, const floa
             return i;
     if (e && (r[0] < 0 || r[e - 1] >= n))
         return r[0] < 0 ? 0 : e - 1;
+    const float *ps[5];
+    float pf[5];
+    int nf = 0;
+    for (int f = 0; f < 5; f++)
+        if (s[f]) {
+            ps[nf] = s[f];
+            pf[nf++] = floor[f];
+        }
+    const float *si = s[0], *st = s[1];
     int64_t nk = 0, nt = 0;
     for (int64_t a = 0, b; a < e; a = b) {
         for (b = a + 1; b < e && r[b] == r[a]; b++)
             ;
         const int64_t k0 = nk, t0 = nt;
-        for (int64_t i = a; i < b; i++) {
+        for (int64_t i = a; i < b; i++) {          /* branch-free: written, then counted */
             int any = 0;
             float best = -INFINITY;
-            for (int f = 0; f < 5; f++) {
-                if (!s[f])
-                    continue;
-                const float x = s[f][i];
-                any |= x > floor[f];
-                if (x > best)                   /* NaN never is: as -inf */
-                    best = x;
+            for (int f = 0; f < nf; f++) {
+                const float x = ps[f][i];
+                any |= x > pf[f];
+                best = x > best ? x : best;         /* NaN never is: as -inf */
             }
-            if (any) {
-                held[nk - k0] = best;
-                kept[nk++] = i;
-            }
-            const float x = s[0][i], y = s[1][i], p = x * y;
-            if (x > tau_i && y > tau_t && p > 0 && (!has_dup || (x <= dup && y <= dup))) {
-                v[nt] = p;
-                top[nt++] = i;
-            }
+            held[nk - k0] = best;
+            kept[nk] = i;
+            nk += any;
+            const float x = si[i], y = st[i], p = x * y;
+            v[nt] = p;
+            top[nt] = i;
+            nt += (x > tau_i) & (y > tau_t) & (p > 0) & (!has_dup | ((x <= dup) & (y <= dup)));
         }
         support[r[a]] += nt - t0;
         if (max_pairs > 0 && nk - k0 > max_pairs) {
-            memcpy(scratch, held, (size_t)(nk - k0) * sizeof(float));
-            const float t = kth_largest(scratch, nk - k0, max_pairs - 1);
+            const float t = kth_of(held, nk - k0, max_pairs - 1, scratch);
             int64_t w = k0;
-            for (int64_t i = k0; i < nk; i++)
-                if (held[i - k0] >= t)
-                    kept[w++] = kept[i];
+            for (int64_t i = k0; i < nk; i++) {
+                kept[w] = kept[i];
+                w += held[i - k0] >= t;
+            }
             cut[r[a]] += nk - w;
             nk = w;
         }
         if (nt - t0 > k) {
-            memcpy(scratch, v + t0, (size_t)(nt - t0) * sizeof(float));
-            const float t = kth_largest(scratch, nt - t0, k - 1);
+            const float t = kth_of(v + t0, nt - t0, k - 1, scratch);
             int64_t w = t0;
-            for (int64_t i = t0; i < nt; i++)
-                if (v[i] >= t) {
-                    v[w] = v[i];
-                    top[w++] = top[i];
-                }
+            for (int64_t i = t0; i < nt; i++) {
+                const float x = v[i];
+                v[w] = x;
+                top[w] = top[i];
+                w += x >= t;
+            }
             nt = w;
         }
     }

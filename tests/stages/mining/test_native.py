@@ -362,18 +362,29 @@ def _block(rng, n: int, cross: bool) -> tuple:
         val
 
 
+def _sampled(n: int, cross: bool) -> tuple:
+    """One row's run of 2,048 pairs whose every 16th (what native.c's kth_of samples) is
+    higher: the sample's threshold keeps 128, enough for k up to 127, else all are searched."""
+    hi = np.arange(2048) % 16 == 0
+    val = {"sii": np.where(hi, 0.97, 0.92), "stt": np.where(hi, 0.97, 0.6)}
+    val.update({f: np.full(2048, np.nan) for f in core.SIMS[2:] if cross})
+    return torch.full((2048,), n - 1), torch.arange(2048), \
+        {f: torch.from_numpy(v.astype(np.float32)) for f, v in val.items()}
+
+
 @built
 @pytest.mark.parametrize("k, max_pairs, dup, cross", [(5, None, 0.98, False), (1, 3, None, True),
-                                                      (50, 40, 0.98, True), (7, 1, 0.95, False)])
+                                                      (50, 40, 0.98, True), (7, 1, 0.95, False),
+                                                      (200, 150, None, False)])
 def test_c_block_findings_equal_torch_s_selection(k, max_pairs, dup, cross):
-    """Findings.add in C (native.block_findings) and in torch, over three blocks: the same
+    """Findings.add in C (native.block_findings) and in torch, over four blocks: the same
     pairs above the floors, in the same order, with the same values (NaN where a similarity is
     absent), the same cut, support and held top-k; rows not ascending go to torch's."""
     rng = np.random.default_rng(k)
     n = 300
     p = core.PassParams(k=k, tau_i=0.5, tau_t=0.3, dup=dup, floor_i=0.9, floor_t=0.95,
                         floor_x=0.6 if cross else 2.0, max_pairs=max_pairs)
-    blocks = [_block(rng, n, cross) for _ in range(3)]
+    blocks = [_block(rng, n, cross) for _ in range(3)] + [_sampled(n, cross)]
     got = {}
     for on in (True, False):
         with pytest.MonkeyPatch.context() as mp:
