@@ -439,3 +439,29 @@ def test_the_amx_int8_gemm_gives_torch_s_integers(n, m, d):
     want = a.long() @ b.long().T
     assert got.dtype == torch.int32 and torch.equal(got.long(), want)
     assert torch.equal(q8.int_mm(a, b), got)
+
+
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX (or no C compiler) here: torch's argmax")
+@pytest.mark.parametrize("n, m, d", [(1, 1, 64), (15, 33, 128), (17, 3906, 64), (9000, 50, 64),
+                                     (5, 7, 40)])
+def test_the_amx_argmax_is_torch_s_argmax_of_the_sums(n, m, d):
+    """kernels.int_argmax (the sums reduced in the tiles' output, rows over threads) against
+    torch.argmax of the exact sums: ties (repeated columns: the first wins), rows whose every
+    sum is negative (a panel's zero padding must not win), row and column tails; None where d
+    is not a multiple of 64; the layout's nearest the same either way."""
+    rng = np.random.default_rng(n + m + d)
+    a, b = (torch.from_numpy(rng.integers(-128, 128, (k, d), dtype=np.int8)) for k in (n, m))
+    b[m // 2], a[0], b[-1] = b[m // 3], 1, -1     # a tie; row 0 x the last column: -d (m = 1:
+                                                  # its only sum, negative)
+    got = kernels.int_argmax(a, b)
+    if d % 64:
+        assert got is None
+        return
+    assert torch.equal(got, torch.argmax(a.long() @ b.long().T, 1))
+    x = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32))
+    cent = torch.nn.functional.normalize(torch.from_numpy(
+        rng.standard_normal((m, d)).astype(np.float32)), dim=1)
+    with pytest.MonkeyPatch.context() as mp:
+        want = i8routing.nearest(x, cent)
+        mp.setattr(kernels, "USE_AMX", False)
+        assert torch.equal(i8routing.nearest(x, cent), want)
