@@ -569,3 +569,16 @@ CLONES int64_t block_findings(const int64_t *r, int64_t e, int64_t n, const floa
     out[1] = nt;
     return -1;
 }
+
+/* sums[lab[i]] += (double)x[i] for i = 0 .. n - 1 in order (x: n rows of d floats, ld apart;
+ * sums: rows of d doubles): the layout's member sums, each element's additions in row order,
+ * as torch's index_add_ of the rows in float64 makes them. */
+CLONES void add_rows(const float *x, int64_t ld, const int64_t *lab, int64_t n, int64_t d,
+                     double *sums) {
+    for (int64_t i = 0; i < n; i++) {
+        double *s = sums + lab[i] * d;
+        const float *xi = x + i * ld;
+        for (int64_t k = 0; k < d; k++)
+            s[k] += (double)xi[k];
+    }
+}

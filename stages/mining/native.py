@@ -18,6 +18,9 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
 * ``block_findings``: engine.units.Findings.add's selection of a block's candidate pairs (the
   floors and the per-row cap, Alg. 1's positives, their support and each row's best k) in one
   pass over them, instead of ~20 torch operations over every candidate.
+* ``add_rows``: the layout's member sums (float64, each element's additions in row order, as
+  torch's index_add_ makes them), one loop instead of a few hundred torch calls per chunk (on a
+  loaded machine each 2-thread call could stall for milliseconds).
 * ``row_best``: the merged top-k of a chunk's targets (engine.topk.Best.dense): a counting sort by
   row, then a sort within each row, instead of sorting every entry; ``stable_order``: the
   (query, cluster) entries by cluster (engine.passes.by_cluster), a counting sort.
@@ -94,6 +97,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.block_findings.argtypes = [_P, _I, _I, _P, _P, _I, _F, _F, _F, _I, _I, _P, _P, _P, _P,
                                    _P, _P, _P, _P]
     lib.block_findings.restype = _I
+    lib.add_rows.argtypes = [_P, _I, _P, _I, _I, _P]
 
 
 def _built(source: Path) -> Path:
@@ -356,3 +360,19 @@ def _host_findings(r: torch.Tensor, val: dict, p, support: torch.Tensor, cut: np
         and (p.max_pairs is None or p.max_pairs >= 1) and support.dtype == torch.int64 \
         and support.is_contiguous() and cut.dtype == np.int64 and cut.flags.c_contiguous \
         and all(v.dtype == torch.float32 and v.device.type == "cpu" for v in val.values())
+
+
+def add_rows(x: torch.Tensor, lab: torch.Tensor, sums: torch.Tensor) -> bool:
+    """sums.index_add_(0, lab, x.double()) in C, row by row in order (the same sums); False
+    (nothing added) without the library, off the host, or with other dtypes or layouts."""
+    lib = library()
+    if lib is None or any(t.device.type != "cpu" for t in (x, lab, sums)) or \
+            x.dtype != torch.float32 or lab.dtype != torch.int64 or sums.dtype != torch.float64 \
+            or x.dim() != 2 or x.stride(1) != 1 or not lab.is_contiguous() or \
+            not sums.is_contiguous() or sums.dim() != 2 or sums.shape[1] != x.shape[1] or \
+            len(lab) != len(x):
+        return False
+    if len(lab) and (int(lab.min()) < 0 or int(lab.max()) >= len(sums)):
+        raise IndexError(f"add_rows: rows outside 0..{len(sums) - 1}")
+    lib.add_rows(x.data_ptr(), x.stride(0), lab.data_ptr(), len(x), x.shape[1], sums.data_ptr())
+    return True

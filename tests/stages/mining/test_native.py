@@ -175,6 +175,7 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
         "route_columns" if precision == "int8" else "top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
+    assert calls.get("block_findings") and calls.get("add_rows"), calls  # units, the layout
     # int8 GEMMs with their screen in C (VNNI): the joint blocks' without cross-modal vectors,
     # the one-space blocks' always; else torch's GEMMs, then the C screen
     vnni = precision == "int8" and kernels.vnni()
@@ -465,3 +466,29 @@ def test_the_amx_argmax_is_torch_s_argmax_of_the_sums(n, m, d):
         want = i8routing.nearest(x, cent)
         mp.setattr(kernels, "USE_AMX", False)
         assert torch.equal(i8routing.nearest(x, cent), want)
+
+
+@built
+def test_c_member_sums_are_torch_s_index_add_bit_for_bit():
+    """native.add_rows against index_add_ in float64 (the layout's member sums): values over 60
+    decades (order matters: each element's additions in row order), one and two torch threads,
+    a strided view; rows out of range refused."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((6000, 80)) * 10.0 ** rng.integers(-30, 30, (6000, 80)))
+    x = torch.from_numpy(x.astype(np.float32))
+    lab = torch.from_numpy(rng.integers(0, 3, len(x)))
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            want = torch.zeros((3, 80), dtype=torch.float64).index_add_(0, lab, x.double())
+            got = torch.zeros((3, 80), dtype=torch.float64)
+            assert native.add_rows(x, lab, got) and _same(got, want)
+    finally:
+        torch.set_num_threads(threads)
+    wide = torch.stack([x, x], 1)[:, 0]                 # rows 160 floats apart
+    got = torch.zeros((3, 80), dtype=torch.float64)
+    assert native.add_rows(wide, lab, got) and _same(got, want)
+    with pytest.raises(IndexError):
+        native.add_rows(x, lab + 1, torch.zeros((3, 80), dtype=torch.float64))
+    assert not native.add_rows(x.double(), lab, got)
