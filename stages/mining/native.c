@@ -354,6 +354,38 @@ static void rank(entry *v, int64_t n) {
     }
 }
 
+/* v[0..n)'s first k sorted by ``before``, the others after them in no order: rank's partitions,
+ * each side searched only where it holds some of the first k (a row's best k of ~200: ~1/2 of
+ * sorting them all). */
+static void rank_top(entry *v, int64_t n, int64_t k) {
+    while (n > 24 && k < n) {
+        const entry p = v[n / 2];
+        int64_t i = 0, j = n - 1;
+        while (i <= j) {
+            while (before(v[i], p))
+                i++;
+            while (before(p, v[j]))
+                j--;
+            if (i <= j) {
+                const entry t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (k <= j + 1) {            /* the first k all within v[0..j] */
+            n = j + 1;
+            continue;
+        }
+        rank(v, j + 1);              /* v[j + 1..i) are p, in place */
+        if (k <= i)
+            return;
+        v += i;
+        n -= i;
+        k -= i;
+    }
+    rank(v, n);
+}
+
 /* Each row's k best of e entries (row r[i] < n, global row j[i], score s[i]; (r, j) pairs
  * distinct): best score first, equal scores by ascending j, into idx [n, k] (-1 padded) and
  * score [n, k] (0 padded). Returns -1, or the first entry with a NaN score (nothing written).
@@ -369,7 +401,7 @@ CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int6
         by_row[i] = (entry){s[order[i]], j[order[i]]};
     for (int64_t x = 0; x < n; x++) {
         const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
-        rank(by_row + a, len);
+        rank_top(by_row + a, len, k);
         const int64_t m = len < k ? len : k;
         int64_t *ix = idx + x * k;
         float *sx = score + x * k;
@@ -415,6 +447,30 @@ static float kth_largest(float *v, int64_t n, int64_t k) {
     return v[lo];
 }
 
+#define SAMPLE 128
+
+/* kth_largest of v[0..n) (k < n, no NaN) with v unchanged, scratch: room for n floats. Where n
+ * is well over k, a sample's value first keeps ~2 (k + 1) of them (branch-free), which hold
+ * the k-th largest when at least k + 1 are kept; else all are searched. The same value either
+ * way (an order statistic), in ~1/3 of the time for runs of ~1,400 and k = 100. */
+static float kth_of(const float *v, int64_t n, int64_t k, float *scratch) {
+    if (n >= 8 * (k + 1) && n >= 4 * SAMPLE) {
+        const int64_t step = n / SAMPLE, j = 2 * (k + 1) * SAMPLE / n;
+        for (int64_t i = 0; i < SAMPLE; i++)
+            scratch[i] = v[i * step];
+        const float t = kth_largest(scratch, SAMPLE, j);
+        int64_t c = 0;
+        for (int64_t i = 0; i < n; i++) {
+            scratch[c] = v[i];
+            c += v[i] >= t;
+        }
+        if (c > k)
+            return kth_largest(scratch, c, k);
+    }
+    memcpy(scratch, v, (size_t)n * sizeof(float));
+    return kth_largest(scratch, n, k);
+}
+
 /* keep[i] = 1 where v[i] is at least the k-th largest value of its run (a run: consecutive
  * entries of equal r; every entry of a run of at most k), NaN as -inf: topk.at_or_above_kth's
  * mask (k >= 1). scratch: room for the longest run's values. */
@@ -432,5 +488,97 @@ CLONES void at_or_above_kth(const int64_t *r, const float *v, int64_t e, int64_t
         const float t = kth_largest(scratch, b - a, k - 1);
         for (int64_t i = a; i < b; i++)
             keep[i] = (v[i] != v[i] ? -INFINITY : v[i]) >= t;
+    }
+}
+
+/* Findings.add's selection of a block's candidate pairs in one pass (units.py; runs of equal r,
+ * r ascending), the torch path's results:
+ * - kept: the pairs above a floor (s[f][i] > floor[f] for a present similarity f), with
+ *   max_pairs > 0 only those whose best similarity (NaN as -inf) is at least their run's
+ *   max_pairs-th largest; cut[r] counts the others;
+ * - top, v: Alg. 1's positives (v = s_ii * s_tt > 0, s_ii > tau_i, s_tt > tau_t, both at most
+ *   dup where has_dup), with v at least their run's k-th largest; support[r] counts every
+ *   positive.
+ * Every compare in fp32, as torch's with a Python scalar. out[0], out[1]: kept's and top's
+ * lengths. Returns -1; where r descends or leaves 0..n-1, where it does so (nothing written:
+ * the caller checks, then runs torch's). scratch, held: room for e floats each. */
+CLONES int64_t block_findings(const int64_t *r, int64_t e, int64_t n, const float *const *s,
+                              const float *floor, int64_t max_pairs, float tau_i, float tau_t,
+                              float dup, int64_t has_dup, int64_t k, int64_t *support,
+                              int64_t *cut, int64_t *kept, int64_t *top, float *v,
+                              float *scratch, float *held, int64_t *out) {
+    for (int64_t i = 1; i < e; i++)
+        if (r[i] < r[i - 1])
+            return i;
+    if (e && (r[0] < 0 || r[e - 1] >= n))
+        return r[0] < 0 ? 0 : e - 1;
+    const float *ps[5];
+    float pf[5];
+    int nf = 0;
+    for (int f = 0; f < 5; f++)
+        if (s[f]) {
+            ps[nf] = s[f];
+            pf[nf++] = floor[f];
+        }
+    const float *si = s[0], *st = s[1];
+    int64_t nk = 0, nt = 0;
+    for (int64_t a = 0, b; a < e; a = b) {
+        for (b = a + 1; b < e && r[b] == r[a]; b++)
+            ;
+        const int64_t k0 = nk, t0 = nt;
+        for (int64_t i = a; i < b; i++) {          /* branch-free: written, then counted */
+            int any = 0;
+            float best = -INFINITY;
+            for (int f = 0; f < nf; f++) {
+                const float x = ps[f][i];
+                any |= x > pf[f];
+                best = x > best ? x : best;         /* NaN never is: as -inf */
+            }
+            held[nk - k0] = best;
+            kept[nk] = i;
+            nk += any;
+            const float x = si[i], y = st[i], p = x * y;
+            v[nt] = p;
+            top[nt] = i;
+            nt += (x > tau_i) & (y > tau_t) & (p > 0) & (!has_dup | ((x <= dup) & (y <= dup)));
+        }
+        support[r[a]] += nt - t0;
+        if (max_pairs > 0 && nk - k0 > max_pairs) {
+            const float t = kth_of(held, nk - k0, max_pairs - 1, scratch);
+            int64_t w = k0;
+            for (int64_t i = k0; i < nk; i++) {
+                kept[w] = kept[i];
+                w += held[i - k0] >= t;
+            }
+            cut[r[a]] += nk - w;
+            nk = w;
+        }
+        if (nt - t0 > k) {
+            const float t = kth_of(v + t0, nt - t0, k - 1, scratch);
+            int64_t w = t0;
+            for (int64_t i = t0; i < nt; i++) {
+                const float x = v[i];
+                v[w] = x;
+                top[w] = top[i];
+                w += x >= t;
+            }
+            nt = w;
+        }
+    }
+    out[0] = nk;
+    out[1] = nt;
+    return -1;
+}
+
+/* sums[lab[i]] += (double)x[i] for i = 0 .. n - 1 in order (x: n rows of d floats, ld apart;
+ * sums: rows of d doubles): the layout's member sums, each element's additions in row order,
+ * as torch's index_add_ of the rows in float64 makes them. */
+CLONES void add_rows(const float *x, int64_t ld, const int64_t *lab, int64_t n, int64_t d,
+                     double *sums) {
+    for (int64_t i = 0; i < n; i++) {
+        double *s = sums + lab[i] * d;
+        const float *xi = x + i * ld;
+        for (int64_t k = 0; k < d; k++)
+            s[k] += (double)xi[k];
     }
 }

@@ -15,6 +15,12 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
   forms int8 routing's scores from the GEMM's integer sums row by row, as torch would, and
   selects the same way: no [n, C] float copy (1 thread, 1,073 x 3,906: ~6 ms against ~25
   for torch's scores and NaN scan plus the former C selection, ~66 for torch's top-k).
+* ``block_findings``: engine.units.Findings.add's selection of a block's candidate pairs (the
+  floors and the per-row cap, Alg. 1's positives, their support and each row's best k) in one
+  pass over them, instead of ~20 torch operations over every candidate.
+* ``add_rows``: the layout's member sums (float64, each element's additions in row order, as
+  torch's index_add_ makes them), one loop instead of a few hundred torch calls per chunk (on a
+  loaded machine each 2-thread call could stall for milliseconds).
 * ``row_best``: the merged top-k of a chunk's targets (engine.topk.Best.dense): a counting sort by
   row, then a sort within each row, instead of sorting every entry; ``stable_order``: the
   (query, cluster) entries by cluster (engine.passes.by_cluster), a counting sort.
@@ -87,6 +93,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
     lib.row_best.restype = _I
     lib.at_or_above_kth.argtypes = [_P, _P, _I, _I, _P, _P]
+    _F = ctypes.c_float
+    lib.block_findings.argtypes = [_P, _I, _I, _P, _P, _I, _F, _F, _F, _I, _I, _P, _P, _P, _P,
+                                   _P, _P, _P, _P]
+    lib.block_findings.restype = _I
+    lib.add_rows.argtypes = [_P, _I, _P, _I, _I, _P]
 
 
 def _built(source: Path) -> Path:
@@ -302,3 +313,66 @@ def at_or_above_kth(r: torch.Tensor, v: torch.Tensor, k: int) -> Optional[torch.
     lib.at_or_above_kth(r.ctypes.data, v.ctypes.data, len(r), k, keep.ctypes.data,
                         scratch.ctypes.data)
     return torch.from_numpy(keep)
+
+
+def block_findings(r: torch.Tensor, val: dict, floors: dict, p, support: torch.Tensor,
+                   cut: np.ndarray) -> Optional[tuple]:
+    """Findings.add's selection in C (native.c): of the block's candidate pairs (rows r, r
+    ascending; val: SIMS' similarities present, fp32), the indices of those kept above the
+    floors (with p.max_pairs, cut to each row's best max_pairs by their best similarity) and
+    of the positives among each row's best p.k, with their scores; support and cut counted in
+    place. The same pairs in the same order as the torch path. None without the library, on a
+    GPU, or with r not ascending or values not fp32 (the caller runs torch's)."""
+    lib = library()
+    if lib is None or not _host_findings(r, val, p, support, cut):
+        return None
+    from .engine.core import SIMS
+    r = r.contiguous()
+    sims = [val[f].contiguous() if f in val else None for f in SIMS]
+    if any(x is not None and len(x) != len(r) for x in sims) or sims[0] is None \
+            or sims[1] is None:
+        raise ValueError("block_findings: similarities of other lengths than the rows")
+    mp = 0 if p.max_pairs is None else p.max_pairs
+    ptrs = (ctypes.c_void_p * 5)(*(None if x is None else x.data_ptr() for x in sims))
+    fl = np.array([floors[f] for f in SIMS], np.float32)
+    e = len(r)
+    kept, top = np.empty(e, np.int64), np.empty(e, np.int64)
+    v, scratch, held = (np.empty(e, np.float32) for _ in range(3))
+    out = np.zeros(2, np.int64)
+    dup = math.nan if p.dup is None else p.dup
+    stop = lib.block_findings(r.data_ptr(), e, len(support), ptrs, fl.ctypes.data, mp, p.tau_i,
+                              p.tau_t, dup, p.dup is not None, p.k, support.data_ptr(),
+                              cut.ctypes.data, kept.ctypes.data, top.ctypes.data, v.ctypes.data,
+                              scratch.ctypes.data, held.ctypes.data, out.ctypes.data)
+    if stop >= 0:
+        if e and (int(r.min()) < 0 or int(r.max()) >= len(support)):
+            raise IndexError(f"block_findings: rows outside 0..{len(support) - 1}")
+        return None
+    nk, nt = (int(x) for x in out)
+    return (torch.from_numpy(kept[:nk]), torch.from_numpy(top[:nt]),
+            torch.from_numpy(v[:nt]))
+
+
+def _host_findings(r: torch.Tensor, val: dict, p, support: torch.Tensor, cut: np.ndarray) -> bool:
+    """Whether block_findings' C loop reads these as they are: host int64 rows, fp32 values,
+    int64 counts in place, k and max_pairs at least 1."""
+    return r.device.type == "cpu" and r.dtype == torch.int64 and p.k >= 1 \
+        and (p.max_pairs is None or p.max_pairs >= 1) and support.dtype == torch.int64 \
+        and support.is_contiguous() and cut.dtype == np.int64 and cut.flags.c_contiguous \
+        and all(v.dtype == torch.float32 and v.device.type == "cpu" for v in val.values())
+
+
+def add_rows(x: torch.Tensor, lab: torch.Tensor, sums: torch.Tensor) -> bool:
+    """sums.index_add_(0, lab, x.double()) in C, row by row in order (the same sums); False
+    (nothing added) without the library, off the host, or with other dtypes or layouts."""
+    lib = library()
+    if lib is None or any(t.device.type != "cpu" for t in (x, lab, sums)) or \
+            x.dtype != torch.float32 or lab.dtype != torch.int64 or sums.dtype != torch.float64 \
+            or x.dim() != 2 or x.stride(1) != 1 or not lab.is_contiguous() or \
+            not sums.is_contiguous() or sums.dim() != 2 or sums.shape[1] != x.shape[1] or \
+            len(lab) != len(x):
+        return False
+    if len(lab) and (int(lab.min()) < 0 or int(lab.max()) >= len(sums)):
+        raise IndexError(f"add_rows: rows outside 0..{len(sums) - 1}")
+    lib.add_rows(x.data_ptr(), x.stride(0), lab.data_ptr(), len(x), x.shape[1], sums.data_ptr())
+    return True

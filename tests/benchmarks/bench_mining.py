@@ -632,8 +632,9 @@ def positive_pairs(r, mined: np.ndarray, qs: np.ndarray, rule) -> set:
 def host_kernels(on: bool) -> None:
     """The host's fast kernels on (the defaults) or off: AMX's count by range
     (Precision.space_count), AMX's block screen (kernels.USE_AMX) and the C cut to each row's
-    k-th value (native.at_or_above_kth); off, the paths they replace, which run where a host
-    has none of them (count cluster by cluster, VNNI's screen, torch's dense top-k)."""
+    k-th value (native.at_or_above_kth) and Findings.add's selection in C
+    (native.block_findings); off, the paths they replace, which run where a host has none of
+    them (count cluster by cluster, VNNI's screen, torch's dense top-k, torch's selection)."""
     from vlcurate.stages.mining import native
     from vlcurate.stages.mining.int8 import kernels
     from vlcurate.stages.mining.int8.precision import Int8
@@ -645,7 +646,8 @@ def host_kernels(on: bool) -> None:
 
 def _kernels(Int8, kernels, native):
     return [(Int8, "space_count", lambda *a: None), (kernels, "USE_AMX", False),
-            (native, "at_or_above_kth", lambda *a: None)]
+            (native, "at_or_above_kth", lambda *a: None),
+            (native, "block_findings", lambda *a: None)]
 
 
 def compare_kernels(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .. import native
 from ..hpm import as_tensor
 from .core import PassParams, _rows, cache_rows
 from .precision import Precision, get
@@ -217,6 +218,8 @@ def build_layout(img, txt, p: PassParams, device: str = "cpu") -> Layout:
         sums = torch.zeros(cent.fine.shape, dtype=torch.float64, device=device)
         for a, x in _chunks(img, txt, device):            # assignment and member sums: one read
             lab[a:a + len(x)] = cent.nearest(x)
+            if native.add_rows(x, lab[a:a + len(x)], sums):   # in C: the same sums
+                continue
             for b, xb in _pieces(x):                      # rows in order: the same sums
                 sums.index_add_(0, lab[a + b:a + b + len(xb)], xb.double())
         labt, lab = lab, lab.cpu().numpy()

@@ -4,14 +4,16 @@ precision (screen.py), its pairs kept with exact similarities (``Findings``: the
 support and the candidate pairs above the floors)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .. import native
 from ..hpm import positive_scores
 from . import screen
-from .core import COMPACT_SLACK, NAMES, PassParams, Vectors, _rows, _take, _whole, no_pairs
+from .core import COMPACT_SLACK, NAMES, SIMS, PassParams, Vectors, _rows, _take, _whole, no_pairs
 from .layout import Layout
 from .pairs import _above_floors, _cap, _on, _pairs
 from .precision import get
@@ -182,17 +184,36 @@ class Findings:
         self.held, self.cut = 0, np.zeros(n, np.int64)
 
     def add(self, r: torch.Tensor, member: torch.Tensor, val: dict) -> None:
-        """A block's candidate pairs: rows r, members' global rows, exact similarities."""
+        """A block's candidate pairs: rows r, members' global rows, exact similarities (one
+        pass in C on a CPU, native.block_findings: the same pairs in the same order)."""
+        got = native.block_findings(r, val, self.floors, self.p, self.support, self.cut)
+        if got is None:
+            new, top = self._select(r, member, val)
+        else:
+            kept, at, v = got
+            nan = torch.full((len(kept),), math.nan, device=r.device)
+            new = [(r[kept], member[kept], *(val[f][kept] if f in val else nan for f in SIMS))
+                   ] if len(kept) else []
+            top = (r[at], member[at], v)
+        self._hold(new)
+        self.best.add(*top)
+
+    def _select(self, r: torch.Tensor, member: torch.Tensor, val: dict) -> tuple:
+        """block_findings in torch: (the pairs kept above the floors, the positives among
+        each row's best k), support counted."""
         p = self.p
         new = _above_floors(val, self.floors, r, member, p.max_pairs, self.cut)
+        ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
+        r, member, v = _taken(ok, r, member, v)
+        self.support += torch.bincount(r, minlength=len(self.support))
+        return new, _taken(at_or_above_kth(r, v, p.k), r, member, v)
+
+    def _hold(self, new: list) -> None:
+        p = self.p
         self.found, self.held = self.found + new, self.held + sum(len(x[0]) for x in new)
         if p.max_pairs is not None and self.held > 2 * len(self.cut) * p.max_pairs + COMPACT_SLACK:
             capped = _cap(_pairs(self.found), p.max_pairs, self.cut)
             self.found, self.held = [_on(capped, self.device)], len(capped["q"])
-        ok, v = positive_scores(val["sii"], val["stt"], p.tau_i, p.tau_t, p.dup)
-        r, member, v = _taken(ok, r, member, v)
-        self.support += torch.bincount(r, minlength=len(self.support))
-        self.best.add(*_taken(at_or_above_kth(r, v, p.k), r, member, v))
 
     def result(self, at: np.ndarray) -> UnitResult:
         """The rows' results, row i being the chunk's target at[i] (Queries.pos)."""

@@ -6,7 +6,8 @@
  *
  * int_mm: an int8 GEMM's exact int32 sums (torch._int_mm's): ~5x its rate on one core here
  * for a block's shape (4,096 x 256 x 384), ~1.5x for routing's (32,768 x 3,906 x 768: bound by
- * writing the sums).
+ * writing the sums). int_argmax: each row's first column of the largest sum (the layout's
+ * assignment), reduced in the tiles' output: the sums are never written.
  *
  * count_hits: the exact noise count's one-space screen (engine/count.py) over a whole range of
  * sorted members in one call: queries q [nq, d] x members m[a:b] (int8, rows d bytes apart, d % 64 == 0), each
@@ -59,6 +60,7 @@ static void tiles_on(void) {
     cfg.palette = 1;
     for (int t = 0; t < 8; t++)
         cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    __asm__ volatile("" : : "r"(&cfg) : "memory");   /* GCC 12 may sink the stores past it */
     _tile_loadconfig(&cfg);
 }
 
@@ -278,6 +280,56 @@ static void int_mm_(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int6
     free(pad);
 }
 
+/* int_mm_'s sums, reduced as they are made to each row's first column of the largest sum. */
+static void int_argmax_(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int64_t d,
+                        int64_t *out) {
+    const int64_t np = (m + 15) / 16;
+    uint8_t *P = panels(b, d, m, d);
+    int32_t *s = aligned_alloc(64, 16 * 32 * sizeof(int32_t));
+    int8_t *pad = NULL;
+    if (n < 16) {
+        pad = aligned_alloc(64, (size_t)(16 * d));
+        memset(pad, 0, (size_t)(16 * d));
+        memcpy(pad, a, (size_t)(n * d));
+        a = pad;
+    }
+    const int64_t rows = n < 16 ? 16 : n;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    tiles_on();
+    for (int64_t g = 0; g < rows; g += 16) {
+        const int64_t r = g + 16 <= rows ? g : rows - 16;
+        __m512i best[16], at[16];                /* per row, lane l: columns = l mod 16 */
+        for (int i = 0; i < 16; i++)
+            best[i] = _mm512_set1_epi32(INT32_MIN), at[i] = _mm512_setzero_si512();
+        for (int64_t p = 0; p < np; p += 2) {       /* columns ascending: the first max wins */
+            row_sums(a + r * d, d, d, P + p * 16 * d, s);
+            for (int64_t h = 0; h < 2 && (p + h) * 16 < m; h++) {
+                const int64_t c0 = (p + h) * 16, left = m - c0;
+                const __mmask16 ok = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                const __m512i col = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)c0));
+                for (int i = 0; i < 16; i++) {
+                    const __m512i v = _mm512_loadu_si512(s + 32 * i + 16 * h);
+                    const __mmask16 up = _mm512_mask_cmpgt_epi32_mask(ok, v, best[i]);
+                    best[i] = _mm512_mask_mov_epi32(best[i], up, v);
+                    at[i] = _mm512_mask_mov_epi32(at[i], up, col);
+                }
+            }
+        }
+        int64_t first[16];
+        for (int i = 0; i < 16; i++) {              /* the lowest column among the lanes' max */
+            const int32_t top = _mm512_reduce_max_epi32(best[i]);
+            const __mmask16 eq = _mm512_cmpeq_epi32_mask(best[i], _mm512_set1_epi32(top));
+            first[i] = _mm512_mask_reduce_min_epi32(eq, at[i]);
+        }
+        for (int64_t i = 0; i < 16 && r + i < n; i++)
+            out[r + i] = first[i];
+    }
+    _tile_release();
+    free(P);
+    free(s);
+    free(pad);
+}
+
 #pragma GCC pop_options
 #endif
 
@@ -287,6 +339,20 @@ int64_t int_mm(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int64_t d
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
     if (d % 64 == 0 && d > 0 && n > 0 && m > 0 && has_amx()) {
         int_mm_(a, n, b, m, d, out);
+        return 0;
+    }
+#endif
+    (void)a, (void)n, (void)b, (void)m, (void)d, (void)out;
+    return -1;
+}
+
+/* out[i] = the first j of the largest sum <a[i], b[j]> (torch.argmax of int_mm's sums), the sums
+ * never stored; -1 (nothing written) where int_mm returns -1. */
+int64_t int_argmax(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int64_t d,
+                   int64_t *out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+    if (d % 64 == 0 && d > 0 && n > 0 && m > 0 && has_amx()) {
+        int_argmax_(a, n, b, m, d, out);
         return 0;
     }
 #endif

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from vlcurate.stages.mining import hpm, native
-from vlcurate.stages.mining.engine import core, passes, screen, topk
+from vlcurate.stages.mining.engine import core, passes, screen, topk, units
+from vlcurate.stages.mining.engine.pairs import _pairs as pairs_of
 from vlcurate.stages.mining.int8 import kernels, q8
 from vlcurate.stages.mining.int8 import routing as i8routing
 
@@ -174,6 +175,7 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
         "route_columns" if precision == "int8" else "top_columns"), calls
     assert bool(calls.get("route_columns")) == (precision == "int8"), calls
     assert calls.get("row_best") and calls.get("stable_order"), calls   # gather, the units
+    assert calls.get("block_findings") and calls.get("add_rows"), calls  # units, the layout
     # int8 GEMMs with their screen in C (VNNI): the joint blocks' without cross-modal vectors,
     # the one-space blocks' always; else torch's GEMMs, then the C screen
     vnni = precision == "int8" and kernels.vnni()
@@ -346,6 +348,73 @@ def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
     assert native.row_best(*(torch.from_numpy(x) for x in (r, j, s)), n, k) is None
 
 
+def _block(rng, n: int, cross: bool) -> tuple:
+    """A block's candidates: rows ascending in runs (some long, some rows absent), similarities
+    on few levels (ties), with NaN, -0, 0 and values at the floors, taus and dup."""
+    r = np.sort(rng.choice(n, 4000) // 1)
+    r[:900] = r[0]                                              # one long run
+    levels = np.array([np.nan, -0.0, 0.0, -0.5, 0.3, 0.5, 0.6, 0.9, 0.95, 0.98, 0.99, 1.0],
+                      np.float32)
+    names = core.SIMS if cross else ("sii", "stt")
+    val = {f: torch.from_numpy(levels[rng.integers(0, len(levels), len(r))]) for f in names}
+    if cross:
+        val["xtt"][::3] = np.nan
+    return torch.from_numpy(r.astype(np.int64)), torch.from_numpy(rng.integers(0, 10**6, len(r))), \
+        val
+
+
+def _sampled(n: int, cross: bool) -> tuple:
+    """One row's run of 2,048 pairs whose every 16th (what native.c's kth_of samples) is
+    higher: the sample's threshold keeps 128, enough for k up to 127, else all are searched."""
+    hi = np.arange(2048) % 16 == 0
+    val = {"sii": np.where(hi, 0.97, 0.92), "stt": np.where(hi, 0.97, 0.6)}
+    val.update({f: np.full(2048, np.nan) for f in core.SIMS[2:] if cross})
+    return torch.full((2048,), n - 1), torch.arange(2048), \
+        {f: torch.from_numpy(v.astype(np.float32)) for f, v in val.items()}
+
+
+@built
+@pytest.mark.parametrize("k, max_pairs, dup, cross", [(5, None, 0.98, False), (1, 3, None, True),
+                                                      (50, 40, 0.98, True), (7, 1, 0.95, False),
+                                                      (200, 150, None, False)])
+def test_c_block_findings_equal_torch_s_selection(k, max_pairs, dup, cross):
+    """Findings.add in C (native.block_findings) and in torch, over four blocks: the same
+    pairs above the floors, in the same order, with the same values (NaN where a similarity is
+    absent), the same cut, support and held top-k; rows not ascending go to torch's."""
+    rng = np.random.default_rng(k)
+    n = 300
+    p = core.PassParams(k=k, tau_i=0.5, tau_t=0.3, dup=dup, floor_i=0.9, floor_t=0.95,
+                        floor_x=0.6 if cross else 2.0, max_pairs=max_pairs)
+    blocks = [_block(rng, n, cross) for _ in range(3)] + [_sampled(n, cross)]
+    got = {}
+    for on in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not on:
+                mp.setattr(native, "block_findings", lambda *a: None)
+            acc = units.Findings(n, p, "cpu")
+            for b in blocks:
+                acc.add(*b)
+            got[on] = (pairs_of(acc.found), acc.best.unsorted(), acc.support, acc.cut)
+    (pa, ta, sa, ca), (pb, tb, sb, cb) = got[True], got[False]
+    assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
+    assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
+    np.testing.assert_array_equal(ca, cb)
+    assert len(pa["q"]) and len(ta[0]) and int(sa.sum()) > len(ta[0])
+    if max_pairs is not None:
+        assert ca.sum() > 0
+    r, _, val = blocks[0]
+    acc = units.Findings(n, p, "cpu")
+    assert native.block_findings(r, val, acc.floors, p, acc.support, acc.cut) is not None
+    assert native.block_findings(r.flip(0), val, acc.floors, p, acc.support, acc.cut) is None
+    with pytest.raises(IndexError):
+        native.block_findings(r + n, val, acc.floors, p, acc.support, acc.cut)
+
+
+def _same(x, y) -> bool:
+    x, y = (np.asarray(v) for v in (x, y))
+    return x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
 @built
 def test_c_stable_order_is_numpy_s_stable_argsort():
     key = np.random.default_rng(0).integers(0, 300, 5000)
@@ -371,3 +440,55 @@ def test_the_amx_int8_gemm_gives_torch_s_integers(n, m, d):
     want = a.long() @ b.long().T
     assert got.dtype == torch.int32 and torch.equal(got.long(), want)
     assert torch.equal(q8.int_mm(a, b), got)
+
+
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX (or no C compiler) here: torch's argmax")
+@pytest.mark.parametrize("n, m, d", [(1, 1, 64), (15, 33, 128), (17, 3906, 64), (9000, 50, 64),
+                                     (5, 7, 40)])
+def test_the_amx_argmax_is_torch_s_argmax_of_the_sums(n, m, d):
+    """kernels.int_argmax (the sums reduced in the tiles' output, rows over threads) against
+    torch.argmax of the exact sums: ties (repeated columns: the first wins), rows whose every
+    sum is negative (a panel's zero padding must not win), row and column tails; None where d
+    is not a multiple of 64; the layout's nearest the same either way."""
+    rng = np.random.default_rng(n + m + d)
+    a, b = (torch.from_numpy(rng.integers(-128, 128, (k, d), dtype=np.int8)) for k in (n, m))
+    b[m // 2], a[0], b[-1] = b[m // 3], 1, -1     # a tie; row 0 x the last column: -d (m = 1:
+                                                  # its only sum, negative)
+    got = kernels.int_argmax(a, b)
+    if d % 64:
+        assert got is None
+        return
+    assert torch.equal(got, torch.argmax(a.long() @ b.long().T, 1))
+    x = torch.from_numpy(rng.standard_normal((n, d)).astype(np.float32))
+    cent = torch.nn.functional.normalize(torch.from_numpy(
+        rng.standard_normal((m, d)).astype(np.float32)), dim=1)
+    with pytest.MonkeyPatch.context() as mp:
+        want = i8routing.nearest(x, cent)
+        mp.setattr(kernels, "USE_AMX", False)
+        assert torch.equal(i8routing.nearest(x, cent), want)
+
+
+@built
+def test_c_member_sums_are_torch_s_index_add_bit_for_bit():
+    """native.add_rows against index_add_ in float64 (the layout's member sums): values over 60
+    decades (order matters: each element's additions in row order), one and two torch threads,
+    a strided view; rows out of range refused."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((6000, 80)) * 10.0 ** rng.integers(-30, 30, (6000, 80)))
+    x = torch.from_numpy(x.astype(np.float32))
+    lab = torch.from_numpy(rng.integers(0, 3, len(x)))
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            want = torch.zeros((3, 80), dtype=torch.float64).index_add_(0, lab, x.double())
+            got = torch.zeros((3, 80), dtype=torch.float64)
+            assert native.add_rows(x, lab, got) and _same(got, want)
+    finally:
+        torch.set_num_threads(threads)
+    wide = torch.stack([x, x], 1)[:, 0]                 # rows 160 floats apart
+    got = torch.zeros((3, 80), dtype=torch.float64)
+    assert native.add_rows(wide, lab, got) and _same(got, want)
+    with pytest.raises(IndexError):
+        native.add_rows(x, lab + 1, torch.zeros((3, 80), dtype=torch.float64))
+    assert not native.add_rows(x.double(), lab, got)
