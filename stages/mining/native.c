@@ -321,21 +321,29 @@ typedef struct {
 INLINE int before(entry a, entry b) { return a.s > b.s || (a.s == b.s && a.j < b.j); }
 
 /* v[0..n) sorted by ``before``: quicksort, insertion sort below 24. */
+/* Hoare's partition of v[0..n) around its middle entry p: on return v[0..*lo] rank before or
+ * as p, v[*hi..n) after or as p, and v(*lo..*hi) are p. */
+static void partition(entry *v, int64_t n, int64_t *lo, int64_t *hi) {
+    const entry p = v[n / 2];
+    int64_t i = 0, k = n - 1;
+    while (i <= k) {
+        while (before(v[i], p))
+            i++;
+        while (before(p, v[k]))
+            k--;
+        if (i <= k) {
+            const entry t = v[i];
+            v[i++] = v[k];
+            v[k--] = t;
+        }
+    }
+    *lo = k, *hi = i;
+}
+
 static void rank(entry *v, int64_t n) {
     while (n > 24) {
-        const entry p = v[n / 2];
-        int64_t i = 0, k = n - 1;
-        while (i <= k) {
-            while (before(v[i], p))
-                i++;
-            while (before(p, v[k]))
-                k--;
-            if (i <= k) {
-                const entry t = v[i];
-                v[i++] = v[k];
-                v[k--] = t;
-            }
-        }
+        int64_t i, k;
+        partition(v, n, &k, &i);
         if (k + 1 < n - i) {         /* recurse into the smaller side */
             rank(v, k + 1);
             v += i;
@@ -359,19 +367,8 @@ static void rank(entry *v, int64_t n) {
  * sorting them all). */
 static void rank_top(entry *v, int64_t n, int64_t k) {
     while (n > 24 && k < n) {
-        const entry p = v[n / 2];
-        int64_t i = 0, j = n - 1;
-        while (i <= j) {
-            while (before(v[i], p))
-                i++;
-            while (before(p, v[j]))
-                j--;
-            if (i <= j) {
-                const entry t = v[i];
-                v[i++] = v[j];
-                v[j--] = t;
-            }
-        }
+        int64_t i, j;
+        partition(v, n, &j, &i);
         if (k <= j + 1) {            /* the first k all within v[0..j] */
             n = j + 1;
             continue;

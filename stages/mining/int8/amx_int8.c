@@ -251,18 +251,24 @@ static int64_t screen_amx_(const int8_t *qi, int64_t ldi, int64_t di, const int8
     return n;
 }
 
+/* Under 16 rows of a [n, d]: *a pointed at a zero-padded copy of 16 rows, returned to be freed
+ * (else NULL: *a as it is). */
+static int8_t *sixteen_rows(const int8_t **a, int64_t n, int64_t d) {
+    if (n >= 16)
+        return NULL;
+    int8_t *pad = aligned_alloc(64, (size_t)(16 * d));
+    memset(pad, 0, (size_t)(16 * d));
+    memcpy(pad, *a, (size_t)(n * d));
+    *a = pad;
+    return pad;
+}
+
 static void int_mm_(const int8_t *a, int64_t n, const int8_t *b, int64_t m, int64_t d,
                     int32_t *out) {
     const int64_t np = (m + 15) / 16;
     uint8_t *P = panels(b, d, m, d);
     int32_t *s = aligned_alloc(64, 16 * 32 * sizeof(int32_t));
-    int8_t *pad = NULL;
-    if (n < 16) {                  /* under 16 rows: a zero-padded copy */
-        pad = aligned_alloc(64, (size_t)(16 * d));
-        memset(pad, 0, (size_t)(16 * d));
-        memcpy(pad, a, (size_t)(n * d));
-        a = pad;
-    }
+    int8_t *pad = sixteen_rows(&a, n, d);
     const int64_t rows = n < 16 ? 16 : n;
     tiles_on();
     for (int64_t g = 0; g < rows; g += 16) {
@@ -286,13 +292,7 @@ static void int_argmax_(const int8_t *a, int64_t n, const int8_t *b, int64_t m, 
     const int64_t np = (m + 15) / 16;
     uint8_t *P = panels(b, d, m, d);
     int32_t *s = aligned_alloc(64, 16 * 32 * sizeof(int32_t));
-    int8_t *pad = NULL;
-    if (n < 16) {
-        pad = aligned_alloc(64, (size_t)(16 * d));
-        memset(pad, 0, (size_t)(16 * d));
-        memcpy(pad, a, (size_t)(n * d));
-        a = pad;
-    }
+    int8_t *pad = sixteen_rows(&a, n, d);
     const int64_t rows = n < 16 ? 16 : n;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     tiles_on();
