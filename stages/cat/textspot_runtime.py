@@ -78,6 +78,19 @@ def identity(runtime: str, device: str, precision: str) -> str:
     return f"openvino {openvino_version()} {effective(precision)}"
 
 
+def fallbacks(runtime: str, device: str, precision: str) -> list[str]:
+    """What runs here other than what the config names, in words for the run summary: ``auto``
+    on onnxruntime because openvino does not import, or bf16 run as f32 on a CPU without it."""
+    ran = resolve(runtime, device)
+    if ran == "onnxruntime" and runtime == "auto" and device != "cuda":
+        return ["textspot.runtime=auto runs onnxruntime: openvino does not import here "
+                "(`pip install openvino`: ~2x cheaper, the same lines)"]
+    if ran == "openvino" and openvino_version() and effective(precision) != precision:
+        return [f"textspot.precision={precision} runs {effective(precision)}: this CPU has no "
+                "bf16 (AMX or AVX512-BF16)"]
+    return []
+
+
 class OvSession:
     """One ONNX model compiled by OpenVINO for the CPU at ``precision`` (f32 or bf16), called as
     rapidocr calls its ``OrtInferSession``: ``session(x)`` -> [first output] (every model here

@@ -141,6 +141,13 @@ class TextSpotStage(MapStage):
         return {"ocr_backend": T.backend_identity(c), **({"ocr_runtime": runtime(c)}
                                                          if c.backend == "rapidocr" else {})}
 
+    @classmethod
+    def notes(cls, config: Any) -> list[str]:
+        """A runtime or precision other than the config's (``RT.fallbacks``)."""
+        c = config.textspot
+        return [f"textspot: {x}" for x in RT.fallbacks(c.runtime, c.device, c.precision)] \
+            if c.backend == "rapidocr" else []
+
     def setup(self) -> None:
         c = self.config.textspot
         self.ocr, self.skipped = decide(lambda: T.make_backend(c), c.if_missing,

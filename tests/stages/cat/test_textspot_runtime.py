@@ -37,6 +37,13 @@ def test_without_openvino_auto_falls_back_and_openvino_says_what_to_install(monk
     with pytest.raises(T.BackendUnavailable, match="pip install openvino"):
         T.RapidOcrBackend(runtime="openvino")
     assert T.RapidOcrBackend(runtime="auto").runtime == "onnxruntime"
+    # the run summary says so (the stage's notes), and not where onnxruntime was asked for
+    from vlcurate.pipeline import config as C
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
+    assert TextSpotStage.notes(C.load(None, {})) == [
+        "textspot: textspot.runtime=auto runs onnxruntime: openvino does not import here "
+        "(`pip install openvino`: ~2x cheaper, the same lines)"]
+    assert TextSpotStage.notes(C.load(None, {"textspot.runtime": "onnxruntime"})) == []
 
 
 @needs_openvino
@@ -72,6 +79,11 @@ def test_without_bf16_on_the_cpu_every_precision_runs_and_reads_as_f32(monkeypat
         assert RT.identity("openvino", "cpu", precision) == "openvino 2099.1 f32"
     with pytest.raises(ValueError, match="precision"):
         RT.plan("int4")
+    from vlcurate.pipeline import config as C
+    from vlcurate.stages.cat.textspot_stage import TextSpotStage
+    assert TextSpotStage.notes(C.load(None, {"textspot.precision": "bf16"})) == [
+        "textspot: textspot.precision=bf16 runs f32: this CPU has no bf16 (AMX or AVX512-BF16)"]
+    assert TextSpotStage.notes(C.load(None, {})) == []             # f32 asked, f32 runs
 
 
 def rule(lines, rows):
