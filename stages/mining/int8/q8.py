@@ -205,8 +205,17 @@ def thresholds(q: Q8, spans: list, m: np.ndarray, ts: list) -> list:
         u = np.repeat(np.arange(len(spans)), [b - a for a, b in spans])
         qs, qe, qn = (x[idx] for x in q.stats())
         ms, me, mn = m[u].T
-    b, inv = bound(qe, qn, me, mn, q.shape[1]), 1.0 / (qs * ms)
-    return [np.clip(np.floor((t - b) * inv) - 1, *INT32).astype(np.int32)[:, None] for t in ts]
+    return [limit(t, qs, qe, qn, ms, me, mn, q.shape[1]).astype(np.int32)[:, None] for t in ts]
+
+
+def limit(t: float, qs, qe, qn, ms, me, mn, dim: int) -> np.ndarray:
+    """The threshold T (float, within int32) of pairs with these stats: D > T for every pair whose
+    fp32 similarity is above t. A zero row (scale 0; its similarities are all 0) gets +-inf,
+    clipped: no pair where t is above the bound, every pair where it is below, and every pair
+    (INT32's least) where they are equal (0 x inf): a superset, as the screen needs."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.floor((t - bound(qe, qn, me, mn, dim)) * (1.0 / (qs * ms))) - 1
+    return np.clip(np.where(np.isnan(x), INT32[0], x), *INT32)
 
 
 def table(q: Q8, stats: np.ndarray, t: float, skip: np.ndarray, width: int) -> np.ndarray:
@@ -217,9 +226,7 @@ def table(q: Q8, stats: np.ndarray, t: float, skip: np.ndarray, width: int) -> n
     out = np.full((len(stats), width), INT32[1], np.int32)
     qs, qe, qn = (x[None, :] for x in q.stats())
     ms, me, mn = (x[:, None] for x in stats.T)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b, inv = bound(qe, qn, me, mn, q.shape[1]), 1.0 / (qs * ms)
-        t_ = np.clip(np.floor((t - b) * inv) - 1, *INT32)
+    t_ = limit(t, qs, qe, qn, ms, me, mn, q.shape[1])
     keep = ~skip.T & (ms > 0)
     out[:, :len(q)][keep] = t_[keep].astype(np.int32)
     return out
