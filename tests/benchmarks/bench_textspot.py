@@ -1,13 +1,14 @@
 """Text spotting: rapidocr's cascade (``textspot.mode=cascade``), fast path (``mode=fast``) and
 full OCR (``mode=full``), each on each runtime (``textspot.runtime``, ``textspot.precision``:
-onnxruntime, OpenVINO f32, OpenVINO bf16, OpenVINO with the detector alone in bf16), against
+onnxruntime, OpenVINO f32, OpenVINO bf16, OpenVINO with the detector alone in bf16, OpenVINO f32 with the
+detector's head as the model file has it: ``ov-f32-plain``), against
 the full OCR on onnxruntime (rapidocr, all defaults): images per CPU-second and the agreement of
 DiHT's decision (``cat.text_spotted``) per (image, caption) row, on the real sets in
 ``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
         [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
-        [--runtimes ort,ov-f32,ov-bf16,ov-det-bf16] [--no-full]
+        [--runtimes ort,ov-f32,ov-bf16,ov-det-bf16,ov-f32-plain] [--no-full]
         [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][:bN][:nogate][,...]]
 
 Each ``--det-pixels`` value is one fast path (``textspot.mode=fast``; the default: the stage's
@@ -40,6 +41,7 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.paths import SHARED_DATA as DATA  # noqa: E402
 from vlcurate.stages.cat import textspot as T  # noqa: E402
+from vlcurate.stages.cat import textspot_runtime as RT  # noqa: E402
 from vlcurate.stages.cat.textspot_stage import TextSpotParams  # noqa: E402
 
 SETS = ("coco_mini", "flickr8k_224", "grocery_packages", "ocr_scene_text")
@@ -147,7 +149,10 @@ def split(spent: dict) -> str:
 
 
 RUNTIMES = {"ort": ("onnxruntime", "f32"), "ov-f32": ("openvino", "f32"),
-            "ov-bf16": ("openvino", "bf16"), "ov-det-bf16": ("openvino", "det-bf16")}
+            "ov-bf16": ("openvino", "bf16"), "ov-det-bf16": ("openvino", "det-bf16"),
+            "ov-f32-plain": ("openvino", "f32")}
+# compiled from the model files as they are (the detector's head not rewritten: the "before")
+PLAIN = {"ov-f32-plain"}
 
 
 class Timed:
@@ -167,6 +172,10 @@ def backend(runtime: str, fast=None) -> T.RapidOcrBackend:
     """rapidocr on ``runtime`` (a RUNTIMES key), its three models timed into ``models``."""
     rt, precision = RUNTIMES[runtime]
     b = T.RapidOcrBackend(threads=1, fast=fast, runtime=rt, precision=precision)
+    if runtime in PLAIN:
+        import openvino
+        det = b.ocr.text_det
+        det.infer = RT.OvSession(openvino.Core(), det.infer.path, 1, precision)
     b.models = {}
     for model, attr, step in ((b.ocr.text_det, "infer", "det"), (b.ocr.text_cls, "infer", "cls"),
                               (b.ocr.text_rec, "session", "rec")):
