@@ -99,20 +99,15 @@ class OvSession:
     has one); ``.precision`` is what the compiled model runs. ``rewrite`` (optional) edits the
     graph in place and says whether it did (``textspot_graph.fold_head``); the edited model
     replaces the file's only when their outputs are equal to the bit on ``CHECK_SHAPES``
-    (``.rewritten``), so it can change the speed, never the output."""
+    (``.rewritten``; checked once per process and settings: ``compile_checked``), so it can
+    change the speed, never the output."""
 
     def __init__(self, core: Any, model_path: str, threads: int, precision: str,
                  rewrite: Optional[Callable[[Any], bool]] = None) -> None:
         props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if threads > 0:
             props["INFERENCE_NUM_THREADS"] = threads
-        self.model = core.compile_model(model_path, "CPU", props)
-        self.rewritten = False
-        edited = core.read_model(model_path) if rewrite else None
-        if edited is not None and rewrite(edited):
-            fast = core.compile_model(edited, "CPU", props)
-            if same_outputs(self.model, fast):
-                self.model, self.rewritten = fast, True
+        self.model, self.rewritten = compile_checked(core, model_path, props, rewrite)
         self.request = self.model.create_infer_request()
         self.out = self.model.output(0)
         self.path = model_path
@@ -121,6 +116,26 @@ class OvSession:
 
     def __call__(self, x: Any) -> list:
         return [self.request.infer({0: x})[self.out].copy()]
+
+
+# per process: (model file, rewrite, compile settings) -> did the rewritten model's outputs
+# equal the file's (the check compiles both once)
+CHECKED: dict[tuple, bool] = {}
+
+
+def compile_checked(core: Any, path: str, props: dict,
+                    rewrite: Optional[Callable[[Any], bool]]) -> tuple[Any, bool]:
+    """The compiled model, and whether it is ``rewrite``'s edit of the file's: the edit where it
+    applies and its outputs equal the file's to the bit (``same_outputs``), else the file's."""
+    edited = core.read_model(path) if rewrite else None
+    if edited is None or not rewrite(edited):
+        return core.compile_model(path, "CPU", props), False
+    key = (path, rewrite.__qualname__, tuple(sorted(props.items())))
+    if key not in CHECKED:
+        plain, fast = (core.compile_model(m, "CPU", props) for m in (path, edited))
+        CHECKED[key] = same_outputs(plain, fast)
+        return (fast, True) if CHECKED[key] else (plain, False)
+    return core.compile_model(edited if CHECKED[key] else path, "CPU", props), CHECKED[key]
 
 
 # the inputs on which a rewritten model must match the original to the bit (seeded, uniform in
