@@ -579,3 +579,26 @@ CLONES void add_rows(const float *x, int64_t ld, const int64_t *lab, int64_t n, 
             s[k] += (double)xi[k];
     }
 }
+
+/* One dense block's candidates read off its fp32 similarities (screen.dense_pairs): flat[i]
+ * (ascending, row-major over the stack, the block's pairs from at on, nq x nm of them) gives
+ * the pair's row a + flat[i] / nm and column first + flat[i] % nm (rows counted up as flat
+ * rises: no division) and each of the nx similarities x[s][flat[i] - at] (row-major [nq, nm])
+ * into out[s][i]. Returns -1, or the first i outside the block (nothing after it written). */
+CLONES int64_t dense_read(const int64_t *flat, int64_t n, int64_t at, int64_t nq, int64_t nm,
+                          int64_t a, int64_t first, const float *const *x, float *const *out,
+                          int64_t nx, int64_t *rows, int64_t *cols) {
+    int64_t r = 0, end = nm;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t l = flat[i] - at;
+        if (l < 0 || l >= nq * nm || (i && flat[i] <= flat[i - 1]))
+            return i;
+        while (l >= end)
+            r++, end += nm;
+        rows[i] = a + r;
+        cols[i] = first + l - (end - nm);
+        for (int64_t s = 0; s < nx; s++)
+            out[s][i] = x[s][l];
+    }
+    return -1;
+}

@@ -298,12 +298,15 @@ def dense_pairs(q: QueryRows, blocks: list, flat: torch.Tensor,
         a, b, m, _ = blocks[u]
         nm, at_ = len(m["img"]), slice(cut[u], cut[u + 1])
         s = sims({f: None if v is None else v[a:b] for f, v in q.full.items()}, m, nm)
-        local = flat[at_] - int(at[u])
-        for name, x in s.items():
-            torch.take(x, local, out=got[name][at_])
-        _row_col(local, nm, rows[at_], cols[at_])
-        rows[at_] += a                                   # pair_rows' rows and columns
-        cols[at_] += int(first[u])
+        here = {name: x[at_] for name, x in got.items()}
+        if not native.dense_read(s, flat[at_], int(at[u]), a, int(first[u]), here,
+                                 rows[at_], cols[at_]):
+            local = flat[at_] - int(at[u])
+            for name, x in s.items():
+                torch.take(x, local, out=here[name])
+            _row_col(local, nm, rows[at_], cols[at_])
+            rows[at_] += a                               # pair_rows' rows and columns
+            cols[at_] += int(first[u])
     return rows, cols, got
 
 

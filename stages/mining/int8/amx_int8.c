@@ -378,6 +378,36 @@ int64_t screen_amx(const int8_t *qi, int64_t ldi, int64_t di, const int8_t *qt, 
     return -1;
 }
 
+/* screen_amx over a stack's blocks in one call (q8.candidates): block u is query rows
+ * q0[u] .. q1[u] of qi, qt (rows di, dt bytes apart) against the nm[u] member rows at
+ * addresses mi[u], mt[u] (rows di, dt apart), with the thresholds from row lim0[u] of fi, ti,
+ * ft, tt, and flat indices from first[u]; blocks without queries or members list nothing.
+ * Each block's pairs follow the last's in out (ascending where first is). Returns their
+ * number, or -1 where screen_amx would not run (the caller screens block by block). */
+int64_t screen_amx_blocks(const int8_t *qi, int64_t di, const int8_t *qt, int64_t dt,
+                          int64_t nb, const int64_t *q0, const int64_t *q1, const int64_t *mi,
+                          const int64_t *mt, const int64_t *nm, const int64_t *lim0,
+                          const int64_t *first, const int32_t *fi, const int32_t *ti,
+                          const int32_t *ft, const int32_t *tt, int64_t *out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+    if (di % 64 || di <= 0 || dt % 64 || dt <= 0 || !has_amx())
+        return -1;
+    int64_t n = 0;
+    for (int64_t u = 0; u < nb; u++) {
+        const int64_t l = lim0[u];
+        if (q1[u] > q0[u] && nm[u] > 0)
+            n += screen_amx_(qi + q0[u] * di, di, di, qt + q0[u] * dt, dt, dt, q1[u] - q0[u],
+                             (const int8_t *)mi[u], di, (const int8_t *)mt[u], dt, nm[u],
+                             fi + l, ti + l, ft + l, tt + l, first[u], out + n);
+    }
+    return n;
+#else
+    (void)qi, (void)di, (void)qt, (void)dt, (void)nb, (void)q0, (void)q1, (void)mi, (void)mt;
+    (void)nm, (void)lim0, (void)first, (void)fi, (void)ti, (void)ft, (void)tt, (void)out;
+    return -1;
+#endif
+}
+
 /* Whether count_hits runs here (x86-64 Linux, GCC, AMX-INT8 and leave to use it). */
 int amx_ready(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)

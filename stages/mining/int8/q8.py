@@ -293,6 +293,9 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
                                            else []))
               for s, a, b in pairs if q.get(a) is not None}
     cut = np.cumsum([0] + [b - a for a, b in spans])
+    hit = stacked(q, m8, pairs, spans, limits, offsets)
+    if hit is not None:
+        return hit
     out = [torch.zeros(0, dtype=torch.long, device=q["img"].values.device)]
     for u, (a, b, _, _) in enumerate(blocks):
         at = {s: [t[cut[u]:cut[u + 1]] for t in v] for s, v in limits.items()}
@@ -302,6 +305,18 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
             {s: products(qu[x], m8[u][y]) for s, x, y in pairs if qu.get(x) is not None}, at,
             int(offsets[u])))
     return torch.cat(out)
+
+
+def stacked(q: dict, m8: list, pairs: tuple, spans: list, limits: dict,
+            offsets: np.ndarray) -> Optional[torch.Tensor]:
+    """candidates' answer for every block at once (kernels.screen_blocks: AMX, one call) where
+    the similarities are S_ii and S_tt alone; None elsewhere (block by block, as ``fused``)."""
+    if {s for s, x, _ in pairs if q.get(x) is not None} != {"sii", "stt"}:
+        return None
+    hit = kernels.screen_blocks(q["img"].values, q["txt"].values, spans,
+                                [(m["img"].values, m["txt"].values) for m in m8],
+                                limits["sii"], limits["stt"], offsets[:len(m8)])
+    return None if hit is None else torch.from_numpy(hit)
 
 
 def fused(q: dict, m: dict, pairs: tuple, limits: dict, first: int) -> Optional[torch.Tensor]:
