@@ -96,7 +96,7 @@ def mine_routed(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, devic
     routes (spaces.add_pairs reads them); with p.exact_noise the support of rows found short
     completed (``complete``)."""
     pos = np.asarray(pos, np.int64)
-    with freed_memory_kept():
+    with freed_memory_kept(), native.scratch_kept():
         r, routes = _mine(lay, vec, pos, p, device, routed)
         if p.exact_noise:
             complete(lay, vec, pos, r, routes, p, device)

@@ -3,6 +3,7 @@ give the same bits as their torch and NumPy paths, and a pass with them writes t
 as a pass without them."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -343,6 +344,11 @@ def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
         mp.setattr(native, "row_best", lambda *a: None)
         want = best.dense()
     assert all(torch.equal(x, y) for x, y in zip(got, want))
+    with native.scratch_kept():          # kept scratch, a larger call first: the same lists
+        bigger = topk.Best(n, k, "cpu")
+        bigger.add(*(torch.from_numpy(np.tile(x, 2)) for x in (r, j + 10 ** 6, s)))
+        bigger.dense()
+        assert all(torch.equal(x, y) for x, y in zip(best.dense(), want))
     assert (got[0][1::2] == -1).all() and (got[0][::2, :min(k, per_row)] >= 0).all()
     s[3] = np.nan
     assert native.row_best(*(torch.from_numpy(x) for x in (r, j, s)), n, k) is None
@@ -387,18 +393,21 @@ def test_c_block_findings_equal_torch_s_selection(k, max_pairs, dup, cross):
                         floor_x=0.6 if cross else 2.0, max_pairs=max_pairs)
     blocks = [_block(rng, n, cross) for _ in range(3)] + [_sampled(n, cross)]
     got = {}
-    for on in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
+    for on in (True, "kept", False):     # kept: scratch kept from block to block
+        with pytest.MonkeyPatch.context() as mp, \
+                (native.scratch_kept() if on == "kept" else contextlib.nullcontext()):
             if not on:
                 mp.setattr(native, "block_findings", lambda *a: None)
             acc = units.Findings(n, p, "cpu")
             for b in blocks:
                 acc.add(*b)
             got[on] = (pairs_of(acc.found), acc.best.unsorted(), acc.support, acc.cut)
-    (pa, ta, sa, ca), (pb, tb, sb, cb) = got[True], got[False]
-    assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
-    assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
-    np.testing.assert_array_equal(ca, cb)
+    (pb, tb, sb, cb) = got[False]
+    for pa, ta, sa, ca in (got[True], got["kept"]):
+        assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
+        assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
+        np.testing.assert_array_equal(ca, cb)
+    pa, ta, sa, ca = got[True]
     assert len(pa["q"]) and len(ta[0]) and int(sa.sum()) > len(ta[0])
     if max_pairs is not None:
         assert ca.sum() > 0
