@@ -386,16 +386,20 @@ static void rank_top(entry *v, int64_t n, int64_t k) {
 /* Each row's k best of e entries (row r[i] < n, global row j[i], score s[i]; (r, j) pairs
  * distinct): best score first, equal scores by ascending j, into idx [n, k] (-1 padded) and
  * score [n, k] (0 padded). Returns -1, or the first entry with a NaN score (nothing written).
- * count: room for n + 1 int64; order: e int64; by_row: e entries (16 bytes each). */
+ * count: room for n + 1 int64; by_row: e entries (16 bytes each). */
 CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int64_t e,
                         int64_t n, int64_t k, int64_t *idx, float *score, int64_t *count,
-                        int64_t *order, entry *by_row) {
+                        entry *by_row) {
     for (int64_t i = 0; i < e; i++)
         if (s[i] != s[i])
             return i;
-    by_key(r, e, n, count, order);
+    memset(count, 0, (size_t)(n + 1) * sizeof(int64_t));      /* by_key's counting sort, */
+    for (int64_t i = 0; i < e; i++)                           /* the entries moved at once */
+        count[r[i] + 1]++;
+    for (int64_t x = 0; x < n; x++)
+        count[x + 1] += count[x];
     for (int64_t i = 0; i < e; i++)
-        by_row[i] = (entry){s[order[i]], j[order[i]]};
+        by_row[count[r[i]]++] = (entry){s[i], j[i]};
     for (int64_t x = 0; x < n; x++) {
         const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
         rank_top(by_row + a, len, k);

@@ -94,7 +94,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.route_columns.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
     lib.route_columns.restype = _I
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
-    lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
+    lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]
     lib.row_best.restype = _I
     lib.at_or_above_kth.argtypes = [_P, _P, _I, _I, _P, _P]
     _F = ctypes.c_float
@@ -325,11 +325,10 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
     if not len(r) == len(j) == len(s):
         raise ValueError("row_best: entries of different lengths")
     idx, score = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
-    count, order = _scratch("count", n + 1, np.int64), _scratch("order", len(r), np.int64)
+    count = _scratch("count", n + 1, np.int64)
     by_row = _scratch("by_row", 2 * len(r), np.int64)    # (score, j): 16 bytes an entry
     stop = lib.row_best(r.ctypes.data, j.ctypes.data, s.ctypes.data, len(r), n, k,
-                        idx.ctypes.data, score.ctypes.data, count.ctypes.data, order.ctypes.data,
-                        by_row.ctypes.data)
+                        idx.ctypes.data, score.ctypes.data, count.ctypes.data, by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
 
 
