@@ -436,17 +436,19 @@ int64_t screen_amx(const int8_t *qi, int64_t ldi, int64_t di, const int8_t *qt, 
  * q0[u] .. q1[u] of qi, qt (rows di, dt bytes apart) against the nm[u] member rows at
  * addresses mi[u], mt[u] (rows di, dt apart), with the thresholds from row lim0[u] of fi, ti,
  * ft, tt, and flat indices from first[u]; blocks without queries or members list nothing.
- * Each block's pairs follow the last's in out (ascending where first is). Returns their
- * number, or -1 where screen_amx would not run (the caller screens block by block). */
+ * Each block's pairs follow the last's in out (ascending where first is), without the flat
+ * indices own[0..no) (ascending: the targets' own pairs). Returns their number, or -1 where
+ * screen_amx would not run (the caller screens block by block). */
 int64_t screen_amx_blocks(const int8_t *qi, int64_t di, const int8_t *qt, int64_t dt,
                           int64_t nb, const int64_t *q0, const int64_t *q1, const int64_t *mi,
                           const int64_t *mt, const int64_t *nm, const int64_t *lim0,
                           const int64_t *first, const int32_t *fi, const int32_t *ti,
-                          const int32_t *ft, const int32_t *tt, int64_t *out) {
+                          const int32_t *ft, const int32_t *tt, const int64_t *own, int64_t no,
+                          int64_t *out) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
     if (di % 64 || di <= 0 || dt % 64 || dt <= 0 || !has_amx())
         return -1;
-    int64_t n = 0;
+    int64_t n = 0, o = 0;
     for (int64_t u = 0; u < nb; u++) {
         const int64_t l = lim0[u];
         if (q1[u] > q0[u] && nm[u] > 0) {
@@ -455,13 +457,21 @@ int64_t screen_amx_blocks(const int8_t *qi, int64_t di, const int8_t *qt, int64_
                              fi + l, ti + l, ft + l, tt + l, first[u], out + n);
             if (got < 0)
                 return -1;
-            n += got;
+            int64_t w = n;
+            for (int64_t i = n; i < n + got; i++) {      /* the block's own pairs left out */
+                while (o < no && own[o] < out[i])
+                    o++;
+                if (o == no || own[o] != out[i])
+                    out[w++] = out[i];
+            }
+            n = w;
         }
     }
     return n;
 #else
     (void)qi, (void)di, (void)qt, (void)dt, (void)nb, (void)q0, (void)q1, (void)mi, (void)mt;
-    (void)nm, (void)lim0, (void)first, (void)fi, (void)ti, (void)ft, (void)tt, (void)out;
+    (void)nm, (void)lim0, (void)first, (void)fi, (void)ti, (void)ft, (void)tt, (void)own;
+    (void)no, (void)out;
     return -1;
 #endif
 }

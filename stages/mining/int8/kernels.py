@@ -58,7 +58,7 @@ def _declare_count(lib: ctypes.CDLL) -> None:
     lib.screen_amx.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
                                _P]
     lib.screen_amx.restype = _I
-    lib.screen_amx_blocks.argtypes = [_P, _I, _P, _I, _I] + [_P] * 12
+    lib.screen_amx_blocks.argtypes = [_P, _I, _P, _I, _I] + [_P] * 12 + [_I, _P]
     lib.screen_amx_blocks.restype = _I
     lib.int_mm.argtypes = [_P, _I, _P, _I, _I, _P]
     lib.int_mm.restype = _I
@@ -216,12 +216,14 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
 
 
 def screen_blocks(qi: torch.Tensor, qt: torch.Tensor, spans: list, members: list,
-                  lim_i: list, lim_t: list, firsts: np.ndarray) -> Optional[np.ndarray]:
+                  lim_i: list, lim_t: list, firsts: np.ndarray,
+                  own: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
     """screen_int8 of a stack's blocks with AMX, in one call (no Python per block): block u is
     query rows spans[u] of qi, qt [nq, d] against members[u] = (img, txt) int8 [nm, d], with
     the thresholds of lim_i, lim_t ([floor, tau], int32 [rows, 1], the spans' rows one span
     after the other) and flat indices from firsts[u]; the blocks' pairs one after the other,
-    each block's ascending, as screen_int8 block by block lists them. None where screen_amx
+    each block's ascending, as screen_int8 block by block lists them, without the flat indices
+    ``own`` (screen._without's, left out as they are listed when ascending). None where screen_amx
     would not run (or a layout it does not read in place: the caller screens block by
     block)."""
     lib = count_library()
@@ -243,10 +245,13 @@ def screen_blocks(qi: torch.Tensor, qt: torch.Tensor, spans: list, members: list
         raise ValueError("screen_blocks: spans or thresholds out of the queries' rows")
     ptr = [np.array([m[h].data_ptr() for m in members], np.int64) for h in (0, 1)]
     firsts = np.ascontiguousarray(firsts, np.int64)
+    own = np.ascontiguousarray(np.zeros(0, np.int64) if own is None else own, np.int64)
+    if len(own) > 1 and not (own[1:] > own[:-1]).all():
+        own = own[:0]                       # not ascending: the caller leaves them out
     out = np.empty(max(int(((q1 - q0) * nm).sum()), 1), np.int64)
     n = lib.screen_amx_blocks(qi.data_ptr(), di, qt.data_ptr(), dt, len(members),
                               *(x.ctypes.data for x in (q0, q1, *ptr, nm, lim0, firsts, *lims)),
-                              out.ctypes.data)
+                              own.ctypes.data, len(own), out.ctypes.data)
     return None if n < 0 else out[:n]
 
 

@@ -538,6 +538,11 @@ def test_the_stacked_amx_screen_lists_what_the_blocks_list_one_by_one(monkeypatc
     got = kernels.screen_blocks(qi, qt, spans, members, lim["sii"], lim["stt"], firsts[:-1])
     want = np.concatenate(want)
     assert 0.2 < len(want) / firsts[-1] < 0.8 and np.array_equal(got, want)
+    own = np.unique(np.r_[want[::7], want[-1], 1, firsts[-1] - 1])   # listed or not
+    for o in (own, own[::-1]):          # left out; not ascending: listed (the caller's to do)
+        got = kernels.screen_blocks(qi, qt, spans, members, lim["sii"], lim["stt"],
+                                    firsts[:-1], o)
+        assert np.array_equal(got, want[~np.isin(want, own)] if o is own else want)
     assert kernels.screen_blocks(qi[:, ::2], qt, spans, members, lim["sii"], lim["stt"],
                                  firsts[:-1]) is None               # strided: block by block
     monkeypatch.setattr(kernels, "USE_AMX", False)
