@@ -278,13 +278,15 @@ _kept = threading.local()
 
 
 @contextlib.contextmanager
-def scratch_kept():
+def scratch_kept(store: Optional[dict] = None):
     """Within it (a chunk: passes.mine_routed), row_best's and block_findings' scratch arrays
-    are kept from call to call in this thread: at ~10M entries each is a fresh mmap (glibc maps
-    anything over 32 MB), whose huge pages the kernel zeroed anew every call (~4% of a 1M
-    pass). Speed only; dropped on leaving the outermost."""
+    are kept from call to call in this thread, in ``store`` (kept by the caller from chunk to
+    chunk: the layout's, so they go with it) or for the outermost block alone: at ~10M entries
+    each is a fresh mmap (glibc maps anything over 32 MB), whose huge pages the kernel zeroed
+    anew every call (~8% of a 1M pass). Speed only: no larger peak (they lived through the call
+    before), held between chunks."""
     outer = getattr(_kept, "arrays", None)
-    _kept.arrays = {} if outer is None else outer
+    _kept.arrays = outer if outer is not None else {} if store is None else store
     try:
         yield
     finally:
@@ -292,8 +294,9 @@ def scratch_kept():
             _kept.arrays = None
 
 
-def _scratch(name: str, n: int, dtype) -> np.ndarray:
-    """n elements of scratch (contents undefined): kept ones within scratch_kept, else new."""
+def scratch(name: str, n: int, dtype) -> np.ndarray:
+    """n elements of scratch (contents undefined): kept ones within scratch_kept (the same
+    memory at the next call by that name in this thread), else new."""
     arrays = getattr(_kept, "arrays", None)
     if arrays is None:
         return np.empty(n, dtype)
@@ -325,8 +328,8 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
     if not len(r) == len(j) == len(s):
         raise ValueError("row_best: entries of different lengths")
     idx, score = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
-    count = _scratch("count", n + 1, np.int64)
-    by_row = _scratch("by_row", 2 * len(r), np.int64)    # (score, j): 16 bytes an entry
+    count = scratch("count", n + 1, np.int64)
+    by_row = scratch("by_row", 2 * len(r), np.int64)    # (score, j): 16 bytes an entry
     stop = lib.row_best(r.ctypes.data, j.ctypes.data, s.ctypes.data, len(r), n, k,
                         idx.ctypes.data, score.ctypes.data, count.ctypes.data, by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
@@ -370,14 +373,14 @@ def block_findings(r: torch.Tensor, val: dict, floors: dict, p, support: torch.T
     ptrs = (ctypes.c_void_p * 5)(*(None if x is None else x.data_ptr() for x in sims))
     fl = np.array([floors[f] for f in SIMS], np.float32)
     e = len(r)
-    kept, top = _scratch("kept", e, np.int64), _scratch("top", e, np.int64)
-    v, scratch, held = (_scratch(x, e, np.float32) for x in ("v", "scratch", "held"))
+    kept, top = scratch("kept", e, np.int64), scratch("top", e, np.int64)
+    v, spare, held = (scratch(x, e, np.float32) for x in ("v", "spare", "held"))
     out = np.zeros(2, np.int64)
     dup = math.nan if p.dup is None else p.dup
     stop = lib.block_findings(r.data_ptr(), e, len(support), ptrs, fl.ctypes.data, mp, p.tau_i,
                               p.tau_t, dup, p.dup is not None, p.k, support.data_ptr(),
                               cut.ctypes.data, kept.ctypes.data, top.ctypes.data, v.ctypes.data,
-                              scratch.ctypes.data, held.ctypes.data, out.ctypes.data)
+                              spare.ctypes.data, held.ctypes.data, out.ctypes.data)
     if stop >= 0:
         if e and (int(r.min()) < 0 or int(r.max()) >= len(support)):
             raise IndexError(f"block_findings: rows outside 0..{len(support) - 1}")
