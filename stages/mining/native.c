@@ -386,16 +386,20 @@ static void rank_top(entry *v, int64_t n, int64_t k) {
 /* Each row's k best of e entries (row r[i] < n, global row j[i], score s[i]; (r, j) pairs
  * distinct): best score first, equal scores by ascending j, into idx [n, k] (-1 padded) and
  * score [n, k] (0 padded). Returns -1, or the first entry with a NaN score (nothing written).
- * count: room for n + 1 int64; order: e int64; by_row: e entries (16 bytes each). */
+ * count: room for n + 1 int64; by_row: e entries (16 bytes each). */
 CLONES int64_t row_best(const int64_t *r, const int64_t *j, const float *s, int64_t e,
                         int64_t n, int64_t k, int64_t *idx, float *score, int64_t *count,
-                        int64_t *order, entry *by_row) {
+                        entry *by_row) {
     for (int64_t i = 0; i < e; i++)
         if (s[i] != s[i])
             return i;
-    by_key(r, e, n, count, order);
+    memset(count, 0, (size_t)(n + 1) * sizeof(int64_t));      /* by_key's counting sort, */
+    for (int64_t i = 0; i < e; i++)                           /* the entries moved at once */
+        count[r[i] + 1]++;
+    for (int64_t x = 0; x < n; x++)
+        count[x + 1] += count[x];
     for (int64_t i = 0; i < e; i++)
-        by_row[i] = (entry){s[order[i]], j[order[i]]};
+        by_row[count[r[i]]++] = (entry){s[i], j[i]};
     for (int64_t x = 0; x < n; x++) {
         const int64_t a = x ? count[x - 1] : 0, len = count[x] - a;
         rank_top(by_row + a, len, k);
@@ -578,4 +582,27 @@ CLONES void add_rows(const float *x, int64_t ld, const int64_t *lab, int64_t n, 
         for (int64_t k = 0; k < d; k++)
             s[k] += (double)xi[k];
     }
+}
+
+/* One dense block's candidates read off its fp32 similarities (screen.dense_pairs): flat[i]
+ * (ascending, row-major over the stack, the block's pairs from at on, nq x nm of them) gives
+ * the pair's row a + flat[i] / nm and column first + flat[i] % nm (rows counted up as flat
+ * rises: no division) and each of the nx similarities x[s][flat[i] - at] (row-major [nq, nm])
+ * into out[s][i]. Returns -1, or the first i outside the block (nothing after it written). */
+CLONES int64_t dense_read(const int64_t *flat, int64_t n, int64_t at, int64_t nq, int64_t nm,
+                          int64_t a, int64_t first, const float *const *x, float *const *out,
+                          int64_t nx, int64_t *rows, int64_t *cols) {
+    int64_t r = 0, end = nm;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t l = flat[i] - at;
+        if (l < 0 || l >= nq * nm || (i && flat[i] <= flat[i - 1]))
+            return i;
+        while (l >= end)
+            r++, end += nm;
+        rows[i] = a + r;
+        cols[i] = first + l - (end - nm);
+        for (int64_t s = 0; s < nx; s++)
+            out[s][i] = x[s][l];
+    }
+    return -1;
 }

@@ -18,6 +18,8 @@ Both ways give the same bytes, by construction (tests/stages/mining/test_native.
 * ``block_findings``: engine.units.Findings.add's selection of a block's candidate pairs (the
   floors and the per-row cap, Alg. 1's positives, their support and each row's best k) in one
   pass over them, instead of ~20 torch operations over every candidate.
+* ``dense_read``: a dense block's candidates read off its fp32 GEMMs (screen.dense_pairs): the
+  pairs' rows, columns and similarities in one pass, instead of ~8 torch and NumPy calls.
 * ``add_rows``: the layout's member sums (float64, each element's additions in row order, as
   torch's index_add_ makes them), one loop instead of a few hundred torch calls per chunk (on a
   loaded machine each 2-thread call could stall for milliseconds).
@@ -34,6 +36,7 @@ nodes each build their own (deploy/Dockerfile has a compiler). ``VLCURATE_NATIVE
 off; a failed build warns once and the pass runs on without it."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -43,6 +46,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -90,7 +94,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.route_columns.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P]
     lib.route_columns.restype = _I
     lib.stable_order.argtypes = [_P, _I, _I, _P, _P]
-    lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _P]
+    lib.row_best.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]
     lib.row_best.restype = _I
     lib.at_or_above_kth.argtypes = [_P, _P, _I, _I, _P, _P]
     _F = ctypes.c_float
@@ -98,6 +102,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    _P, _P, _P, _P]
     lib.block_findings.restype = _I
     lib.add_rows.argtypes = [_P, _I, _P, _I, _I, _P]
+    lib.dense_read.argtypes = [_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P]
+    lib.dense_read.restype = _I
 
 
 def _built(source: Path) -> Path:
@@ -268,6 +274,38 @@ def stable_order(key: np.ndarray, n: int) -> Optional[np.ndarray]:
     return order
 
 
+_kept = threading.local()
+
+
+@contextlib.contextmanager
+def scratch_kept(store: Optional[dict] = None):
+    """Within it (a chunk: passes.mine_routed), row_best's and block_findings' scratch arrays
+    are kept from call to call in this thread, in ``store`` (kept by the caller from chunk to
+    chunk: the layout's, so they go with it) or for the outermost block alone: at ~10M entries
+    each is a fresh mmap (glibc maps anything over 32 MB), whose huge pages the kernel zeroed
+    anew every call (~8% of a 1M pass). Speed only: no larger peak (they lived through the call
+    before), held between chunks."""
+    outer = getattr(_kept, "arrays", None)
+    _kept.arrays = outer if outer is not None else {} if store is None else store
+    try:
+        yield
+    finally:
+        if outer is None:
+            _kept.arrays = None
+
+
+def scratch(name: str, n: int, dtype) -> np.ndarray:
+    """n elements of scratch (contents undefined): kept ones within scratch_kept (the same
+    memory at the next call by that name in this thread), else new."""
+    arrays = getattr(_kept, "arrays", None)
+    if arrays is None:
+        return np.empty(n, dtype)
+    got = arrays.get(name)
+    if got is None or len(got) < n:
+        got = arrays[name] = np.empty(max(n, 0 if got is None else len(got) * 5 // 4), dtype)
+    return got[:n]
+
+
 def _keys(key, n: int) -> np.ndarray:
     key = np.ascontiguousarray(key, np.int64)
     if len(key) and not 0 <= key.min() <= key.max() < n:
@@ -290,11 +328,10 @@ def row_best(r: torch.Tensor, j: torch.Tensor, s: torch.Tensor, n: int, k: int
     if not len(r) == len(j) == len(s):
         raise ValueError("row_best: entries of different lengths")
     idx, score = np.empty((n, k), np.int64), np.empty((n, k), np.float32)
-    count, order = np.empty(n + 1, np.int64), np.empty(len(r), np.int64)
-    by_row = np.empty(2 * len(r), np.int64)               # (score, j): 16 bytes an entry
+    count = scratch("count", n + 1, np.int64)
+    by_row = scratch("by_row", 2 * len(r), np.int64)    # (score, j): 16 bytes an entry
     stop = lib.row_best(r.ctypes.data, j.ctypes.data, s.ctypes.data, len(r), n, k,
-                        idx.ctypes.data, score.ctypes.data, count.ctypes.data, order.ctypes.data,
-                        by_row.ctypes.data)
+                        idx.ctypes.data, score.ctypes.data, count.ctypes.data, by_row.ctypes.data)
     return None if stop >= 0 else (torch.from_numpy(idx), torch.from_numpy(score))
 
 
@@ -336,21 +373,20 @@ def block_findings(r: torch.Tensor, val: dict, floors: dict, p, support: torch.T
     ptrs = (ctypes.c_void_p * 5)(*(None if x is None else x.data_ptr() for x in sims))
     fl = np.array([floors[f] for f in SIMS], np.float32)
     e = len(r)
-    kept, top = np.empty(e, np.int64), np.empty(e, np.int64)
-    v, scratch, held = (np.empty(e, np.float32) for _ in range(3))
+    kept, top = scratch("kept", e, np.int64), scratch("top", e, np.int64)
+    v, spare, held = (scratch(x, e, np.float32) for x in ("v", "spare", "held"))
     out = np.zeros(2, np.int64)
     dup = math.nan if p.dup is None else p.dup
     stop = lib.block_findings(r.data_ptr(), e, len(support), ptrs, fl.ctypes.data, mp, p.tau_i,
                               p.tau_t, dup, p.dup is not None, p.k, support.data_ptr(),
                               cut.ctypes.data, kept.ctypes.data, top.ctypes.data, v.ctypes.data,
-                              scratch.ctypes.data, held.ctypes.data, out.ctypes.data)
+                              spare.ctypes.data, held.ctypes.data, out.ctypes.data)
     if stop >= 0:
         if e and (int(r.min()) < 0 or int(r.max()) >= len(support)):
             raise IndexError(f"block_findings: rows outside 0..{len(support) - 1}")
         return None
     nk, nt = (int(x) for x in out)
-    return (torch.from_numpy(kept[:nk]), torch.from_numpy(top[:nt]),
-            torch.from_numpy(v[:nt]))
+    return tuple(torch.from_numpy(x[:m].copy()) for x, m in ((kept, nk), (top, nt), (v, nt)))
 
 
 def _host_findings(r: torch.Tensor, val: dict, p, support: torch.Tensor, cut: np.ndarray) -> bool:
@@ -375,4 +411,31 @@ def add_rows(x: torch.Tensor, lab: torch.Tensor, sums: torch.Tensor) -> bool:
     if len(lab) and (int(lab.min()) < 0 or int(lab.max()) >= len(sums)):
         raise IndexError(f"add_rows: rows outside 0..{len(sums) - 1}")
     lib.add_rows(x.data_ptr(), x.stride(0), lab.data_ptr(), len(x), x.shape[1], sums.data_ptr())
+    return True
+
+
+def dense_read(sims: dict, flat: torch.Tensor, at: int, a: int, first: int, got: dict,
+               rows: torch.Tensor, cols: torch.Tensor) -> bool:
+    """screen.dense_pairs' reading of one block in C: for the flat indices ``flat`` (ascending,
+    from ``at`` on, within the block) of its [nq, nm] similarities ``sims`` (fp32, row-major),
+    the pairs' rows (a + the block's row), columns (first + its column) and values into
+    ``rows``, ``cols`` and ``got`` (views as long as flat). False (nothing written) without the
+    library, off the host, or with other dtypes or layouts."""
+    lib = library()
+    xs = list(sims.values())
+    outs = [got[s] for s in sims]
+    if lib is None or not xs or any(
+            t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous()
+            for t in (*xs, *outs)) or any(x.shape != xs[0].shape or x.dim() != 2 for x in xs) \
+            or any(t.dtype != torch.int64 or not t.is_contiguous() or t.device.type != "cpu"
+                   for t in (flat, rows, cols)) or \
+            any(len(t) != len(flat) for t in (*outs, rows, cols)):
+        return False
+    (nq, nm), P = xs[0].shape, ctypes.c_void_p * len(xs)
+    bad = lib.dense_read(flat.data_ptr(), len(flat), at, nq, nm, a, first,
+                         P(*(x.data_ptr() for x in xs)), P(*(o.data_ptr() for o in outs)),
+                         len(xs), rows.data_ptr(), cols.data_ptr())
+    if bad >= 0:
+        raise IndexError(f"dense_read: flat index {int(flat[bad])} outside the block from {at} "
+                         f"({nq} x {nm}) or not ascending")
     return True

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import os
 import sys
 import time
@@ -650,6 +651,75 @@ def _kernels(Int8, kernels, native):
             (native, "block_findings", lambda *a: None)]
 
 
+def cached_pass(img: np.ndarray, txt: np.ndarray, a, engine=None, pass_io=None) -> tuple:
+    """(layout, positions, sorted vectors, PassParams with the calibrated probe) of the pass at
+    the defaults and --ks' largest k, written once to --cache and memory-mapped, as the stage's
+    actors read them; ``engine``, ``pass_io``: another checkout's (compare_tree), else this."""
+    import dataclasses
+    from vlcurate.stages.mining import calibrate
+    from vlcurate.stages.mining import engine as this_engine
+    from vlcurate.stages.mining import pass_io as this_io
+    engine, pass_io = engine or this_engine, pass_io or this_io
+    config = pass_config(a, max(a.ks))
+    p = pass_io.pass_params(config, len(img))
+    out = a.cache / f"pass_{a.set}_{len(img)}_{p.precision}"
+    if not (out / "probe").exists():
+        t = time.time()
+        lay = engine.build_layout(img, txt, p, a.device)
+        engine.save_layout(str(out), lay)
+        engine.save_vectors(str(out), lay, {"img": img, "txt": txt}, p.precision)
+        vec = engine.load_vectors(str(out), len(img))
+        probe = calibrate.probe_for(lay, vec, p, config.hpm.engine.recall, a.device)
+        (out / "probe").write_text(str(probe))
+        print(f"layout written to {out} in {time.time() - t:.0f}s", flush=True)
+    lay, positions = engine.load_layout(str(out))
+    vec = engine.load_vectors(str(out), len(img))
+    return lay, positions, vec, dataclasses.replace(
+        p, probe=a.probe or int((out / "probe").read_text()))
+
+
+def compare_tree(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
+    """Another checkout's pass (--compare-tree DIR: its stages/mining imported beside this one's
+    as a package of its own, with its own int8 package and C kernels) against this one's,
+    interleaved chunk by chunk in this process on the same layout files (cached_pass): CPU
+    seconds of this thread per target, and every PassResult field compared byte for byte."""
+    import dataclasses
+    import importlib.util
+    from vlcurate.stages.mining import engine
+    root = a.compare_tree / "stages" / "mining"
+    spec = importlib.util.spec_from_file_location(
+        "other_mining", root / "__init__.py", submodule_search_locations=[str(root)])
+    sys.modules["other_mining"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["other_mining"])
+    old = importlib.import_module("other_mining.engine")
+    importlib.import_module("other_mining.int8")     # its int8 registered in its own registry
+    new = (engine, *cached_pass(img, txt, a))      # first: a missing cache is built by this one
+    side = {"old": (old, *cached_pass(img, txt, a, old, importlib.import_module(
+        "other_mining.pass_io"))), "new": new}
+    rng = np.random.default_rng(0)
+    n, positions = len(img), side["new"][2]
+    warm = positions[rng.choice(n, 2048, replace=False)]
+    for e, lay, _, vec, p in side.values():            # each side's kernels built and warm
+        e.mine(lay, vec, warm, p, a.device)
+    pos = positions[np.sort(rng.choice(n, min(a.targets or 4096, n), replace=False))]
+    took, diffs = {"old": 0.0, "new": 0.0}, []
+    for i, c in enumerate(range(0, len(pos), a.chunk)):
+        got = {}
+        for w in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            e, lay, _, vec, p = side[w]
+            t = time.thread_time()
+            got[w] = e.mine(lay, vec, pos[c:c + a.chunk], p, a.device)
+            took[w] += time.thread_time() - t
+        diffs += [(c, f.name) for f in dataclasses.fields(got["new"]) if np.asarray(getattr(
+            got["new"], f.name)).tobytes() != np.asarray(getattr(got["old"], f.name)).tobytes()]
+    us = {w: 1e6 * v / len(pos) for w, v in took.items()}
+    print(f"RESULT {name} pass, {a.compare_tree} (old) against this checkout (new): {len(pos)} "
+          f"targets, chunks of {a.chunk}, torch threads {torch.get_num_threads()}; CPU us per "
+          f"target old {us['old']:.0f}, new {us['new']:.0f}, x{us['old'] / us['new']:.2f}; "
+          f"fields differing: {diffs or 'none'}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+
+
 def compare_kernels(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     """The host's kernels off (old) against on (new), interleaved in this process: the pass
     chunk by chunk (every PassResult field compared byte for byte, time per target), then the
@@ -658,24 +728,9 @@ def compare_kernels(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     sorted vectors are written once to --cache and memory-mapped, as the stage's actors read
     them."""
     import dataclasses
-    from vlcurate.stages.mining import calibrate, engine
-    from vlcurate.stages.mining.engine import count, layout, passes, persist
-    from vlcurate.stages.mining.pass_io import pass_params
-    config = pass_config(a, max(a.ks))
-    p = pass_params(config, len(img))
-    out = a.cache / f"pass_{a.set}_{len(img)}_{p.precision}"
-    if not (out / "probe").exists():
-        t = time.time()
-        lay = layout.build_layout(img, txt, p, a.device)
-        persist.save_layout(str(out), lay)
-        persist.save_vectors(str(out), lay, {"img": img, "txt": txt}, p.precision)
-        vec = persist.load_vectors(str(out), len(img))
-        probe = calibrate.probe_for(lay, vec, p, config.hpm.engine.recall, a.device)
-        (out / "probe").write_text(str(probe))
-        print(f"layout written to {out} in {time.time() - t:.0f}s", flush=True)
-    lay, positions = persist.load_layout(str(out))
-    vec = persist.load_vectors(str(out), len(img))
-    p = dataclasses.replace(p, probe=a.probe or int((out / "probe").read_text()))
+    from vlcurate.stages.mining import engine
+    from vlcurate.stages.mining.engine import count, passes
+    lay, positions, vec, p = cached_pass(img, txt, a)
     print(f"{name}: precision {p.precision}, probe {p.probe}", flush=True)
     rng = np.random.default_rng(0)
     n = len(img)
@@ -784,6 +839,10 @@ def main() -> int:
                     help="instead of the benchmark: the host's kernels off against on, "
                          "interleaved, every PassResult field and every count compared "
                          "(compare_kernels)")
+    ap.add_argument("--compare-tree", type=Path,
+                    help="instead of the benchmark: another checkout's pass (DIR: its root) "
+                         "against this one's, interleaved, every PassResult field compared "
+                         "(compare_tree)")
     a = ap.parse_args()
     if a.procs > 1 and a.device != "cpu":
         ap.error("--procs mines on CPU processes: use it with --device cpu")
@@ -814,7 +873,8 @@ def main() -> int:
         print(f"synthetic set ready in {time.time() - t:.0f}s", flush=True)
         name = f"{'clustered' if a.set == 'synth' else a.set} synthetic N = {a.n}"
         for a.precision in a.precisions:
-            (compare_kernels if a.compare_kernels else bench_pass)(name, img, txt, a)
+            (compare_tree if a.compare_tree else compare_kernels if a.compare_kernels else
+             bench_pass)(name, img, txt, a)
         if a.fasthpm:
             bench(name, img, txt, a)
     return 0

@@ -22,6 +22,7 @@ the memory-mapped sorted vectors), whatever N is."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -96,7 +97,8 @@ def mine_routed(lay: Layout, vec: Vectors, pos: np.ndarray, p: PassParams, devic
     routes (spaces.add_pairs reads them); with p.exact_noise the support of rows found short
     completed (``complete``)."""
     pos = np.asarray(pos, np.int64)
-    with freed_memory_kept():
+    kept = lay.kept(("scratch", threading.get_ident()), dict)    # this thread's, per layout
+    with freed_memory_kept(), native.scratch_kept(kept):
         r, routes = _mine(lay, vec, pos, p, device, routed)
         if p.exact_noise:
             complete(lay, vec, pos, r, routes, p, device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -110,7 +111,7 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     r, member, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
                                          torch.as_tensor(own, device=device), (base, a))
     acc = Findings(len(qall), p, device)
-    acc.add(r, lay.order_on(device)[member], val)
+    acc.add(r, member, val, lay.order_on(device))
     return acc.result(q.index.cpu().numpy())
 
 
@@ -183,18 +184,23 @@ class Findings:
         self.found: list = []          # pairs as device tensors, until capped
         self.held, self.cut = 0, np.zeros(n, np.int64)
 
-    def add(self, r: torch.Tensor, member: torch.Tensor, val: dict) -> None:
-        """A block's candidate pairs: rows r, members' global rows, exact similarities (one
-        pass in C on a CPU, native.block_findings: the same pairs in the same order)."""
+    def add(self, r: torch.Tensor, member: torch.Tensor, val: dict,
+            to_row: Optional[torch.Tensor] = None) -> None:
+        """A block's candidate pairs: rows r, members' global rows (or their sorted positions,
+        mapped by ``to_row`` only where kept), exact similarities (one pass in C on a CPU,
+        native.block_findings: the same pairs in the same order)."""
         got = native.block_findings(r, val, self.floors, self.p, self.support, self.cut)
         if got is None:
-            new, top = self._select(r, member, val)
+            new, top = self._select(r, member if to_row is None else to_row[member], val)
         else:
             kept, at, v = got
+            mk, ma = member[kept], member[at]
+            if to_row is not None:
+                mk, ma = to_row[mk], to_row[ma]
             nan = torch.full((len(kept),), math.nan, device=r.device)
-            new = [(r[kept], member[kept], *(val[f][kept] if f in val else nan for f in SIMS))
+            new = [(r[kept], mk, *(val[f][kept] if f in val else nan for f in SIMS))
                    ] if len(kept) else []
-            top = (r[at], member[at], v)
+            top = (r[at], ma, v)
         self._hold(new)
         self.best.add(*top)
 

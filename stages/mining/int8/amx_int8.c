@@ -144,18 +144,73 @@ static int64_t count_amx(const int8_t *q, int64_t nq, int64_t d, const int8_t *m
     return n;
 }
 
-/* members [nm, d] (rows ld bytes apart) -> panels of 16 members in AMX's B layout, as pack()
- * lays out queries, plus one zero panel (a pair's second panel past the last). */
-static uint8_t *panels(const int8_t *m, int64_t ld, int64_t nm, int64_t d) {
+/* The 16 x 16 matrix of 4-byte groups at m (16 rows ld bytes apart, 64 bytes each) transposed
+ * into out (16 rows of 64 bytes, 64-aligned): out's row c holds each row's group c. */
+static void transpose16(const int8_t *m, int64_t ld, uint32_t *out) {
+    __m512i a[16], t[16];
+    for (int r = 0; r < 16; r++)
+        a[r] = _mm512_loadu_si512(m + r * ld);
+    for (int r = 0; r < 16; r += 2) {             /* pairs of rows, groups interleaved */
+        t[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
+        t[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
+    }
+    for (int r = 0; r < 16; r += 4) {             /* a lane's 4 rows of one group: a[r + i] */
+        a[r] = _mm512_unpacklo_epi64(t[r], t[r + 2]);
+        a[r + 1] = _mm512_unpackhi_epi64(t[r], t[r + 2]);
+        a[r + 2] = _mm512_unpacklo_epi64(t[r + 1], t[r + 3]);
+        a[r + 3] = _mm512_unpackhi_epi64(t[r + 1], t[r + 3]);
+    }
+    for (int h = 0; h < 8; h += 4)                /* lanes 0, 2 | 1, 3 of rows 0-3 with 4-7 */
+        for (int i = 0; i < 4; i++) {
+            t[h * 2 + i] = _mm512_shuffle_i32x4(a[h * 2 + i], a[h * 2 + 4 + i], 0x88);
+            t[h * 2 + 4 + i] = _mm512_shuffle_i32x4(a[h * 2 + i], a[h * 2 + 4 + i], 0xdd);
+        }
+    for (int i = 0; i < 4; i++) {                 /* rows 0-7 with 8-15: whole groups */
+        _mm512_store_si512(out + 16 * i, _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88));
+        _mm512_store_si512(out + 16 * (8 + i), _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd));
+        _mm512_store_si512(out + 16 * (4 + i), _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88));
+        _mm512_store_si512(out + 16 * (12 + i), _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd));
+    }
+}
+
+/* members [nm, d] (rows ld bytes apart) -> panels of 16 members in AMX's B layout at out, as
+ * pack() lays out queries, plus one zero panel (a pair's second panel past the last): only
+ * the last panels' padding is cleared, every other byte is written. */
+static void fill_panels(const int8_t *m, int64_t ld, int64_t nm, int64_t d, uint32_t *out) {
     const int64_t np = (nm + 15) / 16 + 1, d4 = d / 4;
-    uint32_t *out = aligned_alloc(64, (size_t)(np * 16 * d));
-    memset(out, 0, (size_t)(np * 16 * d));
-    for (int64_t j = 0; j < nm; j++) {
+    memset(out + (nm / 16) * 16 * d4, 0, (size_t)((np - nm / 16) * 16 * d));
+    for (int64_t j = 0; j + 16 <= nm; j += 16)       /* whole panels: 16 x 16 transposes */
+        for (int64_t k = 0; k < d4; k += 16)
+            transpose16(m + j * ld + 4 * k, ld, out + j * d4 + 16 * k);
+    for (int64_t j = nm / 16 * 16; j < nm; j++) {
         uint32_t *p = out + (j / 16) * d4 * 16 + (j % 16);
         for (int64_t k = 0; k < d4; k++)
             memcpy(p + k * 16, m + j * ld + 4 * k, 4);
     }
+}
+
+/* fill_panels into memory of their own (freed by the caller). */
+static uint8_t *panels(const int8_t *m, int64_t ld, int64_t nm, int64_t d) {
+    const int64_t np = (nm + 15) / 16 + 1;
+    uint32_t *out = aligned_alloc(64, (size_t)(np * 16 * d));
+    fill_panels(m, ld, nm, d, out);
     return (uint8_t *)out;
+}
+
+/* This thread's scratch memory for screen_amx_, at least ``need`` bytes, 64-aligned: kept
+ * from call to call (a block's panels are ~0.4 MB: fresh memory each block cost more page
+ * faults than its GEMMs), grown when a block needs more. */
+static __thread uint8_t *room_at;
+static __thread size_t room_size;
+
+static uint8_t *room(size_t need) {
+    need = (need + 63) / 64 * 64;
+    if (need > room_size) {
+        free(room_at);
+        room_at = aligned_alloc(64, need);
+        room_size = room_at ? need : 0;
+    }
+    return room_at;
 }
 
 /* sums [16 queries][32 members] int32 (rows 32 apart) of query rows q (16, ld apart) x member
@@ -206,14 +261,22 @@ static int64_t screen_amx_(const int8_t *qi, int64_t ldi, int64_t di, const int8
                            const int8_t *mt, int64_t lmt, int64_t nm, const int32_t *fi,
                            const int32_t *ti, const int32_t *ft, const int32_t *tt,
                            int64_t first, int64_t *out) {
-    const int64_t np = (nm + 15) / 16;
-    uint8_t *pi = panels(mi, lmi, nm, di), *pt = qt ? panels(mt, lmt, nm, dt) : NULL;
-    uint16_t *masks = malloc((size_t)(nq * np + 1) * sizeof(uint16_t));
-    int32_t *s = aligned_alloc(64, 2 * 16 * 32 * sizeof(int32_t));
-    int8_t *pad = NULL;
+    const int64_t np = (nm + 15) / 16, rows = nq < 16 ? 16 : nq;
+    const size_t at_pt = (size_t)((np + 1) * 16 * di), at_s = at_pt + (size_t)((np + 1) * 16 * dt),
+                 at_pad = at_s + 2 * 16 * 32 * sizeof(int32_t),
+                 at_mk = at_pad + (size_t)(16 * (di + dt) + 63) / 64 * 64;
+    uint8_t *mem = room(at_mk + (size_t)(rows * np + 1) * sizeof(uint16_t));
+    if (!mem)
+        return -1;
+    uint8_t *pi = mem, *pt = qt ? mem + at_pt : NULL;
+    int32_t *s = (int32_t *)(mem + at_s);
+    uint16_t *mk = (uint16_t *)(mem + at_mk);
+    fill_panels(mi, lmi, nm, di, (uint32_t *)pi);
+    if (qt)
+        fill_panels(mt, lmt, nm, dt, (uint32_t *)pt);
     int32_t lim[4][16] = {{0}};
     if (nq < 16) {                 /* under 16 rows: a zero-padded copy, its limits unread */
-        pad = aligned_alloc(64, (size_t)(16 * (di + dt)));
+        int8_t *pad = (int8_t *)(mem + at_pad);
         memset(pad, 0, (size_t)(16 * (di + dt)));
         for (int64_t r = 0; r < nq; r++) {
             memcpy(pad + r * di, qi + r * ldi, (size_t)di);
@@ -225,8 +288,6 @@ static int64_t screen_amx_(const int8_t *qi, int64_t ldi, int64_t di, const int8
         qi = pad, ldi = di, qt = qt ? pad + 16 * di : NULL, ldt = dt;
         fi = lim[0], ti = lim[1], ft = lim[2], tt = lim[3];
     }
-    const int64_t rows = nq < 16 ? 16 : nq;
-    uint16_t *mk = nq < 16 ? malloc((size_t)(16 * np + 1) * sizeof(uint16_t)) : masks;
     tiles_on();
     for (int64_t b = 0; b < rows; b += 16) {
         const int64_t r = b + 16 <= rows ? b : rows - 16;    /* the tail: the last 16 again */
@@ -241,13 +302,6 @@ static int64_t screen_amx_(const int8_t *qi, int64_t ldi, int64_t di, const int8
         for (int64_t p = 0; p < np; p++)
             for (uint32_t m = mk[r * np + p]; m; m &= m - 1)
                 out[n++] = first + r * nm + p * 16 + __builtin_ctz(m);
-    if (mk != masks)
-        free(mk);
-    free(masks);
-    free(pi);
-    free(pt);
-    free(pad);
-    free(s);
     return n;
 }
 
@@ -376,6 +430,50 @@ int64_t screen_amx(const int8_t *qi, int64_t ldi, int64_t di, const int8_t *qt, 
     (void)lmi, (void)mt, (void)lmt, (void)nm, (void)fi, (void)ti, (void)ft, (void)tt;
     (void)first, (void)out;
     return -1;
+}
+
+/* screen_amx over a stack's blocks in one call (q8.candidates): block u is query rows
+ * q0[u] .. q1[u] of qi, qt (rows di, dt bytes apart) against the nm[u] member rows at
+ * addresses mi[u], mt[u] (rows di, dt apart), with the thresholds from row lim0[u] of fi, ti,
+ * ft, tt, and flat indices from first[u]; blocks without queries or members list nothing.
+ * Each block's pairs follow the last's in out (ascending where first is), without the flat
+ * indices own[0..no) (ascending: the targets' own pairs). Returns their number, or -1 where
+ * screen_amx would not run (the caller screens block by block). */
+int64_t screen_amx_blocks(const int8_t *qi, int64_t di, const int8_t *qt, int64_t dt,
+                          int64_t nb, const int64_t *q0, const int64_t *q1, const int64_t *mi,
+                          const int64_t *mt, const int64_t *nm, const int64_t *lim0,
+                          const int64_t *first, const int32_t *fi, const int32_t *ti,
+                          const int32_t *ft, const int32_t *tt, const int64_t *own, int64_t no,
+                          int64_t *out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+    if (di % 64 || di <= 0 || dt % 64 || dt <= 0 || !has_amx())
+        return -1;
+    int64_t n = 0, o = 0;
+    for (int64_t u = 0; u < nb; u++) {
+        const int64_t l = lim0[u];
+        if (q1[u] > q0[u] && nm[u] > 0) {
+            const int64_t got = screen_amx_(qi + q0[u] * di, di, di, qt + q0[u] * dt, dt, dt, q1[u] - q0[u],
+                             (const int8_t *)mi[u], di, (const int8_t *)mt[u], dt, nm[u],
+                             fi + l, ti + l, ft + l, tt + l, first[u], out + n);
+            if (got < 0)
+                return -1;
+            int64_t w = n;
+            for (int64_t i = n; i < n + got; i++) {      /* the block's own pairs left out */
+                while (o < no && own[o] < out[i])
+                    o++;
+                if (o == no || own[o] != out[i])
+                    out[w++] = out[i];
+            }
+            n = w;
+        }
+    }
+    return n;
+#else
+    (void)qi, (void)di, (void)qt, (void)dt, (void)nb, (void)q0, (void)q1, (void)mi, (void)mt;
+    (void)nm, (void)lim0, (void)first, (void)fi, (void)ti, (void)ft, (void)tt, (void)own;
+    (void)no, (void)out;
+    return -1;
+#endif
 }
 
 /* Whether count_hits runs here (x86-64 Linux, GCC, AMX-INT8 and leave to use it). */

@@ -58,6 +58,8 @@ def _declare_count(lib: ctypes.CDLL) -> None:
     lib.screen_amx.argtypes = [_P, _I, _I, _P, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I,
                                _P]
     lib.screen_amx.restype = _I
+    lib.screen_amx_blocks.argtypes = [_P, _I, _P, _I, _I] + [_P] * 12 + [_I, _P]
+    lib.screen_amx_blocks.restype = _I
     lib.int_mm.argtypes = [_P, _I, _P, _I, _I, _P]
     lib.int_mm.restype = _I
     lib.int_argmax.argtypes = [_P, _I, _P, _I, _I, _P]
@@ -210,6 +212,46 @@ def screen_int8(qi: torch.Tensor, mi: torch.Tensor, qt: Optional[torch.Tensor],
         panels = -(-nm // 16)
         scratch = np.empty(16 * panels * (di + dt) + 16 * nq + 2 * nq * panels + 64, np.uint8)
         n = lib.screen_int8(*args, scratch.ctypes.data)
+    return None if n < 0 else out[:n]
+
+
+def screen_blocks(qi: torch.Tensor, qt: torch.Tensor, spans: list, members: list,
+                  lim_i: list, lim_t: list, firsts: np.ndarray,
+                  own: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """screen_int8 of a stack's blocks with AMX, in one call (no Python per block): block u is
+    query rows spans[u] of qi, qt [nq, d] against members[u] = (img, txt) int8 [nm, d], with
+    the thresholds of lim_i, lim_t ([floor, tau], int32 [rows, 1], the spans' rows one span
+    after the other) and flat indices from firsts[u]; the blocks' pairs one after the other,
+    each block's ascending, as screen_int8 block by block lists them, without the flat indices
+    ``own`` (screen._without's, left out as they are listed when ascending). None where screen_amx
+    would not run (or a layout it does not read in place: the caller screens block by
+    block)."""
+    lib = count_library()
+    ops = [qi, qt, *(x for m in members for x in m)]
+    if lib is None or not USE_AMX or not members or any(
+            x.device.type != "cpu" or x.dtype != torch.int8 or x.dim() != 2 or
+            x.stride(1) != 1 or x.stride(0) != x.shape[1] for x in ops):
+        return None
+    di, dt = qi.shape[1], qt.shape[1]
+    if qt.shape[0] != qi.shape[0] or any(mi.shape[1] != di or mt.shape[1] != dt or
+                                        len(mi) != len(mt) for mi, mt in members):
+        raise ValueError("screen_blocks: queries and members of different shapes")
+    q0, q1 = (np.array([s[h] for s in spans], np.int64) for h in (0, 1))
+    nm = np.array([len(mi) for mi, _ in members], np.int64)
+    lim0 = np.cumsum(np.r_[0, q1 - q0])
+    lims = [np.ascontiguousarray(t, np.int32) for t in (*lim_i, *lim_t)]
+    if q0.min() < 0 or q1.max() > len(qi) or (q1 < q0).any() or \
+            any(t.shape != (lim0[-1], 1) for t in lims):
+        raise ValueError("screen_blocks: spans or thresholds out of the queries' rows")
+    ptr = [np.array([m[h].data_ptr() for m in members], np.int64) for h in (0, 1)]
+    firsts = np.ascontiguousarray(firsts, np.int64)
+    own = np.ascontiguousarray(np.zeros(0, np.int64) if own is None else own, np.int64)
+    if len(own) > 1 and not (own[1:] > own[:-1]).all():
+        own = own[:0]                       # not ascending: the caller leaves them out
+    out = np.empty(max(int(((q1 - q0) * nm).sum()), 1), np.int64)
+    n = lib.screen_amx_blocks(qi.data_ptr(), di, qt.data_ptr(), dt, len(members),
+                              *(x.ctypes.data for x in (q0, q1, *ptr, nm, lim0, firsts, *lims)),
+                              own.ctypes.data, len(own), out.ctypes.data)
     return None if n < 0 else out[:n]
 
 

@@ -67,7 +67,7 @@ class Int8(Precision):
         pass), the candidates re-scored in fp32, unless dense (then read off fp32 GEMMs of the
         blocks holding a candidate: screen.dense_pairs)."""
         at = screen.offsets(blocks)
-        flat = q8.candidates(q.low, blocks, screen.PAIRS, floors, tau_i, tau_t, at)
+        flat = q8.candidates(q.low, blocks, screen.PAIRS, floors, tau_i, tau_t, at, own)
         flat = screen._without(flat.to(own.device), own)
         if len(flat) <= screen.DENSE_SHARE * DENSE_GAIN * at[-1]:
             return screen.rescore_flat(q, blocks, flat, members)

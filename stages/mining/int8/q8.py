@@ -280,11 +280,12 @@ def hits(x: Q8, rows: np.ndarray, m: Q8, floor: float) -> tuple:
 
 
 def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, tau_t: float,
-               offsets: np.ndarray) -> torch.Tensor:
+               offsets: np.ndarray, own: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Flat indices (ascending) of the pairs of blocks (q0, q1, m, m_low) that pass the
     candidate rule (screen._rule's: S_ii and S_tt both above tau, or any similarity above its
     floor) on their integer sums; ``offsets``: each block's first flat index. Members without
-    a stored copy (m_low None) are quantized as they are read."""
+    a stored copy (m_low None) are quantized as they are read. ``own`` (flat indices,
+    ascending) may be left out already (the caller leaves them out either way)."""
     m8 = [m_low or {f: block(v) for f, v in m.items() if v is not None}
           for _, _, m, m_low in blocks]
     spans = [(a, b) for a, b, _, _ in blocks]
@@ -293,6 +294,9 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
                                            else []))
               for s, a, b in pairs if q.get(a) is not None}
     cut = np.cumsum([0] + [b - a for a, b in spans])
+    hit = stacked(q, m8, pairs, spans, limits, offsets, own)
+    if hit is not None:
+        return hit
     out = [torch.zeros(0, dtype=torch.long, device=q["img"].values.device)]
     for u, (a, b, _, _) in enumerate(blocks):
         at = {s: [t[cut[u]:cut[u + 1]] for t in v] for s, v in limits.items()}
@@ -302,6 +306,21 @@ def candidates(q: dict, blocks: list, pairs: tuple, floors: dict, tau_i: float, 
             {s: products(qu[x], m8[u][y]) for s, x, y in pairs if qu.get(x) is not None}, at,
             int(offsets[u])))
     return torch.cat(out)
+
+
+def stacked(q: dict, m8: list, pairs: tuple, spans: list, limits: dict,
+            offsets: np.ndarray, own: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """candidates' answer for every block at once (kernels.screen_blocks: AMX, one call, the
+    own pairs left out) where the similarities are S_ii and S_tt alone; None elsewhere (block
+    by block, as ``fused``)."""
+    if {s for s, x, _ in pairs if q.get(x) is not None} != {"sii", "stt"} or (
+            own is not None and own.device.type != "cpu"):
+        return None
+    hit = kernels.screen_blocks(q["img"].values, q["txt"].values, spans,
+                                [(m["img"].values, m["txt"].values) for m in m8],
+                                limits["sii"], limits["stt"], offsets[:len(m8)],
+                                None if own is None else own.numpy())
+    return None if hit is None else torch.from_numpy(hit)
 
 
 def fused(q: dict, m: dict, pairs: tuple, limits: dict, first: int) -> Optional[torch.Tensor]:

@@ -3,6 +3,7 @@ give the same bits as their torch and NumPy paths, and a pass with them writes t
 as a pass without them."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -343,6 +344,11 @@ def test_c_row_best_equals_best_s_sorted_lists(per_row, k):
         mp.setattr(native, "row_best", lambda *a: None)
         want = best.dense()
     assert all(torch.equal(x, y) for x, y in zip(got, want))
+    with native.scratch_kept():          # kept scratch, a larger call first: the same lists
+        bigger = topk.Best(n, k, "cpu")
+        bigger.add(*(torch.from_numpy(np.tile(x, 2)) for x in (r, j + 10 ** 6, s)))
+        bigger.dense()
+        assert all(torch.equal(x, y) for x, y in zip(best.dense(), want))
     assert (got[0][1::2] == -1).all() and (got[0][::2, :min(k, per_row)] >= 0).all()
     s[3] = np.nan
     assert native.row_best(*(torch.from_numpy(x) for x in (r, j, s)), n, k) is None
@@ -387,18 +393,21 @@ def test_c_block_findings_equal_torch_s_selection(k, max_pairs, dup, cross):
                         floor_x=0.6 if cross else 2.0, max_pairs=max_pairs)
     blocks = [_block(rng, n, cross) for _ in range(3)] + [_sampled(n, cross)]
     got = {}
-    for on in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
+    for on in (True, "kept", False):     # kept: scratch kept from block to block
+        with pytest.MonkeyPatch.context() as mp, \
+                (native.scratch_kept() if on == "kept" else contextlib.nullcontext()):
             if not on:
                 mp.setattr(native, "block_findings", lambda *a: None)
             acc = units.Findings(n, p, "cpu")
             for b in blocks:
                 acc.add(*b)
             got[on] = (pairs_of(acc.found), acc.best.unsorted(), acc.support, acc.cut)
-    (pa, ta, sa, ca), (pb, tb, sb, cb) = got[True], got[False]
-    assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
-    assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
-    np.testing.assert_array_equal(ca, cb)
+    (pb, tb, sb, cb) = got[False]
+    for pa, ta, sa, ca in (got[True], got["kept"]):
+        assert pa.keys() == pb.keys() and all(_same(pa[f], pb[f]) for f in pa)
+        assert all(_same(x, y) for x, y in zip(ta, tb)) and torch.equal(sa, sb)
+        np.testing.assert_array_equal(ca, cb)
+    pa, ta, sa, ca = got[True]
     assert len(pa["q"]) and len(ta[0]) and int(sa.sum()) > len(ta[0])
     if max_pairs is not None:
         assert ca.sum() > 0
@@ -492,3 +501,113 @@ def test_c_member_sums_are_torch_s_index_add_bit_for_bit():
     with pytest.raises(IndexError):
         native.add_rows(x, lab + 1, torch.zeros((3, 80), dtype=torch.float64))
     assert not native.add_rows(x.double(), lab, got)
+
+
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX (or no C compiler) here: block by block")
+def test_the_stacked_amx_screen_lists_what_the_blocks_list_one_by_one(monkeypatch):
+    """kernels.screen_blocks (one C call for a stack) against screen_int8 block by block and
+    q8.rule on torch's sums: blocks with no queries or no members, row tails under 16, members
+    read where they lie (slices of one array), flat indices from each block's offset, and
+    thresholds at int32's ends; a layout it cannot read in place falls back (None)."""
+    rng = np.random.default_rng(3)
+    di, dt = 128, 64
+    qi, qt = (torch.from_numpy(rng.integers(-127, 128, (70, d), dtype=np.int8)) for d in (di, dt))
+    mall = [torch.from_numpy(rng.integers(-127, 128, (400, d), dtype=np.int8)) for d in (di, dt)]
+    spans = [(0, 17), (17, 17), (17, 20), (20, 52), (52, 70), (30, 40)]
+    rows = [(0, 33), (33, 90), (90, 90), (100, 116), (120, 377), (5, 6)]
+    members = [(mall[0][a:b], mall[1][a:b]) for a, b in rows]
+    firsts = np.cumsum([0] + [(b - a) * len(m[0]) for (a, b), m in zip(spans, members)])
+    lim0 = np.cumsum([0] + [b - a for a, b in spans])
+    lim = {s: [np.zeros((lim0[-1], 1), np.int32) for _ in range(2)] for s in ("sii", "stt")}
+    want = []
+    for u, ((a, b), (mi, mt)) in enumerate(zip(spans, members)):
+        at = slice(lim0[u], lim0[u + 1])
+        sums = {"sii": torch._int_mm(qi[a:b], mi.T).numpy() if (b - a) * len(mi) else None,
+                "stt": torch._int_mm(qt[a:b], mt.T).numpy() if (b - a) * len(mi) else None}
+        for s, x in sums.items():          # floor: a row's top 5%; tau: its top 60%
+            for t, pct in zip(lim[s], (95, 40)):
+                t[at] = np.percentile(x, pct, 1, keepdims=True) if x is not None else 0
+        if b - a > 3:
+            lim["sii"][0][at][1], lim["stt"][1][at][2] = q8.INT32
+        one = kernels.screen_int8(qi[a:b], mi, qt[a:b], mt, [t[at] for t in lim["sii"]],
+                                  [t[at] for t in lim["stt"]], int(firsts[u]))
+        if sums["sii"] is not None:
+            assert np.array_equal(one, np.flatnonzero(q8.rule(sums, {
+                s: [t[at] for t in v] for s, v in lim.items()})) + firsts[u])
+        want.append(one)
+    got = kernels.screen_blocks(qi, qt, spans, members, lim["sii"], lim["stt"], firsts[:-1])
+    want = np.concatenate(want)
+    assert 0.2 < len(want) / firsts[-1] < 0.8 and np.array_equal(got, want)
+    own = np.unique(np.r_[want[::7], want[-1], 1, firsts[-1] - 1])   # listed or not
+    for o in (own, own[::-1]):          # left out; not ascending: listed (the caller's to do)
+        got = kernels.screen_blocks(qi, qt, spans, members, lim["sii"], lim["stt"],
+                                    firsts[:-1], o)
+        assert np.array_equal(got, want[~np.isin(want, own)] if o is own else want)
+    assert kernels.screen_blocks(qi[:, ::2], qt, spans, members, lim["sii"], lim["stt"],
+                                 firsts[:-1]) is None               # strided: block by block
+    monkeypatch.setattr(kernels, "USE_AMX", False)
+    assert kernels.screen_blocks(qi, qt, spans, members, lim["sii"], lim["stt"],
+                                 firsts[:-1]) is None
+
+
+@built
+def test_c_dense_reads_equal_torch_s_takes_and_divisions():
+    """native.dense_read (a dense block's candidates: rows, columns and fp32 values in one
+    pass) against the torch path it replaces, into views of larger buffers; an index outside
+    the block, or out of order, raises before a wrong read."""
+    g = torch.Generator().manual_seed(2)
+    sims = {s: torch.randn(37, 53, generator=g) for s in ("sii", "stt", "xii")}
+    at = 1000
+    flat = torch.sort(torch.randperm(37 * 53, generator=g)[:900]).values + at
+    flat[-1] = at + 37 * 53 - 1
+    n = len(flat) + 5
+    buf = {s: torch.full((n,), -1.0) for s in sims}
+    rows, cols = torch.full((n,), -1, dtype=torch.long), torch.full((n,), -1, dtype=torch.long)
+    view = slice(3, 3 + len(flat))
+    assert native.dense_read(sims, flat, at, 11, 400, {s: v[view] for s, v in buf.items()},
+                             rows[view], cols[view])
+    local = flat - at
+    assert torch.equal(rows[view], local // 53 + 11) and torch.equal(cols[view], local % 53 + 400)
+    for s, x in sims.items():
+        assert _bits(buf[s][view]) == _bits(torch.take(x, local))
+        assert (buf[s][:3] == -1).all() and (buf[s][view.stop:] == -1).all()
+    here = {s: v[view] for s, v in buf.items()}
+    for bad in (flat - 1, flat + 1, flat.flip(0)):
+        with pytest.raises(IndexError, match="dense_read"):
+            native.dense_read(sims, bad, at, 0, 0, here, rows[view], cols[view])
+    assert not native.dense_read({s: x.t() for s, x in sims.items()}, flat, at, 0, 0, here,
+                                 rows[view], cols[view])          # not row-major: torch's
+
+
+@built
+@pytest.mark.skipif(not kernels.amx(), reason="no AMX here: the stacked screen does not run")
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_pass_at_64_dimensions_with_the_stacked_screen_writes_what_one_without_writes(
+        dense, monkeypatch):
+    """int8 at 64 dimensions (AMX reads them): every stack screened in one C call
+    (screen_amx_blocks) and, dense, its candidates read off fp32 GEMMs in C (dense_read); the
+    same bytes as the pass without any C kernel."""
+    img, txt = pairs(300, 64, seed=8, spread=0.9, n_clusters=5)
+    p = core.PassParams(k=7, tau_i=0.3, tau_t=0.1, dup=0.98, n_clusters=5, probe=2,
+                        query_block=41, block_size=53, precision="int8", space_probe=0,
+                        **dict(FLOORS, floor_i=0.5, floor_t=0.5, floor_x=0.6))
+    share = 0.0 if dense else 1.0
+    calls: dict = {}
+    monkeypatch.setattr(screen, "DENSE_SHARE", share)
+    monkeypatch.setattr(native, "library", _Counted(native.library(), calls))
+    monkeypatch.setattr(kernels, "count_library", _Counted(kernels.count_library(), calls))
+    with_c = space_pass(img, txt, p)
+    assert calls.get("screen_amx_blocks") and bool(calls.get("dense_read")) == dense, calls
+    monkeypatch.undo()
+    monkeypatch.setattr(screen, "DENSE_SHARE", share)
+    monkeypatch.setenv("VLCURATE_NATIVE", "0")
+    _clear()
+    try:
+        without = space_pass(img, txt, p)
+    finally:
+        monkeypatch.delenv("VLCURATE_NATIVE")
+        _clear()
+    assert len(with_c.pair_j) > 50 and with_c.support.sum() > 100
+    for f in dataclasses.fields(passes.PassResult):
+        x, y = getattr(with_c, f.name), getattr(without, f.name)
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
