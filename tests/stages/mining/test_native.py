@@ -182,13 +182,19 @@ def test_a_pass_with_the_c_kernels_writes_what_one_without_writes(precision, cro
     vnni = precision == "int8" and kernels.vnni()
     assert bool(calls.get("screen_int8")) == vnni, calls
     assert bool(calls.get("screen_pairs")) == (precision == "int8" and (cross or not vnni)), calls
+    assert_same_without_c(with_c, lambda: _pass(precision, cross), 1.0, monkeypatch)
+
+
+def assert_same_without_c(with_c, run, share: float, monkeypatch) -> None:
+    """``run()`` again with no C library (``VLCURATE_NATIVE=0``), the dense share ``share``:
+    every PassResult field the same bytes as ``with_c``'s."""
     monkeypatch.undo()
-    monkeypatch.setattr(screen, "DENSE_SHARE", 1.0)
+    monkeypatch.setattr(screen, "DENSE_SHARE", share)
     monkeypatch.setenv("VLCURATE_NATIVE", "0")
     _clear()
     try:
         assert native.library() is None and kernels.library() is None
-        without = _pass(precision, cross)
+        without = run()
     finally:
         monkeypatch.delenv("VLCURATE_NATIVE")
         _clear()
@@ -598,16 +604,4 @@ def test_a_pass_at_64_dimensions_with_the_stacked_screen_writes_what_one_without
     monkeypatch.setattr(kernels, "count_library", _Counted(kernels.count_library(), calls))
     with_c = space_pass(img, txt, p)
     assert calls.get("screen_amx_blocks") and bool(calls.get("dense_read")) == dense, calls
-    monkeypatch.undo()
-    monkeypatch.setattr(screen, "DENSE_SHARE", share)
-    monkeypatch.setenv("VLCURATE_NATIVE", "0")
-    _clear()
-    try:
-        without = space_pass(img, txt, p)
-    finally:
-        monkeypatch.delenv("VLCURATE_NATIVE")
-        _clear()
-    assert len(with_c.pair_j) > 50 and with_c.support.sum() > 100
-    for f in dataclasses.fields(passes.PassResult):
-        x, y = getattr(with_c, f.name), getattr(without, f.name)
-        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), f.name
+    assert_same_without_c(with_c, lambda: space_pass(img, txt, p), share, monkeypatch)
