@@ -520,3 +520,33 @@ def test_tesseract_thread_limit_is_set_only_while_it_runs(monkeypatch):
     assert os.environ["OMP_THREAD_LIMIT"] == "3"
     with T.omp_limit(0):
         assert os.environ["OMP_THREAD_LIMIT"] == "3"
+
+
+def mixed_rows():
+    """The 216-photo mix: the first 120 COCO photos with their first caption, the first 80
+    grocery packs with their product name, the 16 scene-text photos with their visible text."""
+    out = []
+    for name, n, col, table in (("coco_mini", 120, "caption", "captions.csv"),
+                                ("grocery_packages", 80, "caption", "captions.csv"),
+                                ("ocr_scene_text", 16, "visible_text", "annotations.csv")):
+        folder, seen = shared_data(name), {}
+        with open(folder / table, encoding="utf-8") as fh:
+            for r in csv.DictReader(fh):
+                seen.setdefault(r["image"], r[col] or "a photo")
+        out += [((folder / "images" / k).read_bytes(), c) for k, c in list(seen.items())[:n]]
+    return out
+
+
+@pytest.mark.realdata
+def test_the_default_reads_every_line_of_rapidocrs_own_full_ocr_on_the_mixed_photos():
+    """The default mode's lines are rapidocr's own ``RapidOCR.__call__``'s, text and score, on
+    every photo of the mix: every decision and every recorded match the same."""
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    p = TextSpotParams()
+    ocr = T.make_backend(p)
+    rows = mixed_rows()
+    ims = [T.load_image(b, p.max_side) for b, _ in rows]
+    own = [[T.Spot(str(r[1]), float(r[2])) for r in (ocr.ocr(im)[0] or [])] for im in ims]
+    got = ocr(ims)
+    assert got == own
+    assert sum(T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(got, rows)) >= 70
