@@ -61,8 +61,9 @@ class Read(list):
         self.complete = complete
 
 
-class BackendUnavailable(RuntimeError):
-    """The OCR backend cannot run here; the message says what to install or change."""
+# the OCR backend cannot run here (the message says what to install or change); defined with the
+# runtimes, which raise it too, so that this module imports them and never the other way
+BackendUnavailable = R.BackendUnavailable
 
 
 # --- the matching rule ----------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class RapidOcrBackend:
                     for i, im in enumerate(images)]
         if self.fast is not None:
             return [rapid_fast(self.ocr, im, self.fast) for im in images]
-        return [[Spot(str(r[1]), float(r[2])) for r in (self.ocr(im)[0] or [])] for im in images]
+        return [rapid_full(self.ocr, im) for im in images]
 
 
 def check_cuda() -> None:
@@ -223,6 +224,20 @@ def check_cuda() -> None:
         raise BackendUnavailable("textspot.device=cuda: onnxruntime has no CUDA provider here "
                                  f"({onnxruntime.get_available_providers()}): `pip install "
                                  "onnxruntime-gpu` in place of onnxruntime, or textspot.device=cpu")
+
+
+def rapid_full(ocr: Any, im: Image.Image) -> list[Spot]:
+    """rapidocr's full OCR (``RapidOCR.__call__``) step by step: its lines, texts, scores and
+    order, the same bytes (tested against it); only the detector's input is normalised through
+    a table (``full_detect``), which spares a float64 pass over every pixel."""
+    img, _, _ = ocr.preprocess(ocr.load_img(im))
+    img, _ = ocr.maybe_add_letterbox(img, {})
+    boxes = full_detect(ocr, img)
+    if not len(boxes):
+        return []
+    crops = ocr.text_cls(ocr.get_crop_img_list(img, boxes))[0]
+    return [Spot(str(r[0]), float(r[1])) for r in ocr.text_rec(crops)[0]
+            if float(r[1]) >= ocr.text_score]
 
 
 def rapid_fast(ocr: Any, im: Image.Image, fast: FastPath) -> list[Spot]:

@@ -23,6 +23,12 @@ from typing import Any, Callable, Optional
 
 RUNTIMES = ("auto", "onnxruntime", "openvino")
 PRECISIONS = ("f32", "bf16", "det-bf16")
+
+
+class BackendUnavailable(RuntimeError):
+    """The OCR backend cannot run here; the message says what to install or change."""
+
+
 # each precision's per-model precisions (detector, angle classifier, recogniser)
 PLANS = {"f32": ("f32",) * 3, "bf16": ("bf16",) * 3, "det-bf16": ("bf16", "f32", "f32")}
 
@@ -159,7 +165,6 @@ def use_openvino(ocr: Any, threads: int, precision: str) -> None:
     """Put OpenVINO sessions of the same model files, each at its precision in ``plan``, in
     place of ``ocr``'s (a ``RapidOCR``) onnxruntime sessions; the recogniser keeps the character
     list it read at start."""
-    from .textspot import BackendUnavailable
     if not openvino_version():
         raise BackendUnavailable("textspot.runtime=openvino: cannot import openvino; `pip "
                                  "install openvino` or textspot.runtime=onnxruntime")

@@ -26,10 +26,10 @@ from .optional import decide, skip_status, skipped_table
 class TextSpotParams(Params):
     """DiHT's text spotting (stage ``textspot``): OCR, flag text that repeats the caption."""
     backend: Literal["rapidocr", "tesseract", "mmocr"] = doc("rapidocr", "the OCR engine")
-    mode: Literal["fast", "cascade", "full"] = doc("cascade", (
-        "rapidocr: cascade: the full OCR's decisions, reading only images that may hold text; "
-        "fast reads only what the rule needs, at det_pixels; full: the full OCR "
-        "(docs/textspot.md)"))
+    mode: Literal["fast", "cascade", "full"] = doc("full", (
+        "rapidocr: full: the full OCR, every line it reads; cascade (cheaper) skips images its "
+        "gate finds no line in and stops at a match: fewer lines recorded, and it may miss a "
+        "decision; fast: at det_pixels (docs/textspot.md)"))
     det_pixels: int = positive(196_608, doc=(
         "fast: the text detector's input size in pixels (~512 x 384)"))
     gate_pixels: int = at_least(0, 0, doc="fast: a first, cheaper text detection at this size; "

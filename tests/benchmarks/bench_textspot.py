@@ -7,7 +7,7 @@ DiHT's decision (``cat.text_spotted``) per (image, caption) row, on the real set
 ``../shared/data``.
 
     .venv/bin/python tests/benchmarks/bench_textspot.py [--limit 200] [--rounds 2]
-        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text]
+        [--sets coco_mini,flickr8k_224,grocery_packages,ocr_scene_text,mix]
         [--runtimes ort,ov-f32,ov-bf16,ov-det-bf16,ov-f32-plain] [--no-full]
         [--det-pixels N[:GATE][,...]] [--cascade SCALE[:tight][:PIXELS][:all][:bN][:nogate][,...]]
 
@@ -19,7 +19,7 @@ call), so that several settings are measured against the full OCR in one run. Pr
 CPU ms per image in each model (det, cls, rec) and outside them; where each cascade's CPU time goes
 (gate, det, cls, rec) and the share of images its gate passes, and per path the images whose usable
 lines (confidence >= min_conf, >= min_chars characters) differ from the full OCR's, whatever the
-caption. One process, one onnxruntime thread; the paths run interleaved, a few images at a time, in
+caption. ``mix``: 216 photos of three sets, each with one caption (``--limit 0``). One process, one onnxruntime thread; the paths run interleaved, a few images at a time, in
 rotating order, so that the load of the shared machine falls on all alike (the load average is
 printed beside every figure). Images per CPU-second = images / CPU seconds of this process. The
 scene-text photos have no captions: each is paired with its annotated visible text. Every
@@ -56,6 +56,8 @@ def cpu() -> float:
 
 def load(name: str, limit: int) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
     """A seeded sample of the set's images and every (image, caption) row that shows one."""
+    if name == "mix":
+        return mix()
     folder = DATA / name
     if name == "ocr_scene_text":
         with open(folder / "annotations.csv", encoding="utf-8") as fh:
@@ -68,6 +70,23 @@ def load(name: str, limit: int) -> tuple[dict[str, bytes], list[tuple[str, str]]
     keys = keys[:limit] if limit else keys
     images = {k: (folder / "images" / k).read_bytes() for k in keys}
     return images, [(k, c) for k, c in rows if k in images]
+
+
+def mix() -> tuple[dict[str, bytes], list[tuple[str, str]]]:
+    """The 216-photo mix: the first 120 COCO photos with their first caption, the first 80
+    grocery packs with their product name, the 16 scene-text photos with their visible text."""
+    images, rows = {}, []
+    for name, n, col, table in (("coco_mini", 120, "caption", "captions.csv"),
+                                ("grocery_packages", 80, "caption", "captions.csv"),
+                                ("ocr_scene_text", 16, "visible_text", "annotations.csv")):
+        with open(DATA / name / table, encoding="utf-8") as fh:
+            first = {}
+            for r in csv.DictReader(fh):
+                first.setdefault(r["image"], r[col] or "a photo")
+        for k, c in list(first.items())[:n]:
+            images[f"{name}/{k}"] = (DATA / name / "images" / k).read_bytes()
+            rows.append((f"{name}/{k}", c))
+    return images, rows
 
 
 def decision(spots: list, caption: str, p: TextSpotParams) -> T.Match:

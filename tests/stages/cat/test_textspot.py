@@ -309,8 +309,11 @@ def test_fast_path_skips_crops_too_narrow_for_min_chars_unless_keep_texts(rapid_
 
 def test_fast_path_settings_follow_the_config():
     from vlcurate.stages.cat.textspot_stage import TextSpotParams, _cache_key
-    assert TextSpotParams().mode == "cascade" and T.fast_path(TextSpotParams(mode="full")) is None
+    assert TextSpotParams().mode == "full" and T.fast_path(TextSpotParams()) is None
     cascade = TextSpotParams(mode="cascade")
+
+    def casc(**kw):
+        return TextSpotParams(mode="cascade", **kw)
     assert T.fast_path(cascade) == T.Cascade(gate_ratio=2.0, min_ratio=1.0, stop_chars=5)
     assert T.fast_path(TextSpotParams(mode="cascade", min_chars=4, min_conf=0.9, max_texts=8,
                                       stop_early=False)) == \
@@ -325,18 +328,17 @@ def test_fast_path_settings_follow_the_config():
     assert T.fast_path(gated).gate_pixels == 131_072 and p.gate_pixels == 0
     assert T.fast_path(TextSpotParams(mode="fast", gate_pixels=131_072,
                                       keep_texts=True)).gate_pixels == 0
-    assert T.fast_path(TextSpotParams(gate_min_pixels=65_536)).gate_min_pixels == 65_536
-    assert T.fast_path(TextSpotParams(gate=False)).gate is False and T.fast_path(cascade).gate
+    assert T.fast_path(casc(gate_min_pixels=65_536)).gate_min_pixels == 65_536
+    assert T.fast_path(casc(gate=False)).gate is False and T.fast_path(cascade).gate
     keys = [_cache_key(q) for q in (p, TextSpotParams(mode="full"),
                                     TextSpotParams(mode="fast", keep_texts=True),
                                     TextSpotParams(mode="fast", det_pixels=300_000), gated, cascade,
                                     TextSpotParams(mode="cascade", min_chars=4),
-                                    TextSpotParams(gate_min_pixels=65_536),
-                                    TextSpotParams(gate=False))]
+                                    casc(gate_min_pixels=65_536), casc(gate=False))]
     assert len({repr(k) for k in keys}) == 9                  # each reads differently: own entries
     # a stopped read serves any threshold (T.seen_by): min_conf is not in the key; stopping is
-    assert _cache_key(TextSpotParams(min_conf=0.9)) == _cache_key(cascade) != \
-        _cache_key(TextSpotParams(stop_early=False))
+    assert _cache_key(casc(min_conf=0.9)) == _cache_key(cascade) != \
+        _cache_key(casc(stop_early=False))
     assert _cache_key(TextSpotParams(mode="full")) == \
         _cache_key(TextSpotParams(mode="cascade", keep_texts=True))    # the same lines
 
@@ -477,7 +479,8 @@ def test_stage_stops_reading_at_each_rows_match_and_rows_do_not_depend_on_their_
                          F.IMAGE_HASH.name: [image_hash(img)] * len(rows)})
 
     def stage(**sets):
-        return build_stage(TextSpotStage, C.load(None, {"run.progress": False, **sets}))
+        return build_stage(TextSpotStage, C.load(None, {"run.progress": False,
+                                                        "textspot.mode": "cascade", **sets}))
     nocache = stage(**{"run.image_cache": False})
     alone = [nocache(table([i])) for i in range(3)]
     texts = [sorted(T.normalize(x) for x in t.column(S.OCR_TEXTS.name).to_pylist()[0])
@@ -517,3 +520,33 @@ def test_tesseract_thread_limit_is_set_only_while_it_runs(monkeypatch):
     assert os.environ["OMP_THREAD_LIMIT"] == "3"
     with T.omp_limit(0):
         assert os.environ["OMP_THREAD_LIMIT"] == "3"
+
+
+def mixed_rows():
+    """The 216-photo mix: the first 120 COCO photos with their first caption, the first 80
+    grocery packs with their product name, the 16 scene-text photos with their visible text."""
+    out = []
+    for name, n, col, table in (("coco_mini", 120, "caption", "captions.csv"),
+                                ("grocery_packages", 80, "caption", "captions.csv"),
+                                ("ocr_scene_text", 16, "visible_text", "annotations.csv")):
+        folder, seen = shared_data(name), {}
+        with open(folder / table, encoding="utf-8") as fh:
+            for r in csv.DictReader(fh):
+                seen.setdefault(r["image"], r[col] or "a photo")
+        out += [((folder / "images" / k).read_bytes(), c) for k, c in list(seen.items())[:n]]
+    return out
+
+
+@pytest.mark.realdata
+def test_the_default_reads_every_line_of_rapidocrs_own_full_ocr_on_the_mixed_photos():
+    """The default mode's lines are rapidocr's own ``RapidOCR.__call__``'s, text and score, on
+    every photo of the mix: every decision and every recorded match the same."""
+    from vlcurate.stages.cat.textspot_stage import TextSpotParams
+    p = TextSpotParams()
+    ocr = T.make_backend(p)
+    rows = mixed_rows()
+    ims = [T.load_image(b, p.max_side) for b, _ in rows]
+    own = [[T.Spot(str(r[1]), float(r[2])) for r in (ocr.ocr(im)[0] or [])] for im in ims]
+    got = ocr(ims)
+    assert got == own
+    assert sum(T.text_spotted(T.best_match(s, c, 0.8), 5) for s, (_, c) in zip(got, rows)) >= 70
