@@ -32,10 +32,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks import efficacy_data as D  # noqa: E402
-from vlcurate.pipeline import config as C  # noqa: E402
-from vlcurate.stages.mining import hpm  # noqa: E402
-from vlcurate.stages.mining.engine import siblings  # noqa: E402
+from tests.benchmarks import efficacy_data as D
+from vlcurate.pipeline import config as C
+from vlcurate.stages.mining import hpm
+from vlcurate.stages.mining.engine import siblings
 
 SMALL = Path(__file__).resolve().parents[2] / "pipeline" / "configs" / "small.yaml"
 

@@ -1,7 +1,7 @@
 """Siblings in the noise rule: the other captions of a row's image as support.
 
-HELIP (Wang et al., sec. 3.2 and Alg. 1) mines a data set of one caption per image (CC3M,
-CC12M, YFCC15M; sec. 4.1): a target's support is the pairs whose image *and* caption are both
+HELIP (Wang et al., sec. 3.2 and Alg. 1) mines web pairs, one caption per image (CC3M, CC12M,
+YFCC15M, LAION subsets; sec. 4.1, "Training datasets"): a target's support is the pairs whose image *and* caption are both
 near its own. With several captions per image (COCO, Flickr: five), the other captions of the
 same image (its *siblings*, the rows of its ``image_group``) are the strongest evidence about
 a caption, yet Alg. 1 cannot count them: their image similarity is 1, above the duplicate

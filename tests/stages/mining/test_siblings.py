@@ -84,11 +84,14 @@ def test_a_sibling_alg1_counts_is_not_counted_twice():
 
 
 def test_one_caption_per_image_is_alg1():
-    img, txt, _, _ = multi_caption(groups=12, per=1, swap=(1, 9))
-    group = np.arange(len(img))
-    sup, sib, noise = decide(img, txt, group, k=1)
-    assert (sib == 0).all()
-    np.testing.assert_array_equal(noise, hpm.exact_hpm(img, txt, 1, TAU, TAU, DUP).noise)
+    rng = np.random.default_rng(8)
+    topic = unit(rng.normal(size=(5, 12)))[rng.integers(0, 5, 200)]
+    img = unit(topic + 0.3 * rng.normal(size=(200, 12)))
+    txt = unit(topic + 0.3 * rng.normal(size=(200, 12)))
+    _, sib, noise = decide(img, txt, np.arange(200), k=5)
+    alg1 = hpm.exact_hpm(img, txt, 5, TAU, TAU, DUP).noise
+    assert (sib == 0).all() and 0 < alg1.sum() < 200
+    np.testing.assert_array_equal(noise, alg1)
 
 
 @pytest.mark.parametrize("tau_sib", [0.2, 0.5, 0.8])

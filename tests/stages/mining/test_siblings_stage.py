@@ -15,7 +15,6 @@ from vlcurate.schemas import F, tables
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import mining as M
 from vlcurate.schemas import reasons as R
-from vlcurate.stages.base import Stage
 from vlcurate.stages.export import ExportStage
 from vlcurate.stages.ids import IdsStage
 from vlcurate.stages.ingest import IngestStage
@@ -25,7 +24,7 @@ from vlcurate.stages.mining.hpm_stage import HpmStage
 
 from .. import corpus
 from .test_siblings import multi_caption, unit
-from .test_stage import fixed, quiet, table
+from .test_stage import FakeEmbed, quiet, table
 
 K, TAU = 2, 0.5
 IMG, TXT, GROUP, LABELS = multi_caption(groups=6, per=4, d=16, seed=4, swap=(1, 9))
@@ -38,20 +37,9 @@ VECTORS = {**{c: (IMG[i], TXT[i]) for i, c in enumerate(CAPTIONS)},
            **{c: (IMG[i], TXT[i]) for i, c in enumerate(ONE)}}
 
 
-class GivenEmbed(Stage):
-    """The embed stage's contract with given vectors, looked up by caption."""
-    name = "embed"
-    inputs = {"ingest": (F.CAPTION,)}
-    output = tables.stage_table(E.image_emb(16), E.text_emb(16))
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        caps = batch.column(F.CAPTION.name).to_pylist()
-        return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-                         E.IMAGE_EMB_NAME: fixed(np.stack([VECTORS[c][0] for c in caps])),
-                         E.TEXT_EMB_NAME: fixed(np.stack([VECTORS[c][1] for c in caps])),
-                         F.REASONS.name: pa.array([[]] * len(caps), F.REASONS.type),
-                         F.REASON_DETAIL.name: pa.nulls(len(caps), pa.string())},
-                        schema=self.output)
+class GivenEmbed(FakeEmbed):
+    vectors = VECTORS
+    output = base = tables.stage_table(E.image_emb(16), E.text_emb(16))
 
 
 DAG = [Node(IngestStage), Node(IdsStage, after=("ingest",)), Node(GivenEmbed, after=("ids",)),
