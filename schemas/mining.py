@@ -24,8 +24,13 @@ HARD_SCORES = pa.field("hpm_hard_scores", pa.list_(pa.float32()), metadata={
 SUPPORT = pa.field("hpm_support", pa.int32(), metadata={
     "doc": "pairs with a positive score (duplicates and the target excluded); exact HPM: all of "
            "them; FastHPM: those among the retrieved candidates (a lower bound)"})
+SIBLINGS = pa.field("hpm_sibling_support", pa.int32(), metadata={
+    "doc": "other captions of the target's image (image_group) that agree with its caption (S_tt "
+           "> hpm.siblings.tau_text) and are not in hpm_support: support in the noise rule; 0 "
+           "with one caption per image"})
 IS_NOISE = pa.field("hpm_is_noise", pa.bool_(), metadata={
-    "doc": "HELIP noise pair: fewer than k pairs support the target"})
+    "doc": "HELIP noise pair: fewer than k pairs (hpm_support + hpm_sibling_support) support "
+           "the target"})
 CERTIFIED = pa.field("hpm_certified", pa.bool_(), metadata={
     "doc": "the hard set is provably the exact top-k (exact: always; blocks: k-th product >= "
            "the triangle bound on every unprobed cluster, or no pair left out can score > 0; "
@@ -84,7 +89,7 @@ REL_TEXT = "text"             # S_tt > p3 (and S_it > p1' with a cross-modal emb
 RELATIONS = (REL_DUPLICATE, REL_IMAGE, REL_CROSS, REL_TEXT)
 
 # --- tables -------------------------------------------------------------------------------------------
-HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, IS_NOISE, CERTIFIED, PAIR_IDS, PAIR_SII,
+HARD_PAIRS = stage_table(HARD_IDS, HARD_SCORES, SUPPORT, SIBLINGS, IS_NOISE, CERTIFIED, PAIR_IDS, PAIR_SII,
                          PAIR_STT, PAIR_SIT, PAIR_XII, PAIR_XTT, PAIRS_CUT)
 POSITIVES = stage_table(POSITIVE_IDS, POSITIVE_CAPTIONS, POSITIVE_RELATIONS, POSITIVE_SCORES,
                         POSITIVE_COUNT)

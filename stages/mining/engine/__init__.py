@@ -10,6 +10,7 @@ Modules, by responsibility:
   in the pass's precision, the top-k, the support, the capped candidate pairs);
 * ``passes``: mining rows (units grouped and merged, ``complete``: the noise count made exact);
 * ``spaces``: the one-space layouts' search, for the pairs near in one space only;
+* ``siblings``: the other captions of a row's image as support in the noise rule;
 * ``persist``: the layout and sorted vectors on disk, as the stage's actors read them;
 * ``precision``: fp32, bf16 (and int8, from the ``stages/mining/int8`` package) as objects.
 
@@ -23,6 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from . import siblings
 from . import spaces as _spaces
 from .core import NAMES, PAIR_FIELDS, SIMS, PassParams, Vectors
 from .layout import Layout, build_layout
@@ -71,6 +73,6 @@ def neighbour_pass(img, txt, p: PassParams, ximg=None, xtxt=None, device: str = 
                                    for a in range(0, max(len(pos), 1), rows)])
 
 
-__all__ = ["Layout", "NAMES", "PAIR_FIELDS", "PassParams", "PassResult", "SIMS", "Vectors",
+__all__ = ["Layout", "siblings", "NAMES", "PAIR_FIELDS", "PassParams", "PassResult", "SIMS", "Vectors",
            "build_layout", "load_layout", "load_vectors", "mine", "neighbour_pass", "prepare",
            "save_layout", "save_vectors", "sorted_vectors"]

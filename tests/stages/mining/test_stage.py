@@ -46,19 +46,20 @@ def fixed(x: np.ndarray) -> pa.Array:
 
 
 class FakeEmbed(Stage):
-    """The embed stage's contract with given vectors, looked up by caption."""
+    """The embed stage's contract with given vectors (``vectors``: {caption: (image, text)})."""
     name = "embed"
     inputs = {"ingest": (F.CAPTION,)}
-    output = tables.stage_table(E.image_emb(D), E.text_emb(D))
+    vectors = VECTORS
+    output = base = tables.stage_table(E.image_emb(D), E.text_emb(D))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         caps = batch.column(F.CAPTION.name).to_pylist()
         return pa.table({F.SAMPLE_ID.name: batch.column(F.SAMPLE_ID.name),
-                         E.IMAGE_EMB_NAME: fixed(np.stack([VECTORS[c][0] for c in caps])),
-                         E.TEXT_EMB_NAME: fixed(np.stack([VECTORS[c][1] for c in caps])),
+                         E.IMAGE_EMB_NAME: fixed(np.stack([self.vectors[c][0] for c in caps])),
+                         E.TEXT_EMB_NAME: fixed(np.stack([self.vectors[c][1] for c in caps])),
                          F.REASONS.name: pa.array([[]] * len(caps), F.REASONS.type),
                          F.REASON_DETAIL.name: pa.nulls(len(caps), pa.string())},
-                        schema=FakeEmbed.output)
+                        schema=self.base)
 
 
 class Flag(Stage):
