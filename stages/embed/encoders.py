@@ -1,6 +1,6 @@
 """The two unimodal encoders HELIP mines hard pairs with, behind small wrappers that own their
-preprocessing and batching: a timm ViT (CLS token of ``forward_features``) and a
-SentenceTransformer; and FFF's cross-modal (CLIP-style) encoder, whose image and caption
+preprocessing and batching: a timm model (a ViT's CLS token of ``forward_features``, else its
+pooled pre-logits features: EfficientNet-Lite0's 1,280) and a SentenceTransformer; and FFF's cross-modal (CLIP-style) encoder, whose image and caption
 features share one space. All return L2-normalised float32 numpy arrays."""
 from __future__ import annotations
 
@@ -31,12 +31,7 @@ class ImagePreprocessor:
         if model is None:               # the architecture on the meta device: no memory, no init
             from .widths import meta_timm
             model = meta_timm(spec)
-        args = {}
-        size = dict(spec.options or {}).get("img_size")  # a test/demo architecture's own size
-        if size:
-            hw = (size, size) if isinstance(size, int) else tuple(size)
-            args = {"input_size": (3, *hw), "crop_pct": 1.0}
-        cfg = timm.data.resolve_data_config(args, model=model)
+        cfg = models.data_config(spec, model)      # the weights' own (a packaged model's too)
         steps = list(timm.data.create_transform(**cfg, is_training=False).transforms)
         cut = next(i for i, t in enumerate(steps) if type(t).__name__ in ("ToTensor", "MaybeToTensor",
                                                                             "PILToTensor"))

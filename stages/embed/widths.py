@@ -22,7 +22,9 @@ def meta_timm(spec: Any) -> Any:
     import timm
     import torch
     with torch.device("meta"):
-        return timm.create_model(spec.id, pretrained=False, **dict(spec.options or {}))
+        return timm.create_model(spec.id, pretrained=False,
+                                 pretrained_cfg_overlay=models.timm_overlay(spec),
+                                 **dict(spec.options or {}))
 
 
 @functools.lru_cache(maxsize=8)
