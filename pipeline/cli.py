@@ -117,21 +117,30 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return _run(C.load(a.config, overrides), a.executor)
 
 
-def cmd_export(a: argparse.Namespace) -> int:
+def _run_dir_config(run_dir: str, given: str, overrides: list[str]) -> Optional[Any]:
+    """The config a run directory ran with (its run.json), with ``run.run_dir`` = ``given`` (the
+    directory as given here: run.json records it redacted, no credentials in it) and the
+    overrides; None, with the reason printed, when it is no run directory."""
     from . import config as C
-    run_json = storage.read_json(storage.join(a.run_dir, "run.json"))
+    run_json = storage.read_json(storage.join(run_dir, "run.json"))
     if run_json is None:
-        print(f"error: {storage.redact(a.run_dir)} is not a vlcurate run directory (no run.json)",
+        print(f"error: {storage.redact(run_dir)} is not a vlcurate run directory (no run.json)",
               file=sys.stderr)
+        return None
+    return C.from_snapshot(run_json["config"]).replace(
+        **{"run.run_dir": given, **C.parse_overrides(overrides)})
+
+
+def _local_or_uri(path: str) -> str:
+    return str(Path(path).resolve()) if storage.is_local(path) else path
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    cfg = _run_dir_config(a.run_dir, a.run_dir, a.overrides)
+    if cfg is None:
         return 2
-    data = run_json["config"]
-    # the run directory as given here: run.json records it redacted (no credentials in it)
-    overrides = {"run.run_dir": a.run_dir, **C.parse_overrides(a.overrides)}
     if a.out:
-        overrides["export.out_dir"] = str(Path(a.out).resolve()) if storage.is_local(a.out) \
-            else a.out
-    cfg = C.from_snapshot(data)
-    cfg = cfg.replace(**overrides) if overrides else cfg
+        cfg = cfg.replace(**{"export.out_dir": _local_or_uri(a.out)})
     return _run(cfg, a.executor, only={"export"})
 
 
@@ -139,20 +148,10 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     from . import config as C
     from .finetune import launch
     target = a.target          # a run directory (a path or URI: s3://, gs://) or a config file
-    if not storage.is_local(target) or Path(target).is_dir():
-        run_json = storage.read_json(storage.join(target, "run.json"))
-        if run_json is None:
-            print(f"error: {storage.redact(target)} is not a vlcurate run directory (no run.json)",
-                  file=sys.stderr)
-            return 2
-        cfg = C.from_snapshot(run_json["config"])
-        # the run directory as given here: run.json records it redacted (no credentials in it)
-        run_dir = str(Path(target).resolve()) if storage.is_local(target) else target
-        overrides = {"run.run_dir": run_dir, **C.parse_overrides(a.overrides)}
-        cfg = cfg.replace(**overrides)
-    else:
-        cfg = C.load(target, a.overrides)
-    return launch(cfg, a.nproc)
+    if storage.is_local(target) and not Path(target).is_dir():
+        return launch(C.load(target, a.overrides), a.nproc)
+    cfg = _run_dir_config(target, _local_or_uri(target), a.overrides)
+    return 2 if cfg is None else launch(cfg, a.nproc)
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -193,28 +192,33 @@ def user_error(err: Optional[BaseException]) -> Optional[BaseException]:
     return None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="vlcurate", description="Curate image-text pairs for "
-                                "CLIP-style training on Ray Data.", epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _add_run(sub: Any) -> None:
     r = sub.add_parser("run", help="run the DAG from a YAML config (resumes where it stopped)")
-    r.add_argument("config", help="YAML config (values only; see README)")
+    r.add_argument("config", help="YAML config (values only; see docs/config.md)")
     r.add_argument("--limit", type=int, default=None, metavar="N",
                    help="a quick trial: only the first N records of each source (source.limit)")
     _common(r)
     r.set_defaults(fn=cmd_run)
+
+
+def _add_check(sub: Any) -> None:
     c = sub.add_parser("check", help="preflight: check the weights, spaCy pipeline, OCR backend, "
                        "WordNet and source a run needs, all at once, without running anything")
     c.add_argument("config", help="YAML config")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     c.set_defaults(fn=cmd_check)
+
+
+def _add_demo(sub: Any) -> None:
     d = sub.add_parser("demo", help="render a small demo dataset and run the whole DAG locally")
     d.add_argument("--out", default="runs/demo", help="folder for the demo data and run (runs/demo)")
     d.add_argument("--n", type=int, default=200, help="rendered pairs (200)")
     d.add_argument("--config", default=None, help="optional YAML config layered under the demo's")
     _common(d)
     d.set_defaults(fn=cmd_demo)
+
+
+def _add_inspect(sub: Any) -> None:
     i = sub.add_parser("inspect", help="per-stage counts, reject reasons with examples, schemas")
     i.add_argument("run_dir", help=RUN_DIR_HELP)
     i.add_argument("--examples", type=int, default=3, help="examples per reject reason (3)")
@@ -222,6 +226,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.add_argument("--export", default=None, metavar="DIR",
                    help="show this export (a `vlcurate export --out DIR`) instead of the run's own")
     i.set_defaults(fn=cmd_inspect)
+
+
+def _add_report(sub: Any) -> None:
     rp = sub.add_parser("report", help="write a static HTML report: funnel, histograms, image grids "
                         "of hard pairs, rejects by reason, recaptions")
     rp.add_argument("run_dir", help=RUN_DIR_HELP)
@@ -231,18 +238,41 @@ def main(argv: Optional[list[str]] = None) -> int:
     rp.add_argument("--stats-rows", type=int, default=200_000,
                     help="histograms and samples read random whole parts up to this many rows")
     rp.set_defaults(fn=cmd_report)
+
+
+def _add_export(sub: Any) -> None:
     e = sub.add_parser("export", help="re-export a finished run with another keep policy "
                        "(no stage is recomputed)")
     e.add_argument("run_dir", help=RUN_DIR_HELP)
     e.add_argument("--out", default=None, help="write this export here instead of RUN_DIR/export")
     _common(e)
     e.set_defaults(fn=cmd_export)
+
+
+def _add_finetune(sub: Any) -> None:
     f = sub.add_parser("finetune", help="fine-tune a CLIP model on a run's shards (torchrun DDP)")
     f.add_argument("target", help="a run directory (uses its config) or a YAML config")
     f.add_argument("--nproc", type=int, default=None, help="processes (default finetune.nproc)")
     f.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     f.set_defaults(fn=cmd_finetune)
-    a = p.parse_args(argv)
+
+
+COMMANDS = (_add_run, _add_check, _add_demo, _add_inspect, _add_report, _add_export,
+            _add_finetune)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vlcurate", description="Curate image-text pairs for "
+                                "CLIP-style training on Ray Data.", epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = parser().parse_args(argv)
     try:
         return a.fn(a)
     except Exception as err:           # a user's mistake is one line; anything else, a traceback

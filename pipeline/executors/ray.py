@@ -3,8 +3,10 @@
 A stage with ``on_actors`` runs as a callable class on an actor pool (its models load once per
 actor); any other runs in tasks with equal resources, which Ray Data fuses with the read and the
 write into one task. Every Ray batch is one work item (a whole number of chunks of one part, or
-for a stage that ``spans_parts`` one chunk over several parts): batch_size=None, and Ray never
-slices a block (target_max_block_size=None), so no batch cuts a chunk or joins two items.
+for a stage that ``spans_parts`` one chunk over several parts): the read packs an item's table
+into one row (``tasks.pack``) and every operator is Ray Data's public ``map_batches`` with
+``batch_size=1``, which Ray accepts with GPUs too, so no batch cuts a chunk or joins two items
+whatever Ray's block sizes.
 """
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ class RayExecutor:
         ctx.enable_progress_bars = rc.ray_progress_bars
         ctx.print_on_execution_start = False
         ctx.verbose_stats_logs = False
-        ctx.target_max_block_size = None
         if not rc.ray_progress_bars:
             logging.getLogger("ray.data").setLevel(logging.ERROR)
 
@@ -51,14 +52,13 @@ class RayExecutor:
         io_cpus = {"num_cpus": 0.1} if w.stage.on_actors else stage_cpus
         kw = {"stage_cls": w.stage, "cfg": w.cfg, "state_uri": w.state_uri, "schema": w.schema,
               "workdir": w.workdir}
-        ds = ds.map_batches(read_batch, fn_kwargs={"io": w.io}, batch_size=1,
-                            batch_format="pyarrow", **io_cpus)
+        ds = one_item(ds, read_batch, fn_kwargs={"io": w.io}, **io_cpus)
         if w.stage.on_actors:
-            ds = whole_blocks(ds, StageActor, fn_constructor_kwargs=kw,
-                              compute=self._pool(res, len(w.items)), **stage_cpus)
+            ds = one_item(ds, StageActor, fn_constructor_kwargs=kw,
+                          compute=self._pool(res, len(w.items)), **stage_cpus)
         else:
-            ds = whole_blocks(ds, stage_task, fn_kwargs=kw, **stage_cpus)
-        return whole_blocks(ds, write_batch, fn_kwargs={"io": w.io}, **io_cpus)
+            ds = one_item(ds, stage_task, fn_kwargs=kw, **stage_cpus)
+        return one_item(ds, write_batch, fn_kwargs={"io": w.io}, **io_cpus)
 
     def _pool(self, res: Resources, n_items: int) -> Any:
         """A fixed pool of ``resources.concurrency`` actors, else one that starts with one
@@ -79,13 +79,7 @@ class RayExecutor:
         return self.ray.get([task.remote(fn, x, self.threads) for x in items])
 
 
-def whole_blocks(ds: Any, fn: Any, **kw: Any) -> Any:
-    """``ds.map_batches(fn, batch_size=None)``: a batch is a block, one work item. Ray's public
-    map_batches refuses batch_size=None with GPUs (an int batch size would slice and join
-    blocks); its unvalidated twin, which Ray's own map_groups uses for the same reason, takes
-    it (``map_batches_internal``; older Ray: ``_map_batches_without_batch_size_validation``)."""
-    run = ds.map_batches
-    if kw.get("num_gpus"):
-        run = getattr(ds, "map_batches_internal", None) or \
-            ds._map_batches_without_batch_size_validation
-    return run(fn, batch_size=None, batch_format="pyarrow", **kw)
+def one_item(ds: Any, fn: Any, **kw: Any) -> Any:
+    """``ds.map_batches(fn)`` one row at a time: a row is one work item (packed), with or
+    without GPUs (public map_batches wants an int batch size with GPUs)."""
+    return ds.map_batches(fn, batch_size=1, batch_format="pyarrow", **kw)

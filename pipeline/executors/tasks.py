@@ -25,15 +25,38 @@ from ..parts import PartIO, StageCall, pinned_threads, read_inputs, read_item, \
 from ..rundir import StageDir
 
 
+ITEM = "item"       # the one column of a packed batch: one work item's table, as Arrow IPC
+
+
+def pack(table: pa.Table) -> pa.Table:
+    """One work item's table as one row, so that ``map_batches(batch_size=1)`` hands a stage
+    exactly one work item, however Ray cuts or joins blocks (the schema and its metadata travel
+    with the bytes)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    buf = sink.getvalue()
+    offsets = pa.array([0, buf.size], pa.int64()).buffers()[1]
+    return pa.table({ITEM: pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, buf])})
+
+
+def unpack(batch: pa.Table) -> pa.Table:
+    """The work item of a one-row batch made by :func:`pack`."""
+    if batch.num_rows != 1:        # map_batches(batch_size=1): never more, never fewer
+        raise RuntimeError(f"a packed batch holds one work item, not {batch.num_rows}")
+    return pa.ipc.open_stream(batch.column(ITEM)[0].as_buffer()).read_all()
+
+
 def read_batch(batch: pa.Table, io: PartIO) -> pa.Table:
-    """The rows of a Ray batch: one work item, its ranges as JSON."""
-    (row,) = batch.to_pylist()              # read_batch runs with batch_size=1
+    """The rows of a Ray batch, packed: one work item, its ranges as JSON."""
+    (row,) = batch.to_pylist()              # every map_batches runs with batch_size=1
     ranges = json.loads(row["ranges"])
-    return read_item(io, ranges, {ranges[0][0]: json.loads(row["spec"])} if row["spec"] else None)
+    specs = {ranges[0][0]: json.loads(row["spec"])} if row["spec"] else None
+    return pack(read_item(io, ranges, specs))
 
 
 def write_batch(batch: pa.Table, io: PartIO) -> pa.Table:
-    return write_fragments(batch, io)
+    return write_fragments(unpack(batch), io)
 
 
 _INSTANCES: dict = {}
@@ -60,6 +83,9 @@ class StageActor(StageCall):
             workdir.fetch()
         state = pickle.loads(storage.read_bytes(state_uri)) if state_uri else None
         super().__init__(stage_cls, cfg, state, schema)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return pack(super().__call__(unpack(batch)))
 
 
 def apply(fn: Callable, x: Any, threads: int = 1) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -32,7 +33,8 @@ def resources(batch_size: int, concurrency=None) -> dict:
     return out
 
 
-def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurrency=None) -> dict:
+def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurrency=None,
+             gpus: Optional[dict] = None) -> dict:
     # 24-row parts in chunks of 4 rows: batch sizes 3 and 10 round to 4 and 12 rows, i.e. 6 and
     # 2 batches per part; 0 is a whole part per batch. Micro-batches of 4 inside each chunk.
     # hpm's chunks of 10 rows span parts (rows 20-29: parts 0 and 1).
@@ -40,7 +42,7 @@ def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurre
                                     "run.chunk_rows": 4, "hpm.engine.chunk_rows": 10,
                                     "embed.text_batch_size": 2,
                                     "embed.image_batch_size": 2, "export.samples_per_shard": 20,
-                                    **resources(batch_size, concurrency)})
+                                    **resources(batch_size, concurrency), **(gpus or {})})
     res = run(cfg, executor=executor, log=quiet)
     assert not problems(res) and [r.manifest["stage"] for r in res] == list(STAGES)
     return snapshot(run_dir)

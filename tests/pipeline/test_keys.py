@@ -1,5 +1,5 @@
-"""The config is documented once, in the Params: example.yaml and the README's key reference are
-generated from them (pipeline/keys.py) and must not drift."""
+"""The config is documented once, in the Params: example.yaml and docs/config.md (the reference
+of every key) are generated from them (pipeline/keys.py) and must not drift."""
 import dataclasses
 
 import pytest
@@ -10,10 +10,10 @@ from vlcurate.pipeline import keys
 from vlcurate.foundation.params import ModelSpec, Resources
 
 
-def test_example_yaml_and_the_readme_reference_are_generated_from_the_params():
+def test_example_yaml_and_docs_config_md_are_generated_from_the_params():
     stale = [str(p.relative_to(keys.ROOT)) for p, text in keys.generated().items()
              if p.read_text() != text]
-    assert not stale, f"{stale} drifted from the Params: run {keys.COMMAND}"
+    assert not stale, f"{stale} drifted from the Params: regenerate with {keys.COMMAND}"
 
 
 def test_example_yaml_loads_as_the_defaults():
@@ -34,7 +34,7 @@ def test_every_key_has_a_short_doc():
 def test_the_reference_has_a_table_per_section_and_short_cells():
     ref = keys.reference(C.default())
     for name in ("run", "hpm", "hpm.engine", "hpm.fast", "positives.candidates", "finetune"):
-        assert f"#### `{name}`" in ref
+        assert f"\n## `{name}`\n" in ref
     cells = [c for line in ref.splitlines() if line.startswith("| `")
              for c in line.strip("|").split(" | ")]
     assert max(len(c) for c in cells) <= 300
@@ -51,21 +51,23 @@ def test_a_changed_default_shows_as_drift():
     assert yaml.safe_load(after)["hpm"]["engine"]["recall"] == 0.9
 
 
-def test_the_readme_markers_are_required(tmp_path):
-    with pytest.raises(SystemExit, match="markers"):
-        keys.readme_with("# no markers\n", "ref")
-    assert keys.readme_with(f"a\n{keys.BEGIN}\nold\n{keys.END}\nb\n", "NEW") == "a\nNEW\nb\n"
+def test_the_readme_links_the_reference_and_the_reference_names_its_command():
+    readme = (keys.ROOT / "README.md").read_text()
+    assert "docs/config.md" in readme and "| `run_dir` |" not in readme
+    assert keys.COMMAND in keys.reference(C.default()).split("\n## ")[0]
 
 
 def test_the_command_reports_drift(tmp_path, monkeypatch, capsys):
     example = tmp_path / "example.yaml"
     example.write_text("run: {}\n")
-    readme = tmp_path / "README.md"
-    readme.write_text(keys.README.read_text())
+    reference = tmp_path / "docs" / "config.md"
+    reference.parent.mkdir()
     monkeypatch.setattr(keys, "EXAMPLE", example)
-    monkeypatch.setattr(keys, "README", readme)
+    monkeypatch.setattr(keys, "REFERENCE", reference)
     monkeypatch.setattr(keys, "ROOT", tmp_path)
     assert keys.main([]) == 1
-    assert f"example.yaml is out of date: run {keys.COMMAND}" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    for name in ("example.yaml", "docs/config.md"):
+        assert f"{name} is out of date: run {keys.COMMAND}" in said
     assert keys.main(["--write"]) == 0 and keys.main([]) == 0
-    assert C.load(example) == C.default()
+    assert C.load(example) == C.default() and reference.read_text() == keys.reference(C.default())

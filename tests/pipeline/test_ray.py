@@ -186,14 +186,30 @@ def test_killed_mid_stage_resumes_without_redoing_committed_parts(tmp_path):
         assert s.read_bytes() == (tmp_path / "run" / "export" / "shards" / s.name).read_bytes()
 
 
-def test_a_gpu_stage_gets_one_work_item_per_batch_on_ray(ray_local):
-    """Ray's map_batches refuses batch_size=None with GPUs, which every stage chain uses (a
-    batch is one work item); whole_blocks takes it with GPUs too. Lazy: nothing runs here."""
-    from vlcurate.pipeline.executors.ray import whole_blocks
-    ds = ray_local.data.from_items([{"x": 1}])
-    with pytest.raises(ValueError, match="batch_size"):
-        ds.map_batches(lambda b: b, batch_size=None, num_gpus=1)
-    assert whole_blocks(ds, lambda b: b, num_gpus=1) is not None
+GPU_RUN = """
+import ray
+from tests.pipeline.test_determinism import differing, run_once
+from vlcurate.pipeline.demo import make_demo
+ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="WARNING")
+root = __import__("pathlib").Path({root!r})
+data = make_demo(root / "data", n=60, seed=3)
+gpus = {{f"{{s}}.resources.num_gpus": 0.5 for s in ("ids", "embed")}}
+on_gpus = run_once(data, root / "ray", "ray", 3, gpus=gpus)
+print("differing:", differing(on_gpus, run_once(data, root / "local", "local", 0)))
+"""
+
+
+def test_stages_asking_for_gpus_run_on_ray_with_the_same_bytes(tmp_path):
+    """A stage asking for GPUs, on an actor pool (embed) and in tasks (ids), goes through Ray
+    Data's public map_batches (which wants an int batch size with GPUs) and writes what the
+    local executor writes. Ray here has one logical GPU (no device: the models run on CPU),
+    in a process of its own, as the session's Ray has none."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", GPU_RUN.format(root=str(tmp_path))], env=env,
+                         capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "differing: []" in out.stdout, out.stdout[-3000:]
 
 
 def test_gpu_stages_run_on_ray(ray_local, cuda, tmp_path):
