@@ -636,7 +636,8 @@ def _head(r: Report, seed: int) -> list[str]:
         line.append(f"{exp[F.MK.ROWS_KEPT]} kept by the export policy")
         sm = read_json(d.dirs["export"].uri("shards", "manifest.json"))
         if sm:
-            line.append(f"{sm['samples']} samples in {sm['shards']} shards "
+            held = "" if sm.get("layout") != "image" else f" holding {sm.get(F.SH_ROWS.name)} rows"
+            line.append(f"{sm['samples']} samples{held} in {sm['shards']} shards "
                         f"(drop={esc(sm['policy']['drop'])})")
     if line:
         head.append(f"<p><b>{' · '.join(line)}</b></p>")

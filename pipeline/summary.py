@@ -23,12 +23,25 @@ def problems(results: list) -> list[str]:
         if ms and m[F.MK.ROWS] != ms[0][F.MK.ROWS]:
             out.append(f"{m['stage']}: {m[F.MK.ROWS]} rows but the source gave {ms[0][F.MK.ROWS]}")
     for r in results:
-        books = r.info.get("second_count") if isinstance(r.info, dict) else None
-        out += [f"{r.manifest['stage']}: {lost}" for lost in (books or {}).get("lost", [])]
-        shards = r.info.get("samples") if isinstance(r.info, dict) else None
-        if shards is not None and shards != r.manifest[F.MK.ROWS_KEPT]:
-            out.append(f"{r.manifest['stage']}: {shards} samples in shards but "
-                       f"{r.manifest[F.MK.ROWS_KEPT]} kept")
+        info = r.info if isinstance(r.info, dict) else {}
+        out += [f"{r.manifest['stage']}: {lost}"
+                for lost in (info.get("second_count") or {}).get("lost", [])]
+        if info.get("samples") is not None:
+            out += [f"{r.manifest['stage']}: {p}"
+                    for p in shard_problems(info, r.manifest[F.MK.ROWS_KEPT])]
+    return out
+
+
+def shard_problems(shards: dict, kept: int) -> list[str]:
+    """The shards hold every kept row once, in either layout (``export.layout``): the rows the
+    shards' samples hold (``rows``: pair, one a sample; image, the captions of each image
+    sample) are the kept rows, and a pair sample is one row."""
+    rows, samples, layout = shards.get(F.SH_ROWS.name), shards["samples"], shards.get("layout")
+    out = []
+    if rows != kept:
+        out.append(f"{rows} rows in shards ({samples} samples, layout {layout}) but {kept} kept")
+    if layout == "pair" and samples != rows or samples > (rows or 0):
+        out.append(f"{samples} samples in shards hold {rows} rows (layout {layout})")
     return out
 
 

@@ -129,6 +129,9 @@ class MK:
 # --- shard manifest ----------------------------------------------------------------------------
 SH_NAME = pa.field("shard", pa.string(), nullable=False)
 SH_SAMPLES = pa.field("samples", pa.int64(), nullable=False)
+SH_ROWS = pa.field("rows", pa.int64(), nullable=False, metadata={
+    "doc": "the kept rows a shard holds: one per sample in the pair layout, one per caption of "
+           "its image samples in the image layout"})
 SH_BYTES = pa.field("bytes", pa.int64(), nullable=False)
 SH_FIRST = pa.field("first_sample_id", pa.string())
 SH_LAST = pa.field("last_sample_id", pa.string())

@@ -38,7 +38,7 @@ MANIFEST = pa.schema([F.M_STAGE, F.M_STATUS, F.M_FINGERPRINT, F.M_UPSTREAM, F.M_
                       F.M_REASON_COUNTS, F.M_WALL_S, F.M_STARTED, F.M_FINISHED,
                       F.M_VERSIONS])
 
-SHARDS = pa.schema([F.SH_NAME, F.SH_SAMPLES, F.SH_BYTES, F.SH_FIRST, F.SH_LAST])
+SHARDS = pa.schema([F.SH_NAME, F.SH_SAMPLES, F.SH_ROWS, F.SH_BYTES, F.SH_FIRST, F.SH_LAST])
 
 # shards/index/*.parquet: byte offsets of every sample's members inside its tar (random access)
 SHARD_INDEX = pa.schema([F.SAMPLE_ID, F.SH_NAME,

@@ -87,7 +87,7 @@ class ExportParams(Params):
 
 class ExportStage(SinkStage):
     name = "export"
-    version = "3"   # json without vectors or mining candidates; image groups in the index
+    version = "4"   # the shard manifest counts rows (the image layout: captions) and samples
     Params = ExportParams
     resources = Resources(num_cpus=0.5, batch_size=0)
 
@@ -228,7 +228,7 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
     out_uri = storage.join(out_dir, spec.name)
     fs, out_path = storage.resolve(out_uri)
     storage.ensure_parent(fs, out_path)
-    n, first, last = 0, None, None
+    n, first, last = 0, None, None     # samples; the rows they hold are the index's entries
     index: dict[str, list] = {f.name: [] for f in tables.SHARD_INDEX}
     missing = Missing()
     # streamed: a shard is never held whole in memory (an object store uploads it in parts and
@@ -271,7 +271,7 @@ def write_shard(spec: ShardSpec, read: Callable[[str, int, Optional[list[str]]],
     storage.write_bytes(storage.join(out_dir, "index", spec.name.replace(".tar", ".parquet")),
                         buf.getvalue().to_pybytes())
     return {F.SH_NAME.name: spec.name, F.SH_SAMPLES.name: n,
-            F.SH_BYTES.name: storage.size(out_uri),
+            F.SH_ROWS.name: len(index[F.SAMPLE_ID.name]), F.SH_BYTES.name: storage.size(out_uri),
             F.SH_FIRST.name: first, F.SH_LAST.name: last, MISSING: missing.counts}
 
 
@@ -327,6 +327,7 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str) ->
     missing = _merge_missing(rows)
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
+               F.SH_ROWS.name: sum(r[F.SH_ROWS.name] for r in rows),
                "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop},
                "layout": layout,
                MISSING: missing}

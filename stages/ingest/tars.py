@@ -22,6 +22,7 @@ from vlcurate.schemas import reasons as R
 from .safe import NotRegular, bomb, clean_text, detail, open_regular, size_of
 
 BLOCK = tarfile.BLOCKSIZE
+_NO_DATA = (tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE)   # (links: never read here)
 _ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error, ValueError, OverflowError)
 
 
@@ -71,16 +72,35 @@ def _member(tf: tarfile.TarFile, m: tarfile.TarInfo, limit: int, disk: int) -> M
         kind = "symbolic" if m.issym() else "hard"
         return Member(name, None, R.SPECIAL_FILE, f"is a {kind} link (to {clean_text(m.linkname)})")
     if m.issparse():
-        return Member(name, None, R.SPECIAL_FILE, "is a sparse member")
+        return _unread(tf, m, Member(name, None, R.SPECIAL_FILE, "is a sparse member"))
     if not m.isreg():
-        return Member(name, None, R.SPECIAL_FILE, "is a FIFO or device member")
+        return _unread(tf, m, Member(name, None, R.SPECIAL_FILE, "is a FIFO or device member"))
     if m.size > limit:
-        return Member(name, None, R.FILE_TOO_LARGE, f"{m.size} bytes > max_image_bytes {limit}")
+        return _unread(tf, m, Member(name, None, R.FILE_TOO_LARGE,
+                                     f"{m.size} bytes > max_image_bytes {limit}"))
     if bomb(m.size, disk):
-        return Member(name, None, R.FILE_TOO_LARGE, f"declares {m.size} bytes in a {disk}-byte "
-                                                    "file (a compression bomb)")
+        return _unread(tf, m, Member(name, None, R.FILE_TOO_LARGE, (
+            f"declares {m.size} bytes in a {disk}-byte file (a compression bomb)")))
     fh = tf.extractfile(m)
     return Member(name, fh.read() if fh else b"")
+
+
+def _unread(tf: tarfile.TarFile, m: tarfile.TarInfo, member: Member) -> Member:
+    """``member``, a member whose data is skipped unread, if the file holds that data; a member
+    that declares more than the file holds (a truncated tar, a header claiming a terabyte) is no
+    record but the damage: it raises, and the reading ends with the ``<unreadable>`` row, as for
+    a member cut short while read (the second count, ``census``, counts it so too). One byte is
+    read, never the data."""
+    if m.type in _NO_DATA:
+        return member
+    # (a sparse member's size is its expanded one: the blocks tarfile skips stand for its data)
+    stored = tf.offset - m.offset_data if m.issparse() else m.size
+    if stored:
+        tf.fileobj.seek(m.offset_data + stored - 1)
+        if not tf.fileobj.read(1):
+            raise tarfile.ReadError(f"{member.name} declares {stored} bytes; the file ends "
+                                    "before them (truncated)")
+    return member
 
 
 def _next_archive(f, pos: int) -> tuple[Optional[int], str]:
