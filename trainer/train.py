@@ -311,7 +311,7 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         init_gen = batches(train_set, setup.composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
                            rank=rank, world=world, buffer=cfg.shuffle_buffer)
         model.sig_bias.data.fill_(init_sigmoid_bias(cfg, model, init_gen, device))
-        log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
+        log(f"sigmoid bias initialised to {float(model.sig_bias.detach()):.3f}")
     log(f"train {len(train_set)} samples, held out {len(setup.eval_set)} "
         f"(finetune.eval_fraction {cfg.eval_fraction}, by image group)")
     if rank == 0:
