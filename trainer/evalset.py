@@ -45,10 +45,10 @@ def load_eval_set(uri: str) -> EvalSet:
     """The (image bytes, caption) rows of ``uri`` (shards, Parquet or a folder), grouped."""
     if storage.exists(storage.join(uri, MANIFEST)):
         return group(_shard_rows(uri))
-    if uri.endswith(".parquet") or _parquet_files(uri):
-        return group(_parquet_rows(uri))
     if storage.is_local(uri) and (Path(storage.local_path(uri)) / CAPTIONS_CSV).exists():
         return group(_folder_rows(Path(storage.local_path(uri))))
+    if uri.endswith(".parquet") or _parquet_files(uri):
+        return group(_parquet_rows(uri))
     raise FileNotFoundError(f"finetune.eval_data {storage.redact(uri)}: not a shards folder "
                             f"({MANIFEST}), a Parquet file or folder, or a folder with "
                             f"{CAPTIONS_CSV}")
