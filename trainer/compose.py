@@ -8,7 +8,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -46,6 +46,16 @@ class Batch:
     n_hard_added: int = 0
     n_composites: int = 0
     n_views: int = 1
+    # a locked tower's precomputed features (features.py): then ``pixels`` / ``input_ids`` hold
+    # only the ``*_live`` rows (composites), which the tower embeds in the step
+    image_feats: Optional[torch.Tensor] = None     # [n_img, d_image]
+    image_live: Optional[torch.Tensor] = None      # rows of image_feats that ``pixels`` fill
+    text_feats: Optional[torch.Tensor] = None      # [n_txt, d_text]
+    text_live: Optional[torch.Tensor] = None       # rows of text_feats that ``input_ids`` fill
+
+    @property
+    def n_images(self) -> int:
+        return int(self.image_keys.shape[0])
 
 
 def _targets(metas: list[dict], ids: str, probs: str, n_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,12 +109,31 @@ def positive_masks(keys: list[str], metas: list[dict], owner: torch.Tensor, skip
     return it, ii, tt
 
 
+def tokenize(tok: Any, texts: list[str], padding: str, max_length: int) -> dict:
+    """``{input_ids, attention_mask}`` of ``texts`` (an empty list: [0, 1] tensors)."""
+    if not texts:
+        return {"input_ids": torch.zeros(0, 1, dtype=torch.long),
+                "attention_mask": torch.zeros(0, 1, dtype=torch.long)}
+    out = tok(texts, padding=padding, truncation=True, max_length=max_length, return_tensors="pt")
+    return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+
+
 class Composer:
+    """Builds a step's ``Batch`` from streamed samples. ``store``: a locked tower's precomputed
+    features (``features.FeatureStore``); rows it holds are looked up, never decoded or
+    tokenised. ``padding``/``max_length``: the tokeniser's (CLIP: its fixed context)."""
+
     def __init__(self, cfg: Any, shards: ShardSet, tokenizer: Any, image_size: int,
-                 mean: tuple, std: tuple, decode_threads: int = 4) -> None:
+                 mean: tuple, std: tuple, decode_threads: int = 4, store: Any = None,
+                 padding: str = "max_length", max_length: Optional[int] = None) -> None:
         self.cfg, self.shards, self.tok = cfg, shards, tokenizer
         self.size, self.mean, self.std = image_size, mean, std
         self.pool = ThreadPoolExecutor(decode_threads)
+        self.store, self.padding = store, padding
+        self.max_length = max_length or tokenizer.model_max_length
+
+    def tokenize(self, texts: list[str]) -> dict:
+        return tokenize(self.tok, texts, self.padding, self.max_length)
 
     def helip(self, samples: list[Sample], rng: random.Random) -> tuple[list[Sample], list[list[int]]]:
         """B-bar = B + the p hard pairs of each seed in B' (HELIP Alg. 3; p sampled i.i.d. from
@@ -128,30 +157,40 @@ class Composer:
         hard += [[] for _ in range(len(out) - len(samples))]
         return out, hard
 
-    def composites(self, images: list, captions: list[str], metas: list[dict], keys: list[str],
-                   hard: list[list[int]], rng: random.Random) -> set[int]:
-        """CLIP-C: a fraction of the rows become composites of two instances (in place); returns
-        their rows. The partner is always an *original* sample: its image and caption as loaded,
-        never a composite made earlier in the batch (CLIP-C joins "two distinct instances in the
-        dataset"). HELIP seeds and their hard pairs stay originals. The layout, side by side or
-        stacked, is drawn per composite (CLIP-C: "(S/2 x S) or (S x S/2)")."""
+    def composites(self, captions: list[str], metas: list[dict], keys: list[str],
+                   hard: list[list[int]], rng: random.Random) -> dict[int, tuple[int, str]]:
+        """CLIP-C: a fraction of the rows become composites of two instances; returns ``{row:
+        (partner, layout)}`` (``images`` joins the pixels) and rewrites their captions, metas and
+        keys in place. The partner is always an *original* sample: its image and caption as
+        loaded, never a composite made earlier in the batch (CLIP-C joins "two distinct instances
+        in the dataset"). HELIP seeds and their hard pairs stay originals. The layout, side by
+        side or stacked, is drawn per composite (CLIP-C: "(S/2 x S) or (S x S/2)")."""
         c = self.cfg
-        n = len(images)
+        n = len(captions)
         if c.clipc_fraction <= 0 or n < 2:
-            return set()
+            return {}
         helip_rows = {i for i, h in enumerate(hard) if h} | {j for h in hard for j in h}
-        orig_images, orig_captions, orig_keys = list(images), list(captions), list(keys)
-        made: set[int] = set()
+        orig_captions, orig_keys = list(captions), list(keys)
+        made: dict[int, tuple[int, str]] = {}
         for i in range(n):
             if i in helip_rows or rng.random() >= c.clipc_fraction:
                 continue
             j = rng.choice([x for x in range(n) if x != i])
-            images[i] = composite(orig_images[i], orig_images[j], self.size, rng.choice(LAYOUTS))
+            made[i] = (j, rng.choice(LAYOUTS))
             captions[i] = f"{orig_captions[i]} and {orig_captions[j]}"
             metas[i] = {}
             keys[i] = f"{orig_keys[i]}+{orig_keys[j]}"
-            made.add(i)
         return made
+
+    def images(self, samples: list[Sample], made: dict[int, tuple[int, str]],
+               live: list[int]) -> list:
+        """The decoded images of the ``live`` rows (composites joined from the originals); the
+        other rows are not decoded (their features are precomputed). Decoding runs in threads
+        (PIL releases the GIL)."""
+        need = sorted(set(live) | {j for i in live if i in made for j in (i, made[i][0])})
+        got = dict(zip(need, self.pool.map(lambda i: load_rgb(samples[i].image, self.size), need)))
+        return [composite(got[i], got[made[i][0]], self.size, made[i][1]) if i in made else got[i]
+                for i in live]
 
     def texts(self, captions: list[str], metas: list[dict], train: bool) -> tuple[list, list, list]:
         """Every text of the batch: each row's caption, then (FFF batch text augmentation, sec.
@@ -171,23 +210,25 @@ class Composer:
     def __call__(self, samples: list[Sample], rng: random.Random, train: bool = True) -> Batch:
         c = self.cfg
         samples, hard = self.helip(samples, rng) if train else (samples, [[] for _ in samples])
-        # decode in threads (PIL releases the GIL); everything random stays sequential below
-        images = list(self.pool.map(lambda s: load_rgb(s.image, self.size), samples))
         captions = [s.caption for s in samples]
         metas = [dict(s.meta) for s in samples]
         keys = [s.key for s in samples]
-        made = self.composites(images, captions, metas, keys, hard, rng) if train else set()
+        made = self.composites(captions, metas, keys, hard, rng) if train else {}
         groups = [key_int(keys[i]) if i in made or s.group < 0 else s.group
                   for i, s in enumerate(samples)]        # a composite is a group of its own
         views = c.mp_views if train and c.loss == "mp_nce" else 1      # UniCLIP's augmented views
-        pixels = torch.stack([to_tensor(im, self.size, self.mean, self.std, rng if train else None)
-                              for _ in range(views) for im in images])
+        image_feats, live = self.cached_images(samples, made)
+        aug = rng if train and image_feats is None else None           # cached: eval transform
+        ims = self.images(samples, made, live)
+        pixels = torch.stack([to_tensor(im, self.size, self.mean, self.std, aug)
+                              for _ in range(views) for im in ims]) \
+            if live else torch.zeros(0, 3, self.size, self.size)
         texts, owner, caption_col = self.texts(captions, metas, train)
-        tok = self.tok(texts, padding="max_length", truncation=True,
-                       max_length=self.tok.model_max_length, return_tensors="pt")
+        text_feats, text_live = self.cached_texts(texts)
+        tok = self.tokenize([texts[t] for t in text_live])
         owner_t = torch.tensor(owner)
         mined = train and c.fff_mined_positives and c.loss in ("sigmoid", "mp_nce")
-        it, ii, tt = positive_masks(keys, metas, owner_t, made, mined)
+        it, ii, tt = positive_masks(keys, metas, owner_t, set(made), mined)
         p = max([len(h) for h in hard] + [1])
         hard_index = torch.full((len(samples), p), -1, dtype=torch.long)
         for i, h in enumerate(hard):
@@ -200,7 +241,32 @@ class Composer:
                      owner_t, torch.tensor([key_int(k) for k in keys] * views, dtype=torch.long),
                      rep(it), ii.repeat(views, views), tt, hard_index, rep(oi), rep(ov), rep(ai),
                      rep(av), torch.tensor(groups * views, dtype=torch.long),
-                     sum(len(h) for h in hard), len(made), views)
+                     sum(len(h) for h in hard), len(made), views, image_feats,
+                     None if image_feats is None else torch.tensor(live, dtype=torch.long),
+                     text_feats,
+                     None if text_feats is None else torch.tensor(text_live, dtype=torch.long))
+
+    def cached_images(self, samples: list[Sample], made: dict) -> tuple[Optional[torch.Tensor], list[int]]:
+        """(precomputed features of the rows, zeros for the composites; the rows to decode)."""
+        store = self.store
+        if store is None or store.image is None:
+            return None, list(range(len(samples)))
+        rows = [-1 if i in made else store.image_row[s.key] for i, s in enumerate(samples)]
+        feats = store.image[torch.tensor(rows).clamp(min=0)]
+        live = [i for i, r in enumerate(rows) if r < 0]
+        feats[live] = 0.0
+        return feats, live
+
+    def cached_texts(self, texts: list[str]) -> tuple[Optional[torch.Tensor], list[int]]:
+        """(precomputed features of the texts, zeros for new ones; the texts to tokenise)."""
+        store = self.store
+        if store is None or store.text is None:
+            return None, list(range(len(texts)))
+        rows = [store.text_row.get(t, -1) for t in texts]
+        feats = store.text[torch.tensor(rows, dtype=torch.long).clamp(min=0)]
+        live = [i for i, r in enumerate(rows) if r < 0]
+        feats[live] = 0.0
+        return feats, live
 
 
 def step_rng(seed: int, epoch: int, step: int, rank: int) -> random.Random:
@@ -250,4 +316,4 @@ def prefetch(gen: Any, depth: int = 2) -> Any:
         yield item
 
 
-__all__ = ["Batch", "Composer", "batches", "prefetch", "step_rng"]
+__all__ = ["Batch", "Composer", "tokenize", "batches", "prefetch", "step_rng"]

@@ -13,6 +13,7 @@ a reader never sees half a checkpoint. The log is therefore kept in memory and r
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -30,16 +31,33 @@ from vlcurate.foundation import models
 
 from . import distributed as D
 from . import losses as L
-from .compose import Batch, Composer, batches, prefetch, step_rng
+from .compose import Batch, Composer, batches, prefetch, step_rng, tokenize
 from .data import ShardSet
+from .encoder import embed_images, embed_texts, save_encoder
+from .evalset import image_retrieval, load_eval_set
+from .features import FeatureStore, build_store, check as check_features
 from .fields import require, require_rows
-from .model import DualEncoder
+from .model import LossHeads, TowerEncoder
 from .outdir import CHECKPOINT, OutDirInUse, check_out_dir
+from .towers import Built, build, describe
 
 LOSSES = ("clip", "helip", "hn_nce", "sigmoid", "mp_nce")
 
 
-def loss_fn(cfg: Any, model: DualEncoder, b: Batch, img: torch.Tensor, txt: torch.Tensor,
+def model_inputs(b: Batch) -> tuple:
+    """The model's arguments from a batch (precomputed features of locked towers included)."""
+    return (b.pixels, b.input_ids, b.attention_mask, b.image_feats, b.image_live, b.text_feats,
+            b.text_live)
+
+
+def device_spec(cfg: Any) -> tuple[str, str]:
+    """(the device setting the trainer runs on, its config key): the CLIP's or the image
+    tower's."""
+    return (cfg.model.device, "finetune.model.device") if cfg.arch == "clip" else \
+        (cfg.image_tower.device, "finetune.image_tower.device")
+
+
+def loss_fn(cfg: Any, model: LossHeads, b: Batch, img: torch.Tensor, txt: torch.Tensor,
             obj: Optional[torch.Tensor], attr: Optional[torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The configured loss on the global batch (+ DiHT's concept distillation on local rows)."""
     gi, gt = D.gather_with_grad(img), D.gather_with_grad(txt)
@@ -118,13 +136,13 @@ def mp_weights(cfg: Any, pos: torch.Tensor, domains: torch.Tensor, n_pairs: int)
     return L.mp_domain_weights(pos, domains, 2, n_pairs)
 
 
-def _trainable(model: DualEncoder, loss: str) -> None:
+def _trainable(model: LossHeads, loss: str) -> None:
     """Loss parameters the configured loss does not use are frozen (DDP needs every used one)."""
     model.sig_log_t.requires_grad_(loss == "sigmoid")
     model.sig_bias.requires_grad_(loss == "sigmoid")
     model.mp_log_scale.requires_grad_(loss == "mp_nce")
     model.mp_offset.requires_grad_(loss == "mp_nce")
-    model.clip.logit_scale.requires_grad_(loss in ("clip", "helip", "hn_nce"))
+    model.scale_param().requires_grad_(loss in ("clip", "helip", "hn_nce"))
 
 
 def _to(b: Batch, device: str) -> Batch:
@@ -135,13 +153,13 @@ def _to(b: Batch, device: str) -> Batch:
 
 
 @torch.no_grad()
-def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> float:
+def init_sigmoid_bias(cfg: Any, model: LossHeads, gen: Any, device: str) -> float:
     """FFF sec. 4.4: the bias minimising the initial loss on a few batches (same on all ranks)."""
     sims, masks = [], []
     for _ in range(cfg.bias_init_batches):
         _, _, b = next(gen)
         b = _to(b, device)
-        img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
+        img, txt, _, _ = model(*model_inputs(b))
         gi, gt = D.gather_no_grad(img), D.gather_no_grad(txt)
         sims.append(gi @ gt.T)
         masks.append(image_text_positives(b))
@@ -149,9 +167,11 @@ def init_sigmoid_bias(cfg: Any, model: DualEncoder, gen: Any, device: str) -> fl
 
 
 @torch.no_grad()
-def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: str,
+def evaluate(model: LossHeads, shards: ShardSet, composer: Composer, device: str,
              batch_size: int = 64) -> dict:
     """Zero-shot retrieval on the held-out samples: R@1/5/10, image->text and text->image."""
+    was = model.training
+    model.eval()
     imgs, txts, groups = [], [], []
     chunk: list = []
     stream = shards.stream(epoch=0, seed=0, rank=0, world=1, buffer=1)
@@ -160,11 +180,12 @@ def evaluate(model: DualEncoder, shards: ShardSet, composer: Composer, device: s
             chunk.append(s)
         if chunk and (s is None or len(chunk) == batch_size):
             b = _to(composer(chunk, step_rng(0, 0, len(imgs), 0), train=False), device)
-            img, txt, _, _ = model(b.pixels, b.input_ids, b.attention_mask)
+            img, txt, _, _ = model(*model_inputs(b))
             imgs.append(img.float().cpu())
             txts.append(txt.float().cpu())
             groups.append(b.group_keys.cpu())
             chunk = []
+    model.train(was)
     return retrieval_metrics(torch.cat(imgs) @ torch.cat(txts).T, groups=torch.cat(groups)) \
         if imgs else {}
 
@@ -189,11 +210,13 @@ def retrieval_metrics(sim: torch.Tensor, ks: tuple[int, ...] = (1, 5, 10),
 @dataclass
 class Setup:
     """What ``train`` builds before its first step (tests build batches from it the same way)."""
-    model: DualEncoder
+    model: LossHeads
     shards: ShardSet
     train_set: ShardSet
     eval_set: ShardSet
     composer: Composer
+    built: Optional[Built] = None
+    store: Optional[FeatureStore] = None
 
 
 def check_config(cfg: Any, shards: ShardSet) -> None:
@@ -205,22 +228,29 @@ def check_config(cfg: Any, shards: ShardSet) -> None:
                          "and n_attributes to the vocabulary sizes (<run>/concepts/vocab.parquet)")
     if cfg.mp_views < 1:
         raise ValueError(f"finetune.mp_views must be >= 1, got {cfg.mp_views}")
+    check_features(cfg)
     if cfg.mp_domain_weights is not None and len(cfg.mp_domain_weights) != 3:
         raise ValueError("finetune.mp_domain_weights: three values [image-image, image-text, "
                          f"text-text], got {list(cfg.mp_domain_weights)}")
 
 
-def prepare(cfg: Any, shards_dir: str, device: str = "cpu") -> Setup:
-    """Model, shards and batch composer, after ``check_config``."""
+def prepare(cfg: Any, shards_dir: str, device: str = "cpu", out: Optional[str] = None) -> Setup:
+    """Model, shards, the locked towers' features (kept under ``out``) and the batch composer,
+    after ``check_config``."""
     all_shards = ShardSet(shards_dir)
     check_config(cfg, all_shards)
-    loaded = models.load_clip(cfg.model)
-    model = DualEncoder(loaded.model, cfg.n_objects, cfg.n_attributes).to(device)
+    built = build(cfg)
+    model = built.model.to(device)
     _trainable(model, cfg.loss)
     train_set, eval_set = all_shards.split(cfg.eval_fraction, cfg.eval_seed)
+    tok = functools.partial(tokenize, built.tokenizer, padding=built.padding,
+                            max_length=built.max_length)
+    store = build_store(cfg, model, all_shards, built.image_size, built.mean, built.std, tok,
+                        device, out)
     # hard pairs come from the training samples only: a held-out sample never enters a batch
-    composer = Composer(cfg, train_set, loaded.tokenizer, loaded.image_size, loaded.mean, loaded.std)
-    return Setup(model, all_shards, train_set, eval_set, composer)
+    composer = Composer(cfg, train_set, built.tokenizer, built.image_size, built.mean, built.std,
+                        store=store, padding=built.padding, max_length=built.max_length)
+    return Setup(model, all_shards, train_set, eval_set, composer, built, store)
 
 
 HELDOUT = "heldout.parquet"
@@ -257,14 +287,19 @@ def load_checkpoint(uri: str | Path, device: str) -> dict:
 
 def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     rank, world = D.rank_world()
-    device = models.resolve_device(cfg.model.device, "finetune.model.device")
+    device = models.resolve_device(*device_spec(cfg))
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.manual_seed(cfg.seed)
     out = str(out_dir)
     check_out_dir(cfg, shards_dir, out, world, write=rank == 0)
-    setup = prepare(cfg, shards_dir, device)
+    t_prep = time.time()
+    setup = prepare(cfg, shards_dir, device, out)
     model, train_set = setup.model, setup.train_set
+    if setup.store.image is not None or setup.store.text is not None:
+        log(f"locked towers: {_store_size(setup.store)} in {time.time() - t_prep:.1f}s")
+    if isinstance(model, TowerEncoder):
+        model.train()           # unlocked towers train with dropout / batch statistics
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
@@ -276,7 +311,7 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
         init_gen = batches(train_set, setup.composer, batch_size=cfg.batch_size, seed=cfg.seed + 1,
                            rank=rank, world=world, buffer=cfg.shuffle_buffer)
         model.sig_bias.data.fill_(init_sigmoid_bias(cfg, model, init_gen, device))
-        log(f"sigmoid bias initialised to {float(model.sig_bias):.3f}")
+        log(f"sigmoid bias initialised to {float(model.sig_bias.detach()):.3f}")
     log(f"train {len(train_set)} samples, held out {len(setup.eval_set)} "
         f"(finetune.eval_fraction {cfg.eval_fraction}, by image group)")
     if rank == 0:
@@ -288,11 +323,12 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     t0 = time.time()
     while step < cfg.steps:
         epoch, in_epoch, b = next(gen)
+        torch.manual_seed(step_rng(cfg.seed, epoch, in_epoch, rank).getrandbits(63))  # dropout
         loss, parts = train_step(cfg, model, ddp, opt, _to(b, device), device)
         step += 1
         if logf is not None:
             logf.add({"step": step, "epoch": epoch, "loss": loss, **parts,
-                      "images": int(b.pixels.shape[0]) * world, "hard_added": b.n_hard_added,
+                      "images": b.n_images * world, "hard_added": b.n_hard_added,
                       "composites": b.n_composites, "elapsed_s": round(time.time() - t0, 3)})
             bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
             bar.update(cfg.batch_size * world)
@@ -304,10 +340,10 @@ def train(cfg: Any, shards_dir: str, out_dir: str, log=print) -> dict:
     return finish(cfg, setup, out, rank, step, device, log, logf)
 
 
-def train_step(cfg: Any, model: DualEncoder, ddp: Any, opt: Any, b: Batch,
+def train_step(cfg: Any, model: LossHeads, ddp: Any, opt: Any, b: Batch,
                device: str) -> tuple[float, dict]:
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp and device == "cuda"):
-        img, txt, obj, attr = ddp(b.pixels, b.input_ids, b.attention_mask)
+        img, txt, obj, attr = ddp(*model_inputs(b))
     loss, parts = loss_fn(cfg, model, b, img, txt, obj, attr)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -324,7 +360,7 @@ def progress_bar(cfg: Any, step: int, world: int, enabled: bool, file: Any = Non
                 desc="finetune", disable=not enabled, file=file or sys.stderr, dynamic_ncols=True)
 
 
-def resume(ckpt: str, model: DualEncoder, opt: Any, device: str, log: Any) -> tuple[int, int, int]:
+def resume(ckpt: str, model: LossHeads, opt: Any, device: str, log: Any) -> tuple[int, int, int]:
     """(step, epoch, batch in epoch) of the checkpoint in ``out_dir``; (0, 0, 0) without one."""
     if not storage.exists(ckpt):
         return 0, 0, 0
@@ -336,7 +372,7 @@ def resume(ckpt: str, model: DualEncoder, opt: Any, device: str, log: Any) -> tu
     return step, epoch, in_epoch
 
 
-def save(ckpt: str, model: DualEncoder, opt: Any, step: int, epoch: int, next_in_epoch: int,
+def save(ckpt: str, model: LossHeads, opt: Any, step: int, epoch: int, next_in_epoch: int,
          per_epoch: int) -> None:
     """The model, the optimiser and the position of the next batch, serialised in memory and
     written as finished bytes (``storage.write_bytes``: one PUT, or a rename locally)."""
@@ -376,20 +412,49 @@ class StepLog:
 def finish(cfg: Any, setup: Setup, out: str, rank: int, step: int, device: str, log: Any,
            logf: Optional[StepLog]) -> dict:
     """A checksum of the parameters on every rank (DDP keeps them identical; this shows it), then
-    rank 0's retrieval on the held-out samples."""
+    on rank 0: the encoder (``encoder.json`` + ``encoder.pt``) and the retrieval on the held-out
+    samples and on ``finetune.eval_data`` (``eval.json``)."""
     digest = float(sum(p.detach().double().sum() for p in setup.model.parameters()))
     storage.write_bytes(storage.join(out, f"params-rank{rank}.json"),
                         json.dumps({"step": step, "param_sum": digest}).encode())
     result: dict = {"steps": step}
-    if rank == 0 and len(setup.eval_set):
-        result["eval"] = evaluate(setup.model, setup.eval_set, setup.composer, device,
-                                  cfg.eval_batch_size)
-        storage.write_bytes(storage.join(out, "eval.json"),
-                            json.dumps(result["eval"], indent=1).encode())
-        log(f"eval: {result['eval']}")
+    if rank == 0:
+        save_encoder(out, describe(cfg, setup.built), setup.model, step)
+        ev: dict = {}
+        if len(setup.eval_set):
+            ev = evaluate(setup.model, setup.eval_set, setup.composer, device, cfg.eval_batch_size)
+        if cfg.eval_data:
+            ev["eval_data"] = evaluate_data(cfg, setup, device)
+        if ev:
+            result["eval"] = ev
+            storage.write_bytes(storage.join(out, "eval.json"), json.dumps(ev, indent=1).encode())
+            log(f"eval: {ev}")
     if logf is not None:
         logf.close()
     return result
+
+
+def evaluate_data(cfg: Any, setup: Setup, device: str) -> dict:
+    """Retrieval R@1/5/10 both ways on ``finetune.eval_data``, over its distinct images, with
+    the count of rows read and left out (by reason)."""
+    es = load_eval_set(str(cfg.eval_data))
+    out: dict = {"source": storage.redact(str(cfg.eval_data)), "rows": es.rows,
+                 "rejected": dict(es.rejected)}
+    if not es.images:
+        return out
+    model, b = setup.model, setup.built
+    was = model.training
+    model.eval()
+    img = embed_images(model, es.images, b.image_size, b.mean, b.std, device, cfg.eval_batch_size)
+    txt = embed_texts(model, setup.composer.tokenize, es.captions, device, cfg.eval_batch_size)
+    model.train(was)
+    return {**out, **image_retrieval(img, txt, torch.tensor(es.owner))}
+
+
+def _store_size(store: FeatureStore) -> str:
+    parts = [f"{len(t)} distinct {name}" for name, t in (("images", store.image),
+                                                          ("texts", store.text)) if t is not None]
+    return ", ".join(parts) + " embedded once"
 
 
 def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
@@ -398,5 +463,6 @@ def _per_epoch(shards: ShardSet, cfg: Any, world: int) -> int:
 
 __all__ = ["train", "prepare", "check_config", "load_checkpoint", "UnsafeCheckpoint", "evaluate",
            "loss_fn", "mp_positives", "image_text_positives", "negatives", "same_group",
-           "write_heldout", "retrieval_metrics", "LOSSES",
+           "write_heldout", "retrieval_metrics", "LOSSES", "model_inputs", "device_spec",
+           "evaluate_data",
            "progress_bar", "OutDirInUse"]
