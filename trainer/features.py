@@ -60,7 +60,7 @@ def texts_read(cfg: Any, meta: dict, caption: str) -> list[str]:
 
 
 def build_store(cfg: Any, model: Any, shards: ShardSet, size: int, mean: tuple, std: tuple,
-                tokenize: Callable, device: str, out: str) -> FeatureStore:
+                tokenize: Callable, device: str, out: Optional[str]) -> FeatureStore:
     """The store of ``model``'s locked towers over every sample of ``shards``."""
     store = FeatureStore()
     if cfg.arch != "towers" or not (cfg.lock_image or cfg.lock_text):
@@ -102,12 +102,15 @@ def _pixels(shards: ShardSet, rows: list[int], size: int, mean: tuple, std: tupl
     return torch.stack([to_tensor(im, size, mean, std, None) for im in ims])
 
 
-def cached(out: str, key: tuple, n: int, device: str, embed: Callable) -> torch.Tensor:
-    """``embed`` over ``n`` rows in chunks, or the copy a run of the same key kept in ``out``."""
+def cached(out: Optional[str], key: tuple, n: int, device: str, embed: Callable) -> torch.Tensor:
+    """``embed`` over ``n`` rows in chunks, or the copy a run of the same key kept in ``out``
+    (``out`` None: computed, kept nowhere)."""
     import torch.distributed as dist
     digest = hashlib.sha256(json.dumps(key, default=list).encode()).hexdigest()[:24]
-    uri = storage.join(out, FOLDER, f"{key[0]}-{digest}.pt")
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if out is None:
+        return compute(n, device, embed, world)
+    uri = storage.join(out, FOLDER, f"{key[0]}-{digest}.pt")
     have = torch.tensor([int(storage.exists(uri))])
     if world > 1:                       # every rank decides alike (one may see it written)
         dist.all_reduce(have, op=dist.ReduceOp.MIN)

@@ -184,19 +184,23 @@ def test_3b_missing_cross_model_weights(user_data, tmp_path):
 
 
 def test_3c_a_weights_path_on_small_yaml_is_not_ignored(user_data, tmp_path):
-    """small.yaml's models have random weights; a path set on one is never silently ignored:
-    the config says to turn random_init off, and then the preflight looks for the file."""
+    """small.yaml's cross model has random weights; a path set on it is never silently ignored:
+    the config says to turn random_init off, and then the preflight looks for the file. A path on
+    the packaged image model (real weights, no random_init) is looked for at once."""
     conf = user_config(tmp_path, user_data)
-    res = vlc("check", conf, "--set", "embed.image_model.path=/models/dino.pth")
+    res = vlc("check", conf, "--set", "embed.cross_model.path=/models/clip.pth")
     failed(res)
-    assert res.stderr == ("error: embed.image_model.path: is set (/models/dino.pth) but "
+    assert res.stderr == ("error: embed.cross_model.path: is set (/models/clip.pth) but "
                           "random_init is true, which would ignore it: set random_init: false "
                           "to load these weights\n")
-    text = failed(vlc("check", conf, "--set", "embed.image_model.path=/models/dino.pth",
-                      "--set", "embed.image_model.random_init=false"))
+    text = failed(vlc("check", conf, "--set", "embed.cross_model.path=/models/clip.pth",
+                      "--set", "embed.cross_model.random_init=false"))
     bad = problem_lines(text)
-    assert len(bad) == 1 and bad[0].startswith("PROBLEM  embed.image_model: ") \
-        and "/models/dino.pth" in bad[0], text
+    assert len(bad) == 1 and bad[0].startswith("PROBLEM  embed.cross_model: ") \
+        and "/models/clip.pth" in bad[0], text
+    bad = problem_lines(failed(vlc("check", conf, "--set", "embed.image_model.path=/m/w.pth")))
+    assert bad == ["PROBLEM  embed.image_model: image encoder 'tf_efficientnet_lite0': "
+                   "path /m/w.pth does not exist"], bad
 
 
 # --- 4: no data where source.path points ----------------------------------------------------

@@ -79,6 +79,22 @@ def step(s: T.Setup, b) -> dict:
     return {"parts": parts, "grads": grads}
 
 
+def mined_positive(b, n: int) -> bool:
+    """Whether the batch's M holds an image-text positive that is not the row's own caption."""
+    own = b.text_owner[None, :] == torch.arange(n)[:, None]
+    return bool((b.pos_mask[:n] & ~own).any())
+
+
+def first_batch(gen, holds, tries: int = 12):
+    """The first batch of the stream that ``holds``: mined positives meet in a batch only when
+    both rows are drawn into it, which the first batch of a shuffled stream need not do."""
+    for _ in range(tries):
+        _, _, b = next(gen)
+        if holds(b):
+            return b
+    raise AssertionError(f"no batch of the first {tries} held what the test needs")
+
+
 def nonzero(grads: dict, prefix: str) -> bool:
     return any(n.startswith(prefix) and bool(g.abs().sum() > 0) for n, g in grads.items())
 
@@ -104,11 +120,9 @@ def test_helip_hard_pairs_arrive_and_train(demo):
 
 def test_sigmoid_positives_recaptions_concepts_arrive_and_train(demo):
     s, gen = setup(demo, loss="sigmoid")
-    _, _, b = next(gen)
+    b = first_batch(gen, lambda b: mined_positive(b, b.pixels.shape[0]))  # mined positives in M
     n = b.pixels.shape[0]
     assert b.input_ids.shape[0] > n                                    # recaptions are texts
-    own = b.text_owner[None, :] == torch.arange(n)[:, None]
-    assert bool((b.pos_mask & ~own).any())                             # mined positives in M
     assert bool((b.obj_index >= 0).any()) and bool((b.attr_index >= 0).any())
     assert float(b.obj_value.sum()) > 0
     s.model.sig_bias.data.fill_(T.init_sigmoid_bias(s.composer.cfg, s.model, gen, "cpu"))
@@ -120,7 +134,12 @@ def test_sigmoid_positives_recaptions_concepts_arrive_and_train(demo):
 
 def test_mp_nce_positive_structure_and_domain_parameters(demo):
     s, gen = setup(demo, loss="mp_nce", mp_views=2)
-    _, _, b = next(gen)
+
+    def mined(b) -> bool:                                              # image-text and i-i
+        n = b.pixels.shape[0] // 2
+        return mined_positive(b, n) and bool(
+            (b.image_pos[:n, :n] & ~torch.eye(n, dtype=torch.bool)).any())
+    b = first_batch(gen, mined)
     n = b.pixels.shape[0] // 2
     pos, domains = T.mp_positives(b)
     n_img = b.pixels.shape[0]
@@ -134,9 +153,6 @@ def test_mp_nce_positive_structure_and_domain_parameters(demo):
         assert bool(tt[mine][:, mine].all())
         assert bool(pos[i, n + i]) and bool(pos[n + i, i])             # its two views
         assert bool(pos[i, n_img + mine].all())                        # image - its texts
-    own = b.text_owner[None, :] == torch.arange(n)[:, None]
-    assert bool((b.pos_mask[:n] & ~own).any())                         # mined image-text
-    assert bool((b.image_pos[:n, :n] & ~torch.eye(n, dtype=torch.bool)).any())   # mined i-i
     out = step(s, b)
     assert out["parts"]["mp_nce"] > 0 and out["parts"]["concepts"] > 0
     for p in ("mp_log_scale", "mp_offset"):
