@@ -94,3 +94,8 @@ def merge(schemas: Iterable[pa.Schema]) -> pa.Schema:
             seen.add(f.name)
             out.append(f)
     return pa.schema(out)
+
+# A per-image result cache segment (stages/cache.py): an image hash and its stage's result as
+# JSON (exact: JSON round-trips floats). No field metadata: a segment is named by its content.
+CACHE_VALUE = pa.field("value", pa.string())
+IMAGE_CACHE = pa.schema([pa.field(F.IMAGE_HASH.name, pa.string()), CACHE_VALUE])

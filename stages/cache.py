@@ -32,11 +32,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlcurate.foundation import storage
+from vlcurate.schemas import tables as TB
 
 FORMAT = "1"
 DEFAULT_DIR = "_cache"          # inside the run directory when run.cache_dir is unset
 _SEGMENTS_KEPT = 16             # segments' values held per worker (a small LRU)
-_SCHEMA = pa.schema([("image_hash", pa.string()), ("value", pa.string())])
+_SCHEMA = TB.IMAGE_CACHE
+_HASH, _VALUE = _SCHEMA.names
 
 
 def _digest(text: str) -> str:
@@ -89,8 +91,8 @@ class ImageCache:
             try:
                 t = _read(storage.join(self.dir, name), None).to_pydict()
             except (OSError, pa.ArrowException):     # damaged since the index was read: misses
-                t = {"image_hash": [], "value": []}
-            self._values[name] = dict(zip(t["image_hash"], t["value"]))
+                t = {_HASH: [], _VALUE: []}
+            self._values[name] = dict(zip(t[_HASH], t[_VALUE]))
             if len(self._values) > _SEGMENTS_KEPT:
                 self._values.popitem(last=False)
         self._values.move_to_end(name)
@@ -118,7 +120,7 @@ class ImageCache:
         if not results:
             return
         rows = sorted((h, json.dumps(self.encode(v), sort_keys=True)) for h, v in results.items())
-        table = pa.table({"image_hash": [h for h, _ in rows], "value": [v for _, v in rows]},
+        table = pa.table({_HASH: [h for h, _ in rows], _VALUE: [v for _, v in rows]},
                          schema=_SCHEMA)
         name = f"seg-{_digest(chr(10).join(h + v for h, v in rows))}.parquet"
         if not self._described:                       # once per instance, not per segment
@@ -135,7 +137,7 @@ def _hashes(uri: str) -> list[str]:
     """A segment's hashes; none when it cannot be read (a damaged segment is a miss, never an
     error: the cache only ever saves work)."""
     try:
-        return _read(uri, ["image_hash"]).column(0).to_pylist()
+        return _read(uri, [_HASH]).column(0).to_pylist()
     except (OSError, pa.ArrowException):
         return []
 

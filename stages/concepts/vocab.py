@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+from vlcurate.schemas import concepts as CO
+
 from .wordnet import Synset, WordNet
 
 OBJECT, ATTRIBUTE = "object", "attribute"
@@ -47,10 +49,12 @@ class Concepts:
                         self.sharedness, self.visualness)
 
     def rows(self) -> list[dict]:
-        return [{"concept_id": i, "kind": self.kind, "synset": n, "gloss": self.gloss.get(n),
-                 "words": [w for w, _ in self.words.get(n, Counter()).most_common(10)],
-                 "n_images": self.count.get(n, 0), "sharedness": self.sharedness.get(n),
-                 "visualness": self.visualness.get(n)} for i, n in enumerate(self.names)]
+        return [{CO.V_ID.name: i, CO.V_KIND.name: self.kind, CO.V_SYNSET.name: n,
+                 CO.V_GLOSS.name: self.gloss.get(n),
+                 CO.V_WORDS.name: [w for w, _ in self.words.get(n, Counter()).most_common(10)],
+                 CO.V_N_IMAGES.name: self.count.get(n, 0),
+                 CO.V_SHAREDNESS.name: self.sharedness.get(n),
+                 CO.V_VISUALNESS.name: self.visualness.get(n)} for i, n in enumerate(self.names)]
 
 
 class Canonicaliser:
