@@ -84,7 +84,7 @@ def set_threads(n: Optional[int]) -> None:
 
 def use_fast(cfg: Any, n: int) -> bool:
     """The positives stage's own search: IVF-PQ above exact_max_n (hpm's method aside)."""
-    return cfg.method == "fast" or (cfg.method != "exact" and n > cfg.exact_max_n)
+    return cfg.method == "fast" or (cfg.method != "exact" and n > cfg.engine.exact_max_n)
 
 
 def columns(read: Callable[[int], pa.Table], n_parts: int) -> tuple[str, ...]:
@@ -118,6 +118,12 @@ class EngineParams(Params):
     chunk_rows: int = positive(CHUNK_ROWS, doc=(
         "rows mined per call, consecutive across parts; more rows per call is faster per row "
         "and uses more memory; a numerics key (a similarity's last bits may change)"))
+    exact_max_n: int = positive(50_000, doc="hpm.method auto: the most kept rows mined exactly")
+    noise_count: Literal["exact", "probed"] = doc("exact", (
+        "exact: a row found with fewer than k supporters is searched again until its count is "
+        "exact (HELIP's rule); probed: decide on the probed clusters' count, faster, but a good "
+        "row near the threshold can be flagged"))
+    seed: int = doc(0, "seeds the k-means layout, the calibration sample and FastHPM's pool")
     block_size: int = positive(8192, doc="member rows per score block (exact and the pass)")
     query_block: int = positive(1024, doc="target rows per score block (exact and the pass)")
 
@@ -174,19 +180,13 @@ class HpmParams(Params):
     noise_action: Literal["drop", "mark"] = doc("drop", (
         "drop: flag noise pairs (fewer than k supporters) with hpm.noise_pair, so export drops "
         "them; mark: only fill the hpm_is_noise column"))
-    noise_count: Literal["exact", "probed"] = doc("exact", (
-        "exact: a row found with fewer than k supporters is searched again until its count is "
-        "exact (HELIP's rule); probed: decide on the probed clusters' count, faster, but a good "
-        "row near the threshold can be flagged"))
     method: Literal["auto", "exact", "blocks", "fast"] = doc("auto", (
         "exact: the pass probing every cluster; blocks: the pass probing hpm.engine.probe "
-        "clusters; auto: exact up to exact_max_n rows, then blocks; fast: FastHPM (IVF-PQ, "
+        "clusters; auto: exact up to engine.exact_max_n rows, then blocks; fast: FastHPM (IVF-PQ, "
         "legacy, no candidate pairs)"))
-    exact_max_n: int = positive(50_000, doc="method auto: the most kept rows mined exactly")
     device: Literal["auto", "cpu", "cuda"] = doc("auto", (
         "where the mining runs (torch and FAISS); auto: cuda when a GPU is visible; name it "
         "where reruns on other machines must match byte for byte"))
-    seed: int = doc(0, "seeds the k-means layout, the calibration sample and FastHPM's pool")
     build_threads: Optional[int] = positive(None, doc=(
         "threads of the global step (layout, FastHPM's index); null: every CPU of its node; "
         "mining runs on the stage's actors with run.intra_op_threads"))
@@ -199,7 +199,8 @@ class HpmParams(Params):
     moved_keys: ClassVar[dict[str, str]] = {
         **{k: f"hpm.engine.{k}" for k in ("clusters", "probe", "recall", "pair_probe",
                                            "precision", "chunk_rows", "block_size",
-                                           "query_block")},
+                                           "query_block", "exact_max_n", "noise_count",
+                                           "seed")},
         **{k: f"hpm.fast.{k}" for k in ("pool_size", "nlist", "pq_m", "pq_nbits", "nprobe",
                                          "k_prime", "widen", "k_prime_max", "train_size")},
         "pair_image": "positives.candidates.image", "pair_text": "positives.candidates.text",
@@ -398,11 +399,11 @@ def _build_fast(cfg: Any, meta, workdir: str) -> FastIndex:
     store = Store(meta)
     img, txt = store.vec[E.IMAGE_EMB_NAME], store.vec[E.TEXT_EMB_NAME]
     f = cfg.fast
-    pool = hpm.sample_pool(meta.n, f.pool_size, cfg.seed)
+    pool = hpm.sample_pool(meta.n, f.pool_size, cfg.engine.seed)
     params = hpm.auto_params(len(pool), img.shape[1] + txt.shape[1], f.nlist, f.pq_m,
                              f.pq_nbits, f.nprobe, f.train_size)
     sub = (img, txt) if len(pool) == meta.n else (img[pool], txt[pool])
-    index = hpm.build_ivfpq(hpm.JointView(*sub), params, cfg.seed)
+    index = hpm.build_ivfpq(hpm.JointView(*sub), params, cfg.engine.seed)
     hpm.save_index(index, os.path.join(workdir, "joint.ivfpq"))
     np.save(os.path.join(workdir, "pool.npy"), pool)
     return FastIndex(params, os.path.join(workdir, "joint.ivfpq"),

@@ -75,23 +75,23 @@ def resolve_precision(precision_name: str, device: str) -> str:
 
 def pass_params(config: Any, n: int, device: Optional[str] = None) -> PassParams:
     """The run's config (``hpm`` and its ``engine``; ``positives.candidates``: the candidate
-    pairs' floors) -> pass parameters; method exact (or auto up to exact_max_n rows) probes
+    pairs' floors) -> pass parameters; method exact (or auto up to engine.exact_max_n rows) probes
     every cluster: the pass is then exhaustive, i.e. exact HPM. hpm.engine.precision auto is
     resolved for ``device`` (None: hpm.device's)."""
     cfg, cand = config.hpm, config.positives.candidates
     e = cfg.engine
-    exact = cfg.method == "exact" or (cfg.method == "auto" and n <= cfg.exact_max_n)
+    exact = cfg.method == "exact" or (cfg.method == "auto" and n <= e.exact_max_n)
     rows, probe = AUTO
     c = PassParams(cfg.k, cfg.tau_image, cfg.tau_text, n_clusters=e.clusters,
                           cluster_rows=rows).clusters(n)
     return PassParams(
         k=cfg.k, tau_i=cfg.tau_image, tau_t=cfg.tau_text, dup=cfg.dup_threshold,
         floor_i=cand.image, floor_t=cand.text, floor_x=cand.cross,
-        n_clusters=c, probe=c if exact else (e.probe or probe), seed=cfg.seed,
+        n_clusters=c, probe=c if exact else (e.probe or probe), seed=e.seed,
         query_block=e.query_block, block_size=e.block_size, max_pairs=cand.max_pairs,
         precision=resolve_precision(e.precision, device or hpm.resolve_device(cfg.device)),
         space_probe=0 if exact else e.pair_probe, cluster_rows=rows,
-        exact_noise=cfg.noise_count == "exact")
+        exact_noise=e.noise_count == "exact")
 
 
 @dataclass(frozen=True)

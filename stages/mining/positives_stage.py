@@ -14,7 +14,7 @@ above hpm's floors (positives.candidates.image/text/cross, in the spaces this ru
 cross-modal one when there is one); this stage only applies the rule to them, with exact
 similarities, and searches nothing. The floors must not be above the thresholds, which the
 preflight checks (``floor_problems``). With an exhaustive pass (exact, or auto up to
-hpm.exact_max_n rows) the result is then exact Eq. 1 (tested), short only of pairs
+hpm.engine.exact_max_n rows) the result is then exact Eq. 1 (tested), short only of pairs
 positives.candidates.max_pairs cut (counted in the summary). A partial pass routes each row on the
 joint HELIP vector, which alone misses pairs near in one space only (an image with an unrelated
 caption: 53-63% found, tests/benchmarks/bench_one_space_pairs.py), so it also searches one-space
@@ -109,7 +109,7 @@ def source(config: Any, n: int, names: Sequence[str], pairs: bool, fast: bool,
     why = ("hpm.method is fast" if h.method == "fast" else
            "no hpm_pair_ids upstream" if M.PAIR_IDS.name not in names else
            f"hpm's pass is partial and hpm.engine.pair_probe is 0: {n} rows, hpm.method "
-           f"{h.method}, hpm.exact_max_n {h.exact_max_n}")
+           f"{h.method}, hpm.engine.exact_max_n {h.engine.exact_max_n}")
     return f"its own {'per-space IVF-PQ' if fast else 'exact'} search ({why})"
 
 
@@ -302,7 +302,7 @@ def _build_indexes(config: Any, f: fff.Features, workdir: str) -> dict:
         prm = hpm.auto_params(len(base), base.shape[1], nbits=config.hpm.fast.pq_nbits,
                               nprobe=config.positives.nprobe)
         path = os.path.join(workdir, f"{key}.ivfpq")
-        hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, config.hpm.seed), path)
+        hpm.save_index(hpm.build_ivfpq(np.asarray(base, np.float32), prm, config.hpm.engine.seed), path)
         out[key] = (path, prm.nprobe)
     return out
 
@@ -338,7 +338,7 @@ class PositivesParams(Params):
     candidates: Candidates = doc(Candidates(), "the candidate pairs hpm's pass keeps for this "
                                                "stage")
     k_prime: int = positive(64, doc=(
-        "its own search (no candidates from hpm's pass), IVF-PQ above hpm.exact_max_n rows: "
+        "its own search (no candidates from hpm's pass), IVF-PQ above hpm.engine.exact_max_n rows: "
         "candidates per modality"))
     nprobe: Optional[int] = positive(None, doc=(
         "its own IVF-PQ search: lists probed; null: max(64, nlist / 16) (hpm.auto_params)"))
@@ -387,7 +387,7 @@ class PositivesStage(GlobalStage):
         if config.hpm.method == "fast":
             out.append("positives: hpm.method is fast (FastHPM finds no candidate pairs), so "
                        "positives runs a second search of its own (per-space IVF-PQ above "
-                       "hpm.exact_max_n rows, exact below)")
+                       "hpm.engine.exact_max_n rows, exact below)")
         return out
 
     @classmethod

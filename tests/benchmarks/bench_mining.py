@@ -330,7 +330,7 @@ def pass_config(a, k: int):
     e, c = "hpm.engine.", "positives.candidates."
     over = {"hpm.tau_image": a.tau, "hpm.tau_text": a.tau, e + "probe": a.probe,
             e + "clusters": a.clusters, c + "image": a.floor, c + "text": a.floor,
-            "hpm.exact_max_n": a.exact_max_n, "hpm.method": a.method,
+            "hpm.engine.exact_max_n": a.exact_max_n, "hpm.method": a.method,
             e + "precision": a.precision, e + "query_block": a.query_block,
             e + "block_size": a.block_size, e + "recall": a.recall}
     return C.load(None, {"hpm.k": k, **{f: v for f, v in over.items() if v is not None}})
@@ -359,7 +359,7 @@ def bench_pass(name: str, img: np.ndarray, txt: np.ndarray, a) -> None:
     exhaustive = p.probe >= p.clusters(n)
     print(f"\n== pass: {name}: N = {n}, tau = {tau}, dup = {dup}, method {cfg.method}, "
           f"precision {cfg.engine.precision} ({p.precision}) "
-          f"(exact_max_n {cfg.exact_max_n}), {p.clusters(n)} clusters, probe {p.probe}"
+          f"(exact_max_n {cfg.engine.exact_max_n}), {p.clusters(n)} clusters, probe {p.probe}"
           f"{' = exhaustive (exact HPM)' if exhaustive else ''}; load average "
           f"{os.getloadavg()[0]:.1f} ==", flush=True)
     dev = a.device
@@ -811,7 +811,7 @@ def main() -> int:
     ap.add_argument("--probe", type=int, help="pass: clusters probed (default: hpm.engine.probe)")
     ap.add_argument("--recall", type=float, help="pass: the calibrated probe's target "
                                                  "(default: hpm.engine.recall)")
-    ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.exact_max_n")
+    ap.add_argument("--exact-max-n", type=int, help="pass: default hpm.engine.exact_max_n")
     ap.add_argument("--chunk", type=int, help="pass: rows mined together (default: "
                     "hpm.engine.chunk_rows, whose chunks span parts; a call mines its kept rows)")
     ap.add_argument("--method", choices=("auto", "exact", "blocks"), help="pass: default hpm.method")

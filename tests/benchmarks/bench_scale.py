@@ -5,7 +5,7 @@ with the demo's offline models (pipeline/demo.py DEMO_MODELS), one table per N.
         [--ocr]          # also run textspot (OCR): skipped by default, see below
         [--keep DIR]     # keep the data and runs there (else a temp folder, removed); the
                          # same command again after a kill resumes the run there (run_once)
-        [--set KEY=VALUE]  # a config override (repeatable), e.g. hpm.exact_max_n=10000
+        [--set KEY=VALUE]  # a config override (repeatable), e.g. hpm.engine.exact_max_n=10000
         [--embed synthetic]  # embed's contract with clustered synthetic vectors, no models
                          # (synthetic_embed: the random ViT's all-pairs-near worst case aside)
 
@@ -362,7 +362,7 @@ def main() -> int:
     ap.add_argument("--ocr", action="store_true")
     ap.add_argument("--keep", default=None)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override, e.g. hpm.exact_max_n=10000 (repeatable)")
+                    help="a config override, e.g. hpm.engine.exact_max_n=10000 (repeatable)")
     ap.add_argument("--embed", choices=("models", "synthetic"), default="models",
                     help="synthetic: the embed stage's contract with clustered vectors drawn "
                          "from each sample id instead of the demo's models (synthetic_embed)")

@@ -1,7 +1,7 @@
 """One-space layouts: the candidate pairs near in one space only, when the pass is partial.
 
 The neighbour pass (passes.py) routes a row on its joint HELIP vector. When it is partial (probe
-< clusters: above hpm.exact_max_n rows) it misses pairs close in one space only: an image
+< clusters: above hpm.engine.exact_max_n rows) it misses pairs close in one space only: an image
 near-duplicate under an unrelated caption (S_I 0.97, S_T 0.06: joint similarity ~0.5), FFF's
 main case. Measured on the real-derived set with planted pairs
 (tests/benchmarks/bench_one_space_pairs.py), the joint pass alone finds 53-63% of them.

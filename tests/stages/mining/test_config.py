@@ -71,11 +71,11 @@ def test_precision_auto_is_int8_where_the_hardware_has_int8_gemms():
 
 
 def test_noise_count_reaches_the_pass():
-    """hpm.noise_count: exact (the default) completes the count of rows found short; probed
+    """hpm.engine.noise_count: exact (the default) completes the count of rows found short; probed
     decides on the probed clusters (test_noise.py shows what each flags)."""
     from vlcurate.stages.mining.pass_io import pass_params
     assert pass_params(C.load(None), 1_000_000, "cpu").exact_noise
-    probed = C.load(None, {"hpm.noise_count": "probed"})
+    probed = C.load(None, {"hpm.engine.noise_count": "probed"})
     assert not pass_params(probed, 1_000_000, "cpu").exact_noise
 
 
