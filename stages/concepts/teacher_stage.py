@@ -20,7 +20,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import concepts as S
 from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources, once_per_image
-from vlcurate.stages.embed import widths as W
+from vlcurate.foundation import widths as W
 
 from .teacher import Teacher
 

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from vlcurate.foundation import models
+from vlcurate.foundation.widths import sentence_dim
 from vlcurate.stages.base import decoded_batches
 
 
@@ -29,7 +30,7 @@ class ImagePreprocessor:
         import timm
 
         if model is None:               # the architecture on the meta device: no memory, no init
-            from .widths import meta_timm
+            from vlcurate.foundation.widths import meta_timm
             model = meta_timm(spec)
         cfg = models.data_config(spec, model)      # the weights' own (a packaged model's too)
         steps = list(timm.data.create_transform(**cfg, is_training=False).transforms)
@@ -89,9 +90,7 @@ class TextEncoder:
     def __init__(self, spec: Any) -> None:
         self.loaded = models.load_sentence_transformer(spec)
         self.model = self.loaded.model
-        dim = getattr(self.model, "get_embedding_dimension", None) or \
-            self.model.get_sentence_embedding_dimension
-        self.dim = int(dim())
+        self.dim = sentence_dim(self.model)
 
     def encode(self, captions: Sequence[str], batch_size: int) -> np.ndarray:
         import torch

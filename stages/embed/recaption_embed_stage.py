@@ -21,7 +21,7 @@ from vlcurate.stages.arrow import fixed_lists, list_array
 from vlcurate.stages.base import MapStage, Resources
 
 from .encoders import CrossEncoder
-from .widths import cross_width
+from vlcurate.foundation.widths import cross_width
 
 
 class RecaptionEmbedStage(MapStage):

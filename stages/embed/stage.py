@@ -17,7 +17,7 @@ from vlcurate.foundation.params import ModelSpec, Params, doc, positive
 from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources, once_per_image
 
-from . import widths as W
+from vlcurate.foundation import widths as W
 from .encoders import CrossEncoder, ImageEncoder, ImagePreprocessor, TextEncoder
 
 

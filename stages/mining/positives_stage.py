@@ -56,7 +56,6 @@ from vlcurate.schemas import mining as M
 from vlcurate.schemas import recaption as RC
 from vlcurate.foundation.params import DataError, Params, at_least, doc, positive, within
 from vlcurate.stages.base import Finding, GlobalStage, Resources, reasons_array
-from vlcurate.stages.embed.recaption_embed_stage import RecaptionEmbedStage
 
 from . import engine, fff, hpm
 from .hpm_stage import EMBED, HpmState, set_threads, use_fast
@@ -70,7 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CROSS = (E.CROSS_IMAGE_EMB_NAME, E.CROSS_TEXT_EMB_NAME)
-RECAPTIONS = RecaptionEmbedStage.name
+RECAPTIONS = "recaption_embed"     # the recaptions' cross-modal embeddings, by stage name
 
 
 HPM = "hpm"

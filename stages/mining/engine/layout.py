@@ -18,6 +18,7 @@ import torch
 from .. import native
 from ..hpm import as_tensor
 from .core import PassParams, _rows, cache_rows
+from .kernels import assignment_step, nearest  # noqa: F401  (nearest: layout.nearest)
 from .precision import Precision, get
 
 
@@ -86,24 +87,6 @@ def _chunks(img, txt, device: str, chunk: int = 32768):
 
 
 MAX_SAMPLE = 1 << 17   # k-means training rows at most (p.sample per cluster below that)
-
-
-def nearest(x: torch.Tensor, cent: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """argmax_c <x_i, cent_c>, a few rows at a time: the scores held are ~4M floats, whatever
-    the number of clusters (C grows with N). ``dtype``: the GEMM's (hpm.engine.precision bf16: ~3x
-    fp32's rate on a CPU with AVX512-BF16 or AMX; the layout only decides where rows sit,
-    member means and radii are fp32 sums of the actual members, so routing and the
-    certificate hold whatever the assignment; int8 has its own: precision.Precision.nearest)."""
-    step, out = assignment_step(cent), torch.empty(len(x), dtype=torch.long, device=x.device)
-    cent = cent.to(dtype)
-    for a in range(0, len(x), step):
-        torch.argmax(x[a:a + step].to(dtype) @ cent.T, 1, out=out[a:a + step])
-    return out
-
-
-def assignment_step(cent: torch.Tensor) -> int:
-    """Rows assigned at a time: ~4M scores held, whatever the number of centroids."""
-    return max(256, (1 << 22) // max(len(cent), 1))
 
 
 def _spherical(x: torch.Tensor, c: int, rng, iters: int, prec: Precision) -> torch.Tensor:

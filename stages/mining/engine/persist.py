@@ -11,6 +11,7 @@ import torch
 
 from ..hpm import as_tensor
 from .core import NAMES, Vectors
+from .kernels import mapped
 from .layout import Layout
 from .precision import get, registry
 
@@ -84,13 +85,6 @@ def load_vectors(dir_: str, n: int) -> Vectors:
             if got is not None:
                 low[name] = got
     return Vectors(*out, low=low or None)
-
-
-def mapped(path: str, dtype, shape: tuple) -> np.ndarray:
-    """A file's read-only memory map as a plain ndarray view (the map lives as its base): a
-    slice of it costs ~0.3 us, an np.memmap's ~18 (its __getitem__ and __array_finalize__ in
-    Python; a unit takes ~4 slices: ~4% of the int8 pass)."""
-    return np.asarray(np.memmap(path, dtype, "r", shape=shape))
 
 
 LAYOUT = ("means", "radius", "order", "bounds")

@@ -30,6 +30,7 @@ from vlcurate.foundation.params import ConfigError
 
 from . import screen
 from .core import _rows
+from .kernels import _bias, _first, mapped, nearest
 
 
 class Precision:
@@ -55,14 +56,12 @@ class Precision:
         return x
 
     def nearest(self, x: torch.Tensor, cent: torch.Tensor) -> torch.Tensor:
-        """argmax_c <x_i, cent_c> (layout.nearest, in ``dtype``)."""
-        from .layout import nearest
+        """argmax_c <x_i, cent_c> (kernels.nearest, in ``dtype``)."""
         return nearest(x, cent, self.dtype)
 
     # --- routing ------------------------------------------------------------------------------
     def routing_scores(self, lay, x: torch.Tensor) -> tuple:
         """(routing.mean_scores in this precision, the largest |score - fp32 score|)."""
-        from .routing import _bias
         means = lay.cached("means", x.device, self.name, lambda: lay.means, self.dtype)
         return torch.addmm(_bias(lay, x.device), x, means.T), 0.0
 
@@ -70,7 +69,6 @@ class Precision:
         """((each row's probe best clusters, own first; the best score + reach over the others),
         the scores' error bound)."""
         from .. import native
-        from .routing import _first
         m, err = self.routing_scores(lay, x)
         return native.top_columns(_first(m, own), probe, reach), err
 
@@ -140,7 +138,6 @@ class Bf16(Precision):
         return 3.1 * self.unit_roundoff + 2 * dim * 2.0 ** -24
 
     def routing_scores(self, lay, x: torch.Tensor) -> tuple:
-        from .routing import _bias
         bias = _bias(lay, x.device)
         means = lay.cached("means", x.device, self.name, lambda: lay.means, self.dtype)
         screen.fp32_sums(x)       # routing may run before the screen's first cast
@@ -174,7 +171,6 @@ class Bf16(Precision):
         return _BitsWriter(open(os.path.join(dir_, f"{name}.{self.name}"), "wb"), self.bits)
 
     def load_copy(self, dir_, name, n, d):
-        from .persist import mapped
         path = os.path.join(dir_, f"{name}.{self.name}")
         return mapped(path, np.int16, (n, d)) if os.path.exists(path) and n else None
 
@@ -235,3 +231,14 @@ def resolve(precision: str, device: str) -> Precision:
         return get(precision)
     return max((p for p in registry().values() if p.auto_rank >= 0 and p.native(device)),
                key=lambda p: p.auto_rank)
+
+
+def margin(precision, dim: int) -> float:
+    """The largest |screened - re-scored| similarity of unit vectors of ``dim`` dimensions."""
+    return get(precision).margin(dim)
+
+
+def low(x: dict, precision) -> dict:
+    """The vectors of ``x`` in the screen's type (fp32: themselves; bf16: cast; int8: rows
+    each with its own scale): the precision's ``queries``."""
+    return get(precision).queries(x)

@@ -3,13 +3,13 @@ cluster first), scored by its precision (precision.Precision.route_top), and the
 certificate's bound m_out over the clusters it does not search."""
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
 from .core import Vectors, _take
+from .kernels import ROUTE_SPREAD, _bias, _first, spread  # noqa: F401  (routing.spread, ...)
 from .layout import Layout, joint_t
 from .precision import get
 
@@ -53,30 +53,6 @@ def _route(lay: Layout, vec: "Vectors", pos: np.ndarray, probe: int, device: str
     return top, m_out
 
 
-# Routing ranks clusters by <q, mu_c> + ROUTE_SPREAD * spread_c, not <q, mu_c> alone: a loose
-# cluster (small |mu_c|) reaches further from its mean than a tight one with the same <q, mu_c>.
-# For unit vectors spread_c = sqrt(1 - |mu_c|^2) is its members' RMS distance from mu_c, so
-# their best <q, j> is ~<q, mu_c> + sqrt(2 ln n_c / D_eff) spread_c for isotropic residuals in
-# D_eff dimensions: a coefficient of ~0.3-0.6 for 256 members and D_eff of 60-120. Measured on
-# the 1M synthetic set (clusters of ~256 rows, 2,000 exact targets, the true pairs among each
-# top 50): the share of pairs whose cluster is probed at probe 40 / 60 / 80 is
-# 0.9861 / 0.9908 / 0.9934 by <q, mu_c>, 0.9894 / 0.9933 / 0.9954 with 0.5 (flat from 0.4 to
-# 0.6; 1.0 is worse); with 0.5, probe 60 (18.9k rows scored per target) finds what probe 80
-# found by <q, mu_c> (23.6k rows). bench_mining.py prints the same comparison for its exact
-# targets ("exact pairs in probed clusters"). One-space layouts (spaces.py), a row's virtual
-# near-duplicate at S ~0.905 (its floor 0.9; 4,000 rows): its cluster is among the 4 / 8
-# ranked best for 0.987 / 0.998 of them, against 0.962 / 0.989 by <q, mu_c> (bench_mining.py:
-# "one-space routing", for its exact targets).
-ROUTE_SPREAD = 0.5
-
-
-def spread(lay: Layout) -> np.ndarray:
-    """[C] sqrt(1 - |mu_c|^2): the RMS distance of a cluster's (unit) members from their mean
-    (0 for an empty cluster)."""
-    return np.sqrt(np.clip(1.0 - np.square(lay.means, dtype=np.float64).sum(1), 0.0, None)
-                   ).astype(np.float32) * (np.diff(lay.bounds) > 0)
-
-
 def mean_scores(lay: Layout, x: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
     """[n, C] fp32 routing scores <x_i, mu_c> + ROUTE_SPREAD spread_c of query vectors x
     against every cluster's member mean (joint vectors, or one space's: spaces.py), -inf for
@@ -93,13 +69,3 @@ def routing_scores(lay: Layout, x: torch.Tensor, precision="fp32") -> tuple:
     return get(precision).routing_scores(lay, x)
 
 
-def _bias(lay: Layout, device) -> torch.Tensor:
-    return lay.cached("bias", device, "fp32", lambda: np.where(
-        np.diff(lay.bounds) == 0, -np.inf, ROUTE_SPREAD * spread(lay)).astype(np.float32))
-
-
-def _first(m: torch.Tensor, own: Optional[np.ndarray]) -> torch.Tensor:
-    """Scores m with +inf at each row's own column (None: m as it is)."""
-    if own is None:
-        return m
-    return m.scatter_(1, torch.as_tensor(own, device=m.device)[:, None], math.inf)

@@ -32,30 +32,18 @@ run.chunk_rows. On CUDA, bf16 GEMMs accumulate in fp32
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from .. import native
 from ..hpm import as_tensor
-from . import precision as _precision
 
 DENSE_SHARE = 1 / 64
 # (similarity, query vector, member vector); the cross-modal ones need ximg/xtxt
 PAIRS = (("sii", "img", "img"), ("stt", "txt", "txt"), ("sit", "ximg", "xtxt"),
          ("xii", "ximg", "ximg"), ("xtt", "xtxt", "xtxt"))
-
-
-def margin(precision, dim: int) -> float:
-    """The largest |screened - re-scored| similarity of unit vectors of ``dim`` dimensions."""
-    return _precision.get(precision).margin(dim)
-
-
-def low(x: dict, precision) -> dict:
-    """The vectors of ``x`` in the screen's type (fp32: themselves; bf16: cast; int8: rows
-    each with its own scale): the precision's ``queries``."""
-    return _precision.get(precision).queries(x)
 
 
 def fp32_sums(x: Optional[torch.Tensor]) -> None:
@@ -258,7 +246,7 @@ def block_pairs(q: QueryRows, m: dict, m_low: Optional[dict], floors: dict,
 
 
 def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: float,
-                 precision, own: torch.Tensor, members: Optional[tuple] = None
+                 precision: Any, own: torch.Tensor, members: Optional[tuple] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Candidate pairs of several blocks at once: block b = (q0, q1, m, m_low) is queries
     q0:q1 x members m, laid out flat one block after the other, each row-major. One GEMM per
@@ -267,9 +255,9 @@ def ragged_pairs(q: QueryRows, blocks: list, floors: dict, tau_i: float, tau_t: 
     flat; ``members``: (the vectors every block's members are rows of, by name, or None where
     nothing is re-scored; each block's first row in them), which the member rows count from
     (rescore_flat's); else a lone block's own rows. A low ``precision`` screens first
-    (Precision.screen); where it does not (fp32, or a dense block) the pairs are read off fp32
+    (a precision.Precision: its screen); where it does not (fp32, or a dense block) the pairs are read off fp32
     GEMMs."""
-    got = _precision.get(precision).screen(q, blocks, floors, tau_i, tau_t, own, members)
+    got = precision.screen(q, blocks, floors, tau_i, tau_t, own, members)
     if got is not None:
         return got
     s = flat_sims(q.full, [(a, b, m, len(m["img"])) for a, b, m, _ in blocks])

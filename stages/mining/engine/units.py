@@ -106,9 +106,10 @@ def run_stack(lay: Layout, vec: Vectors, qc: "Queries", cs: list, qss: list, p: 
     col = qall - a[unit]                       # a query's own row, if in its unit's cluster
     mine_ = np.flatnonzero((col >= 0) & (col < size[unit]))
     own = at[unit[mine_]] + (mine_ - qoff[unit[mine_]]) * size[unit[mine_]] + col[mine_]
-    base = None if not get(p.precision).rescores else \
+    prec = get(p.precision)
+    base = None if not prec.rescores else \
         {x: _whole(getattr(vec, x)) for x in NAMES if q.has(x)}      # the re-score's
-    r, member, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, p.precision,
+    r, member, val = screen.ragged_pairs(q, blocks, p.floors(), p.tau_i, p.tau_t, prec,
                                          torch.as_tensor(own, device=device), (base, a))
     acc = Findings(len(qall), p, device)
     acc.add(r, member, val, lay.order_on(device))
@@ -159,7 +160,7 @@ def _query_block(lay, vec: Vectors, qc: Queries, qpos_np: np.ndarray, c: int, p:
                              for x in vec.low}
         own = ((qpos >= s0) & (qpos < s1)).nonzero().flatten()
         r, cc, val = screen.block_pairs(q, m, m_low, floors, p.tau_i, p.tau_t,
-                                        p.precision, own, qpos[own] - s0)
+                                        get(p.precision), own, qpos[own] - s0)
         acc.add(r, to_row[cc + s0], val)
     return acc.result(q.index.cpu().numpy())
 

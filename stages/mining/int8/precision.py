@@ -113,7 +113,7 @@ class Int8(Precision):
         return _CopyWriter(os.path.join(dir_, f"{name}.{self.name}"), lay)
 
     def load_copy(self, dir_, name, n, d):
-        from ..engine.persist import mapped
+        from ..engine.kernels import mapped
         path = os.path.join(dir_, f"{name}.{self.name}")
         if not (os.path.exists(path) and n):
             return None

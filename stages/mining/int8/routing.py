@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from .. import native
-from ..engine.layout import Layout, assignment_step
-from ..engine.routing import _bias, _first
+from ..engine.kernels import _bias, _first, assignment_step
+from ..engine.layout import Layout
 from ..hpm import as_tensor
 from . import kernels, q8
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from vlcurate.stages.mining import engine as E
 from vlcurate.stages.mining import hpm
-from vlcurate.stages.mining.engine import core, layout, passes, persist, screen
+from vlcurate.stages.mining.engine import core, layout, passes, persist, precision, screen
 from vlcurate.stages.mining.engine.precision import Bf16
 from vlcurate.stages.mining.int8 import q8
 
@@ -29,10 +29,10 @@ def test_the_margin_bounds_bf16_similarities_of_unit_vectors(device):
         b = torch.nn.functional.normalize(torch.randn(500, d, generator=g), dim=1)
         b[:50] = a[:50] + 0.01 * b[:50]             # near 1, where bf16 rounds the coarsest
         a, b = a.to(device), torch.nn.functional.normalize(b, dim=1).to(device)
-        low = screen.low({"img": a, "txt": b}, "bf16")
+        low = precision.low({"img": a, "txt": b}, "bf16")
         err = ((low["img"] @ low["txt"].T).float() - a @ b.T).abs().max().item()
-        assert 0 < err <= screen.margin("bf16", d), (d, err)
-    assert screen.margin("fp32", 768) == 0.0
+        assert 0 < err <= precision.margin("bf16", d), (d, err)
+    assert precision.margin("fp32", 768) == 0.0
 
 
 def near_thresholds(n=240, seed=7):
@@ -181,8 +181,8 @@ def test_one_space_hits_in_bf16_hold_every_pair_above_the_floor(device):
     it (without the margin, most are missed); in fp32, exactly the GEMM's pairs. Shapes off
     HIT_STEP's multiples (37 of 240 queries, 53 members): the padding is cut off."""
     x, rows, m, floor, want = pairs_at_a_floor(device)
-    low = screen.low({"x": x}, "bf16")["x"]
-    eps = screen.margin("bf16", 384)
+    low = precision.low({"x": x}, "bf16")["x"]
+    eps = precision.margin("bf16", 384)
     r, c = screen.hits(low, rows, m.to(low.dtype), floor - eps)
     assert len(want) > 15 and want <= set(zip(r, c)) and r.max() < 37 and c.max() < 53
     assert not want <= set(zip(*screen.hits(low, rows, m.to(low.dtype), floor)))

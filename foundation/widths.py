@@ -84,9 +84,15 @@ def text_width(spec: Any) -> int:
     folder = _folder(loc, spec)
     width = sentence_width(folder) if folder is not None else None
     if width is None:   # a layout without the usual module configs (or the hub): ask the model
-        from .encoders import TextEncoder
-        width = TextEncoder(spec).dim
+        width = sentence_dim(models.load_sentence_transformer(spec).model)
     return width
+
+
+def sentence_dim(model: Any) -> int:
+    """A loaded SentenceTransformer's output width (its method's name changed in v5)."""
+    dim = getattr(model, "get_embedding_dimension", None) or \
+        model.get_sentence_embedding_dimension
+    return int(dim())
 
 
 @functools.lru_cache(maxsize=8)
