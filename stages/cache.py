@@ -54,8 +54,8 @@ class ImageCache:
         text = json.dumps({"stage": stage, "format": FORMAT, **namespace}, sort_keys=True)
         self.dir = storage.join(root, stage, _digest(text))
         self.namespace, self.encode, self.decode, self.keep = text, encode, decode, keep
-        self._keys: Optional[np.ndarray] = None      # sorted 16-byte hashes
-        self._where: Optional[np.ndarray] = None     # their segment numbers
+        self._keys = np.zeros(0, "S16")              # sorted 16-byte hashes
+        self._where = np.zeros(0, np.int32)          # their segment numbers
         self._segments: list[str] = []
         self._values: OrderedDict[str, dict] = OrderedDict()
         self._described = False                       # namespace.json written (or found)
@@ -72,18 +72,23 @@ class ImageCache:
 
     # --- reading ---------------------------------------------------------------------------
     def _load_index(self) -> None:
+        """Index the segments written since the last look (by this worker or any other: a part
+        on another actor or node), so that an image computed once anywhere in the run is read,
+        not computed again. One listing per batch."""
+        known = set(self._segments)
         names = sorted(i.base_name for i in storage.listdir(self.dir)
-                       if i.base_name.startswith("seg-") and i.base_name.endswith(".parquet"))
-        keys, where = [], []
+                       if i.base_name.startswith("seg-") and i.base_name.endswith(".parquet")
+                       and i.base_name not in known)
         for name in names:
-            col = _hashes(storage.join(self.dir, name))
-            keys.append(np.frombuffer(bytes.fromhex("".join(col)), "S16"))
-            where.append(np.full(len(col), len(self._segments), np.int32))
-            self._segments.append(name)
-        keys_a = np.concatenate(keys) if keys else np.zeros(0, "S16")
-        order = np.argsort(keys_a, kind="stable")
-        self._keys = keys_a[order]
-        self._where = (np.concatenate(where) if where else np.zeros(0, np.int32))[order]
+            self._index(name, _hashes(storage.join(self.dir, name)))
+
+    def _index(self, name: str, hashes: Sequence[str]) -> None:
+        """Add segment ``name``'s ``hashes`` to the sorted index (a segment once)."""
+        keys = np.sort(np.frombuffer(bytes.fromhex("".join(hashes)), "S16"))
+        at = np.searchsorted(self._keys, keys, side="right")   # after equal keys: the first
+        self._keys = np.insert(self._keys, at, keys)           # segment holding one answers
+        self._where = np.insert(self._where, at, np.int32(len(self._segments)))
+        self._segments.append(name)
 
     def _segment(self, n: int) -> dict:
         name = self._segments[n]
@@ -100,8 +105,7 @@ class ImageCache:
 
     def get(self, hashes: Sequence[str]) -> dict[str, Any]:
         """{hash: result} for the hashes the cache holds."""
-        if self._keys is None:
-            self._load_index()
+        self._load_index()
         out = {}
         if len(self._keys):
             want = np.array([bytes.fromhex(h) for h in hashes], dtype="S16")
@@ -131,6 +135,8 @@ class ImageCache:
         buf = pa.BufferOutputStream()
         pq.write_table(table, buf)
         storage.write_bytes(storage.join(self.dir, name), buf.getvalue().to_pybytes())
+        if name not in self._segments:                # this worker reads its own writes
+            self._index(name, [h for h, _ in rows])
 
 
 def _hashes(uri: str) -> list[str]:

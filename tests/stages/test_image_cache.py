@@ -35,6 +35,22 @@ def test_results_survive_into_a_new_instance_and_namespaces_are_apart(tmp_path):
     assert _cache(tmp_path, v=2).get(H) == {}
 
 
+def test_a_worker_reads_what_it_and_the_others_wrote_since_it_first_looked(tmp_path):
+    """Parts on two actors (or one actor's next part): an image computed once anywhere in the
+    run is read from then on, never computed again."""
+    a, b = _cache(tmp_path), _cache(tmp_path)
+    assert a.get(H[:2]) == {} and b.get(H[:2]) == {}          # both have looked: empty
+    a.put({H[0]: (1,)})
+    assert a.get(H[:1]) == {H[0]: (1,)}                         # its own write
+    assert b.get(H[:2]) == {H[0]: (1,)}                         # the other's, written since
+    b.put({H[1]: (2,)})
+    b.put({H[0]: (1,)})                                         # the same answer, again
+    assert a.get(H[:3]) == {H[0]: (1,), H[1]: (2,)}
+    calls = []
+    got = cached(b, H[:3], lambda todo: calls.extend(todo) or [(9,)] * len(todo))
+    assert calls == [2] and got == [(1,), (2,), (9,)]          # only the new image computed
+
+
 def test_the_same_results_make_the_same_segment_and_a_damaged_one_is_a_miss(tmp_path):
     a = _cache(tmp_path)
     a.put({H[1]: (1,), H[2]: (2,)})
