@@ -202,8 +202,6 @@ def efficientnet_spec(tmp: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.realdata
-@pytest.mark.skip(reason="unfinished: the ingest+ids+export DAG here leaves no shards/index "
-                         "(export's shards need its default DAG inputs); see the report")
 def test_flickr_export_finetune_eval_improves_retrieval(tmp_path):
     """The real seam: a Flickr8k folder -> ``vlcurate run`` export -> locked-tower fine-tune ->
     retrieval on a user eval set of other images (folder, Parquet and its exported shards give
@@ -211,11 +209,12 @@ def test_flickr_export_finetune_eval_improves_retrieval(tmp_path):
     src = shared_data("flickr8k_224")
     rows = list(csv.DictReader(open(src / "captions.csv", encoding="utf-8")))
     names = sorted({r["image"] for r in rows})
-    train_dir = flickr_folder(tmp_path / "train", names[:400], rows)
-    eval_dir = flickr_folder(tmp_path / "eval", names[400:500], rows)
+    train_dir = flickr_folder(tmp_path / "train", names[:240], rows)
+    eval_dir = flickr_folder(tmp_path / "eval", names[240:300], rows)
     for folder in (train_dir, eval_dir):
+        # the images are symlinks into ../shared/data: outside the source folder, allowed here
         cfg = C.load(None, {"source.path": str(folder), "run.run_dir": str(folder / "run"),
-                            "run.progress": False})
+                            "run.progress": False, "source.allow_outside_source": True})
         run(cfg, dag=export_dag(), executor="local", log=lambda _: None)
     es = load_eval_set(str(eval_dir))
     pq.write_table(pa.table({F.IMAGE.name: pa.array([es.images[o] for o in es.owner]),
@@ -228,7 +227,7 @@ def test_flickr_export_finetune_eval_improves_retrieval(tmp_path):
         r = T.train(tower_cfg(steps=steps, **ft), shards, str(tmp_path / f"ft{steps}"),
                     log=lambda *_: None)
         got[steps] = r["eval"]["eval_data"]
-    assert got[0]["images"] == 100 and got[0]["texts"] == 500 and got[0]["rows"] == 500
+    assert got[0]["images"] == 60 and got[0]["texts"] == 300 and got[0]["rows"] == 300
     assert got[150]["t2i_R@1"] > got[0]["t2i_R@1"] + 0.03, got
     assert got[150]["i2t_R@5"] > got[0]["i2t_R@5"], got
     cfg = tower_cfg(steps=150, **ft)
