@@ -328,7 +328,8 @@ def dataset_card(layout: str, embeddings: Iterable[str] = ()) -> str:
     their features (``load_dataset(<shards folder>)`` reads it), so no type is guessed from the
     first samples (a null or an empty list there would fix a column to null)."""
     vec = "  list: float32" if layout == "pair" else "  list:\n      list: float32"
-    feats = [("jpg", "  dtype: image"), ("txt", "  dtype: string"), ("json", "  dtype: json"),
+    jpg, txt, js = F.SHARD_MEMBERS
+    feats = [(jpg, "  dtype: image"), (txt, "  dtype: string"), (js, "  dtype: json"),
              *((f"{e}.npy", vec) for e in embeddings),
              ("__key__", "  dtype: string"), ("__url__", "  dtype: string")]
     body = "".join(f"  - name: {n}\n  {t}\n" for n, t in feats)
