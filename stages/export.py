@@ -130,7 +130,8 @@ class ExportStage(SinkStage):
                                          layout=config.export.layout,
                                          embeddings=tuple(config.export.embeddings)), specs)
         publish = publish_shards if storage.is_local(final) else publish_in_place
-        return publish(out, final, rows, list(config.export.drop), config.export.layout)
+        return publish(out, final, rows, list(config.export.drop), config.export.layout,
+                       tuple(config.export.embeddings))
 
 
 # --- shards ---------------------------------------------------------------------------------------
@@ -322,8 +323,25 @@ def _merge_missing(rows: list[dict]) -> dict:
     return dict(sorted(out.items()))
 
 
-def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str) -> dict:
-    """Write sizes.json, then manifest.json (last: it makes the shards visible); the summary."""
+def dataset_card(layout: str, embeddings: Iterable[str] = ()) -> str:
+    """The shards' ``README.md``: a Hugging Face dataset card whose YAML names the shards and
+    their features (``load_dataset(<shards folder>)`` reads it), so no type is guessed from the
+    first samples (a null or an empty list there would fix a column to null)."""
+    vec = "  list: float32" if layout == "pair" else "  list:\n      list: float32"
+    jpg, txt, js = F.SHARD_MEMBERS
+    feats = [(jpg, "  dtype: image"), (txt, "  dtype: string"), (js, "  dtype: json"),
+             *((f"{e}.npy", vec) for e in embeddings),
+             ("__key__", "  dtype: string"), ("__url__", "  dtype: string")]
+    body = "".join(f"  - name: {n}\n  {t}\n" for n, t in feats)
+    return ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+            f"    path: \"*.tar\"\ndataset_info:\n  features:\n{body}---\n\n"
+            f"WebDataset shards written by vlcurate (layout: {layout}); see manifest.json.\n")
+
+
+def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str,
+                 embeddings: Iterable[str] = ()) -> dict:
+    """Write sizes.json and the dataset card, then manifest.json (last: it makes the shards
+    visible); the summary."""
     missing = _merge_missing(rows)
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
@@ -333,18 +351,20 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str) ->
                MISSING: missing}
     storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
         {r[F.SH_NAME.name]: r[F.SH_SAMPLES.name] for r in rows}, indent=1).encode())
+    storage.write_bytes(storage.join(folder, "README.md"),
+                        dataset_card(layout, embeddings).encode())
     storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(
         {**summary, "files": table.to_pylist()}, indent=1).encode())
     return summary
 
 
 def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
-                     layout: str = "pair") -> dict:
+                     layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
     """On an object store the shards were written under their final names (the old manifest
     removed first, so no reader pairs it with new shards); the manifest goes last, then the
     shards and index files of an earlier export that it does not list are deleted."""
-    summary = _shard_files(final, rows, drop, layout)
-    keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json"}
+    summary = _shard_files(final, rows, drop, layout, embeddings)
+    keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json", "README.md"}
     keep |= {n.replace(".tar", ".parquet") for n in keep if n.endswith(".tar")}
     for info in storage.list_files(final):
         if info.base_name not in keep:
@@ -353,9 +373,10 @@ def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
 
 
 def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str],
-                   layout: str = "pair") -> dict:
-    """Write sizes.json and manifest.json beside the shards, then swap the folder in whole."""
-    summary = _shard_files(tmp, rows, drop, layout)
+                   layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
+    """Write sizes.json, the dataset card and manifest.json beside the shards, then swap the
+    folder in whole."""
+    summary = _shard_files(tmp, rows, drop, layout, embeddings)
     tmp, final = Path(storage.local_path(tmp)), Path(storage.local_path(final))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
