@@ -51,7 +51,9 @@ def default_dag() -> list[Node]:
         Node(PositivesStage, after=("recaption_embed",)),
         # near-duplicate groups keep their first row (the others: dedup.near_duplicate)
         Node(DedupStage, after=("positives",)),
-        Node(TeacherStage, after=("dedup",)),
+        # the teacher beside dedup, not after it: a policy that keeps the twins (the small
+        # config's does) exports them, and the concept terms of their loss need the teacher
+        Node(TeacherStage, after=("positives",)),
         Node(ConceptsStage, after=("teacher",)),
         Node(ExportStage),   # a sink: after every stage declared before it
     ]

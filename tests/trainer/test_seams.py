@@ -55,9 +55,7 @@ def vocab_sizes(cfg: C.Config) -> tuple[int, int]:
 
 def setup(demo: C.Config, **ft) -> tuple[T.Setup, object]:
     """``vlcurate finetune``'s path: resolve the config, prepare, stream batches."""
-    # allow_missing: the demo exports its near-duplicate twins, which the teacher skipped
-    over = {"model": TINY, "eval_fraction": 0, "concept_weight": 0.5, "shuffle_buffer": 8,
-            "allow_missing": True, **ft}
+    over = {"model": TINY, "eval_fraction": 0, "concept_weight": 0.5, "shuffle_buffer": 8, **ft}
     cfg = demo.replace(**{f"finetune.{k}": v for k, v in over.items()})
     fcfg, shards, _ = resolve(cfg)              # head sizes from <run>/concepts/vocab.parquet
     assert (fcfg.n_objects, fcfg.n_attributes) == vocab_sizes(demo) and fcfg.n_objects > 0
@@ -204,15 +202,27 @@ def test_held_out_images_never_train(demo, tmp_path):
     assert sorted(ids) == sorted(s.eval_set.sample_ids()) and len(ids) == len(s.eval_set)
 
 
-def test_kept_rows_without_concept_targets_stop_the_trainer(demo, capsys):
-    """The demo exports twins dedup flagged (the teacher skipped them): the export counts them
-    and ``vlcurate finetune`` refuses them (exit 2, the count and the setting) unless allowed."""
+def test_the_default_policy_exports_no_row_without_its_concept_targets(demo):
+    """The demo's policy keeps near-duplicate twins; the teacher runs beside dedup, so they
+    carry concept targets like every other exported row."""
+    from vlcurate.trainer.data import ShardSet
+    _, shards, _ = resolve(demo)
+    assert ShardSet(shards).missing() == {}
+
+
+def test_kept_rows_without_concept_targets_stop_the_trainer(demo, tmp_path, capsys):
+    """A policy that keeps rows CAT flagged (the teacher skipped them) exports them: the export
+    counts them and ``vlcurate finetune`` refuses them (exit 2, the count and the setting)
+    unless allowed. Only export recomputes: the policy is a re-export."""
     from vlcurate.pipeline.finetune import launch
     from vlcurate.trainer.data import ShardSet
-    cfg = demo.replace(**{"finetune.model": TINY, "finetune.concept_weight": 0.5})
+    cfg = demo.replace(**{"export.drop": ["ingest.*", "lang.*", "hpm.*"],
+                          "export.out_dir": str(tmp_path / "export"), "finetune.model": TINY,
+                          "finetune.concept_weight": 0.5})
+    run(cfg, executor="local", log=lambda _: None)
     _, shards, _ = resolve(cfg)
     missing = ShardSet(shards).missing()[A.object_ids]
-    assert missing["rows"] > 0 and set(missing["why"]) == {"dedup.near_duplicate"}
+    assert missing["rows"] > 0 and {w.split(".")[0] for w in missing["why"]} == {"cat"}
     assert launch(cfg) == 2
     err = capsys.readouterr().err
     assert f"{missing['rows']} kept rows lack {A.object_ids}" in err
