@@ -111,6 +111,10 @@ class FinetuneConfig(Params):
     lock_text: bool = doc(True, (
         "arch towers: freeze the text tower; its features are computed once per distinct text "
         "(captions, recaptions); false trains it (LiT: lock_image only)"))
+    features_dir: Optional[str] = doc(None, (
+        "arch towers: where the locked towers' features are kept, a path or URI shared by runs "
+        "(sweeps, benchmarks: a feature is computed once, the first time its image or text is "
+        "seen); null: <out_dir>/features"))
     # --- the loss and the batch composition -------------------------------------------------
     loss: Literal["clip", "helip", "hn_nce", "sigmoid", "mp_nce"] = doc("clip", (
         "clip: InfoNCE; helip: HELIP's HNML with mined hard pairs; hn_nce: DiHT's HN-NCE; "

@@ -9,8 +9,14 @@ Determinism: the distinct keys are sorted and embedded in fixed chunks of ``CHUN
 tower's eval mode without augmentation, so a feature never depends on the batch size, the batch
 it first appeared in, the number of ranks or a resume. With several ranks, chunk k is computed by
 rank k % world and the chunks are summed across ranks (each row is non-zero on one rank: exact).
-Rank 0 keeps the result in ``<out_dir>/features/<digest>.pt`` (the digest covers the tower spec,
-the preprocessing and the keys), which a resumed run loads instead of recomputing.
+
+The store: rank 0 keeps what it computed in ``<out_dir>/features/<tower>-<digest>/`` (the digest
+covers the tower spec and the preprocessing) as files of (keys, features); a resumed run loads
+them instead of recomputing. ``finetune.features_dir`` shares one store between runs (a sweep, a
+benchmark): a run computes only the keys no file holds, so a feature is the one computed the
+first time its image or text was seen, in a chunk with that run's other new keys (float sums
+may differ in the last bits from a chunk of other neighbours; a run's own resume is exact). The
+evaluation set (``finetune.eval_data``) goes through the same store (``locked_eval``).
 
 What is not in the store runs through the tower in the step (``model._merge``): CLIP-C's
 composites (a new image, a new "A and B" caption). Augmented views (``mp_views > 1``) need a
@@ -66,22 +72,63 @@ def build_store(cfg: Any, model: Any, shards: ShardSet, size: int, mean: tuple, 
     if cfg.arch != "towers" or not (cfg.lock_image or cfg.lock_text):
         return store
     ids, hashes, first, texts = scan(cfg, shards)
+    root = features_root(cfg, out)
     if cfg.lock_image:
         keys = sorted(first)
-        store.image = cached(out, ("image", to_json(cfg.image_tower), size, mean, std, keys),
-                             len(keys), device, lambda rows: model.image_features(
-                                 _pixels(shards, [first[keys[r]] for r in rows], size, mean,
-                                         std).to(device)))
+        store.image = stored(root, image_key(cfg, size, mean, std), keys, device,
+                             lambda ks: model.image_features(pixels(
+                                 [shards.sample(first[k]).image for k in ks], size, mean,
+                                 std).to(device)))
         at = {k: i for i, k in enumerate(keys)}
         store.image_row = {sid: at[h] for sid, h in zip(ids, hashes)}
     if cfg.lock_text:
         keys = sorted(texts)
-        store.text = cached(out, ("text", to_json(cfg.text_tower), keys), len(keys), device,
-                            lambda rows: model.text_features(
-                                **{k: v.to(device) for k, v in
-                                   tokenize([keys[r] for r in rows]).items()}))
+        store.text = stored(root, text_key(cfg), keys, device, text_embed(model, tokenize, device))
         store.text_row = {t: i for i, t in enumerate(keys)}
     return store
+
+
+def image_key(cfg: Any, size: int, mean: tuple, std: tuple) -> tuple:
+    return ("image", to_json(cfg.image_tower), size, mean, std)
+
+
+def text_key(cfg: Any) -> tuple:
+    return ("text", to_json(cfg.text_tower))
+
+
+def text_embed(model: Any, tokenize: Callable, device: str) -> Callable:
+    return lambda ks: model.text_features(**{k: v.to(device) for k, v in tokenize(ks).items()})
+
+
+def locked_eval(cfg: Any, model: Any, images: list, captions: list, size: int, mean: tuple,
+                std: tuple, tokenize: Callable, device: str, out: Optional[str]) -> tuple:
+    """(image, text) tower features of an evaluation set through the store (None where that
+    tower is not locked: it runs live), so a sweep embeds its eval set once."""
+    if cfg.arch != "towers":
+        return None, None
+    root, img, txt = features_root(cfg, out), None, None
+    if cfg.lock_image:
+        hashes = [hashlib.sha256(b).hexdigest() for b in images]
+        blob = dict(zip(hashes, images))
+        keys = sorted(blob)
+        feats = stored(root, image_key(cfg, size, mean, std), keys, device,
+                       lambda ks: model.image_features(pixels([blob[k] for k in ks], size, mean,
+                                                              std).to(device)))
+        at = {k: i for i, k in enumerate(keys)}
+        img = feats[[at[h] for h in hashes]]
+    if cfg.lock_text:
+        keys = sorted(set(captions))
+        feats = stored(root, text_key(cfg), keys, device, text_embed(model, tokenize, device))
+        at = {k: i for i, k in enumerate(keys)}
+        txt = feats[[at[c] for c in captions]]
+    return img, txt
+
+
+def features_root(cfg: Any, out: Optional[str]) -> Optional[str]:
+    """``finetune.features_dir``, else ``<out_dir>/features``; None: kept nowhere."""
+    if getattr(cfg, "features_dir", None):
+        return str(cfg.features_dir)
+    return storage.join(out, FOLDER) if out else None
 
 
 def scan(cfg: Any, shards: ShardSet) -> tuple[list, list, dict, set]:
@@ -96,45 +143,67 @@ def scan(cfg: Any, shards: ShardSet) -> tuple[list, list, dict, set]:
     return ids, hashes, first, texts
 
 
-def _pixels(shards: ShardSet, rows: list[int], size: int, mean: tuple, std: tuple) -> torch.Tensor:
-    """The eval transform of these rows' images (no augmentation: the features are reused)."""
-    ims = read_ahead(lambda r: load_rgb(shards.sample(r).image, size), rows)
+def pixels(blobs: list, size: int, mean: tuple, std: tuple) -> torch.Tensor:
+    """The eval transform of these images (no augmentation: the features are reused)."""
+    ims = read_ahead(lambda b: load_rgb(b, size), blobs)
     return torch.stack([to_tensor(im, size, mean, std, None) for im in ims])
 
 
-def cached(out: Optional[str], key: tuple, n: int, device: str, embed: Callable) -> torch.Tensor:
-    """``embed`` over ``n`` rows in chunks, or the copy a run of the same key kept in ``out``
-    (``out`` None: computed, kept nowhere)."""
+def stored(root: Optional[str], tower: tuple, keys: list, device: str,
+           embed: Callable) -> torch.Tensor:
+    """``embed`` of ``keys`` (distinct, sorted), through the store under ``root``: a key some
+    run kept in ``root/<kind>-<tower digest>/`` is loaded (the first file by name holding it
+    wins), the rest are computed in chunks and kept there as one new file (``root`` None: all
+    computed, kept nowhere). Every rank reads the files rank 0 listed, so all agree."""
     import torch.distributed as dist
-    digest = hashlib.sha256(json.dumps(key, default=list).encode()).hexdigest()[:24]
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if out is None:
-        return compute(n, device, embed, world)
-    uri = storage.join(out, FOLDER, f"{key[0]}-{digest}.pt")
-    have = torch.tensor([int(storage.exists(uri))])
-    if world > 1:                       # every rank decides alike (one may see it written)
-        dist.all_reduce(have, op=dist.ReduceOp.MIN)
-    if have.item():
-        return torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu",
-                          weights_only=True)
-    feats = compute(n, device, embed, world)
-    if not world > 1 or dist.get_rank() == 0:
-        buf = io.BytesIO()
-        torch.save(feats, buf)
-        storage.write_bytes(uri, buf.getvalue())
-    return feats
+    if root is None:
+        return compute(keys, device, embed, world)
+    folder = storage.join(root, f"{tower[0]}-{_digest(tower)}")
+    names = sorted(i.base_name for i in storage.listdir(folder) if i.base_name.endswith(".pt"))
+    if world > 1:
+        box = [names]
+        dist.broadcast_object_list(box, src=0)
+        names = box[0]
+    have = _load(folder, names, set(keys))
+    missing = [k for k in keys if k not in have]
+    if missing:
+        new = compute(missing, device, embed, world)
+        have.update((k, new[i]) for i, k in enumerate(missing))
+        if not world > 1 or dist.get_rank() == 0:
+            buf = io.BytesIO()
+            torch.save({"keys": missing, "features": new}, buf)
+            storage.write_bytes(storage.join(folder, f"{_digest(missing)}.pt"), buf.getvalue())
+    return torch.stack([have[k] for k in keys]) if keys else torch.zeros(0, 0)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, default=list).encode()).hexdigest()[:24]
+
+
+def _load(folder: str, names: list, wanted: set) -> dict:
+    """key -> feature row, from the store's files in name order (the first holding a key wins)."""
+    have: dict = {}
+    for name in names:
+        kept = torch.load(io.BytesIO(storage.read_bytes(storage.join(folder, name))),
+                          map_location="cpu", weights_only=True)
+        for i, k in enumerate(kept["keys"]):
+            if k in wanted and k not in have:
+                have[k] = kept["features"][i]
+    return have
 
 
 @torch.no_grad()
-def compute(n: int, device: str, embed: Callable, world: int) -> torch.Tensor:
-    """Chunk k (``CHUNK`` rows of the sorted keys) on rank k % world, summed across ranks."""
+def compute(keys: list, device: str, embed: Callable, world: int) -> torch.Tensor:
+    """``embed`` of ``keys``: chunk k (``CHUNK`` keys) on rank k % world, summed across ranks."""
     import torch.distributed as dist
+    n = len(keys)
     rank = dist.get_rank() if world > 1 else 0
     feats: Optional[torch.Tensor] = None
     chunks = [list(range(s, min(n, s + CHUNK))) for s in range(0, n, CHUNK)]
     for k, rows in enumerate(chunks):
         if k % world == rank:
-            got = embed(rows).float()
+            got = embed([keys[r] for r in rows]).float()
             feats = torch.zeros(n, got.shape[1], device=got.device) if feats is None else feats
             feats[rows[0]:rows[-1] + 1] = got
     if world > 1:
@@ -142,4 +211,4 @@ def compute(n: int, device: str, embed: Callable, world: int) -> torch.Tensor:
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
         feats = torch.zeros(n, int(width), device=device) if feats is None else feats
         dist.all_reduce(feats)
-    return feats.cpu()
+    return torch.zeros(0, 0) if feats is None else feats.cpu()

@@ -35,7 +35,7 @@ from .compose import Batch, Composer, batches, prefetch, step_rng, tokenize
 from .data import ShardSet
 from .encoder import embed_images, embed_texts, save_encoder
 from .evalset import image_retrieval, load_eval_set
-from .features import FeatureStore, build_store, check as check_features
+from .features import FeatureStore, build_store, check as check_features, locked_eval
 from .fields import require, require_rows
 from .model import LossHeads, TowerEncoder
 from .outdir import CHECKPOINT, OutDirInUse, check_out_dir
@@ -424,7 +424,7 @@ def finish(cfg: Any, setup: Setup, out: str, rank: int, step: int, device: str, 
         if len(setup.eval_set):
             ev = evaluate(setup.model, setup.eval_set, setup.composer, device, cfg.eval_batch_size)
         if cfg.eval_data:
-            ev["eval_data"] = evaluate_data(cfg, setup, device)
+            ev["eval_data"] = evaluate_data(cfg, setup, device, out)
         if ev:
             result["eval"] = ev
             storage.write_bytes(storage.join(out, "eval.json"), json.dumps(ev, indent=1).encode())
@@ -434,7 +434,7 @@ def finish(cfg: Any, setup: Setup, out: str, rank: int, step: int, device: str, 
     return result
 
 
-def evaluate_data(cfg: Any, setup: Setup, device: str) -> dict:
+def evaluate_data(cfg: Any, setup: Setup, device: str, out_dir: Optional[str] = None) -> dict:
     """Retrieval R@1/5/10 both ways on ``finetune.eval_data``, over its distinct images, with
     the count of rows read and left out (by reason)."""
     es = load_eval_set(str(cfg.eval_data))
@@ -445,8 +445,14 @@ def evaluate_data(cfg: Any, setup: Setup, device: str) -> dict:
     model, b = setup.model, setup.built
     was = model.training
     model.eval()
-    img = embed_images(model, es.images, b.image_size, b.mean, b.std, device, cfg.eval_batch_size)
-    txt = embed_texts(model, setup.composer.tokenize, es.captions, device, cfg.eval_batch_size)
+    tok = setup.composer.tokenize
+    fi, ft = locked_eval(cfg, model, es.images, es.captions, b.image_size, b.mean, b.std, tok,
+                         device, out_dir)
+    with torch.no_grad():
+        img = embed_images(model, es.images, b.image_size, b.mean, b.std, device,
+                           cfg.eval_batch_size) if fi is None else model.encode_image(None, fi)
+        txt = embed_texts(model, tok, es.captions, device, cfg.eval_batch_size) if ft is None \
+            else model.encode_text(None, None, ft)
     model.train(was)
     return {**out, **image_retrieval(img, txt, torch.tensor(es.owner))}
 

@@ -117,6 +117,29 @@ def test_concept_distillation_with_towers(shards):
     assert out["grads"]["image_proj.weight"].abs().sum() > 0
 
 
+def test_a_shared_features_dir_embeds_each_key_once_across_runs(shards, tmp_path):
+    """``finetune.features_dir``: a second run over the same shards (another seed, another out
+    dir) computes nothing; a run over a subset of them reads the first run's rows; the
+    user's eval set goes through the store too (its texts: new keys, kept once)."""
+    store = tmp_path / "store"
+    files = lambda: sorted(store.glob("*/*.pt"))                  # noqa: E731
+    eval_pq = tmp_path / "eval.parquet"
+    pq.write_table(pa.table({F.IMAGE.name: [shards.sample(r).image for r in range(4)],
+                             F.CAPTION.name: [f"an eval caption {r}" for r in range(4)]}), eval_pq)
+    cfg = tower_cfg(steps=2, batch_size=8, features_dir=str(store), eval_data=str(eval_pq))
+    first = T.train(cfg, shards.uri, str(tmp_path / "a"), log=lambda *_: None)
+    kept = files()
+    assert {f.parent.name.split("-")[0] for f in kept} == {"image", "text"}
+    assert not (tmp_path / "a" / "features").exists()
+    again = T.train(dataclasses.replace(cfg, seed=1), shards.uri, str(tmp_path / "b"),
+                    log=lambda *_: None)
+    assert files() == kept and again["eval"]["eval_data"]["images"] == 4
+    s = T.prepare(cfg, shards.uri, out=str(tmp_path / "c"))
+    alone = T.prepare(dataclasses.replace(cfg, features_dir=None), shards.uri)
+    assert torch.allclose(s.store.image, alone.store.image, atol=1e-5) and files() == kept
+    assert first["eval"]["eval_data"]["texts"] == 4
+
+
 def test_augmented_views_with_a_locked_image_tower_are_refused(shards):
     with pytest.raises(ValueError, match="mp_views 2 with finetune.lock_image"):
         T.check_config(tower_cfg(loss="mp_nce", mp_views=2), shards)
@@ -132,15 +155,16 @@ def test_resume_is_exact_and_the_encoder_loads(shards, tmp_path, ft):
     T.train(cfg, shards.uri, str(tmp_path / "full"), log=lambda *_: None)
     T.train(dataclasses.replace(cfg, steps=3), shards.uri, str(tmp_path / "part"),
             log=lambda *_: None)
-    kept = sorted((tmp_path / "part" / "features").glob("*.pt"))
-    assert kept and [f.name for f in kept] == \
-        sorted(f.name for f in (tmp_path / "full" / "features").glob("*.pt"))
+    kept = sorted((tmp_path / "part" / "features").glob("*/*.pt"))
+    rel = [f.relative_to(tmp_path / "part") for f in kept]
+    assert kept and rel == sorted(f.relative_to(tmp_path / "full")
+                                  for f in (tmp_path / "full" / "features").glob("*/*.pt"))
     written = [f.stat().st_mtime_ns for f in kept]
     T.train(cfg, shards.uri, str(tmp_path / "part"), log=lambda *_: None)
     assert [f.stat().st_mtime_ns for f in kept] == written          # loaded, not recomputed
-    for f in kept:
-        assert torch.equal(torch.load(f, weights_only=True),
-                           torch.load(tmp_path / "full" / "features" / f.name, weights_only=True))
+    for f, r in zip(kept, rel):
+        a, b = (torch.load(x, weights_only=True) for x in (f, tmp_path / "full" / r))
+        assert a["keys"] == b["keys"] and torch.equal(a["features"], b["features"])
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
