@@ -126,12 +126,11 @@ DEMO_MODELS = {
     # FFF's cross-modal model: a tiny random CLIP (MiniLM tokenizer, offline), so the positives
     # run the full Eq. 1 (and sec. 4.3 over the recaptions); announced like every random model
     "embed.cross_model": {"id": "tiny-clip", "random_init": True},
-    # BLIP-2 and the SWAG teacher cannot be downloaded here either: small random stand-ins
+    # BLIP-2 cannot be downloaded here either: a small random stand-in
     "recaption.model": {"id": "Salesforce/blip2-opt-2.7b", "random_init": True},
     "recaption.max_new_tokens": 8,
-    "concepts.teacher": {"id": "vit_tiny_patch16_224", "random_init": True,
-                         "options": {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 48,
-                                     "num_heads": 2}},
+    # DiHT's teacher is SWAG ViT-H/14: EfficientNet-Lite0's ImageNet backbone stands in (real)
+    "concepts.teacher": {"id": "tf_efficientnet_lite0"},
     # a 200-pair demo cannot meet DiHT's LAION-scale vocabulary cutoffs (250 images)
     "concepts.min_object_count": 2, "concepts.min_attribute_count": 2,
     "concepts.min_sharedness": 1, "concepts.epochs": 3,
