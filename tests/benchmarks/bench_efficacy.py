@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
 import os
@@ -131,16 +132,40 @@ def finetune(shards: str, out: Path, work: Path, eval_dir: Path, loss: str, seed
           "weight_decay": 0.0, "eval_fraction": 0, "ckpt_every": args.steps,
           "eval_data": str(eval_dir), "features_dir": str(work / "features"),
           "progress": False, "shuffle_buffer": 1024, "fff_recaptions": 0, **extra}
-    done = out / "bench.json"           # a rerun reuses a fine-tune of the same settings
+    done = out / "bench.json"   # a rerun reuses a fine-tune of the same settings and shards
+    manifest = hashlib.sha256((Path(shards) / "manifest.json").read_bytes()).hexdigest()
     if done.exists():
         kept = json.loads(done.read_text())
-        if kept["ft"] == ft and kept.get("shards", shards) == shards:
+        if kept["ft"] == ft and kept.get("manifest") == manifest:
             return kept["eval"]
     if out.exists():
         shutil.rmtree(out)
     r = T.train(C.from_dict({"finetune": ft}).finetune, shards, str(out), log=lambda *_: None)
-    done.write_text(json.dumps({"ft": ft, "shards": shards, "eval": r["eval"]["eval_data"]}))
+    done.write_text(json.dumps({"ft": ft, "manifest": manifest, "eval": r["eval"]["eval_data"]}))
     return r["eval"]["eval_data"]
+
+
+def itm_auc(ft_dir: Path, ft: dict) -> dict:
+    """AUC of telling Flickr8k's human-labelled no-match pairs (itm_pairs.csv) from matches by a
+    low cosine under a fine-tuned checkpoint, per itm split. The locked towers' features come
+    from the benchmark's feature store (the same towers for every checkpoint)."""
+    import torch
+    from vlcurate.trainer.encoder import load_encoder
+    from vlcurate.trainer.features import locked_eval
+    enc = load_encoder(str(ft_dir))
+    with open(D.data_dir() / "itm_pairs.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    images = [(D.data_dir() / "images" / r["image"]).read_bytes() for r in rows]
+    fi, ftx = locked_eval(C.from_dict({"finetune": ft}).finetune, enc.model, images,
+                          [r["caption"] for r in rows], enc.image_size, enc.mean, enc.std,
+                          enc.tokenize, "cpu", None)
+    with torch.no_grad():
+        score = (enc.model.encode_image(None, fi) * enc.model.encode_text(None, None, ftx))
+    score = score.sum(1).numpy()
+    no = np.array([r["label"] == "no-match" for r in rows])
+    split = np.array([r["itm_split"] for r in rows])
+    return {"all": D.auc(no, score), **{k: D.auc(no[split == k], score[split == k])
+                                        for k in ("train", "dev", "test")}}
 
 
 def eval_folder(work: Path) -> Path:
@@ -203,6 +228,23 @@ def concepts_run(work: Path, name: str, rows: list, keys: list) -> tuple[str, di
                             "n_attributes": kinds.count("attribute")}
 
 
+def itm_table(work: Path, results: dict, args) -> list:
+    """The checkpoints of each rate's ``export`` and ``all`` InfoNCE runs as pair scorers."""
+    lines = ["## the fine-tuned model as a pair scorer (itm_pairs.csv, AUC of no-match by a low "
+             "cosine)", "", "| noise | training rows | AUC test split | AUC dev | AUC train "
+             "(images seen in training) | AUC all |", "|---|---|---|---|---|---|"]
+    for rate in results:
+        for s in ("export", "all"):
+            aucs = []
+            for seed in args.seeds:
+                out = work / "ft" / f"noise{int(rate * 100)}-{s}-clip-{seed}"
+                aucs.append(itm_auc(out, json.loads((out / "bench.json").read_text())["ft"]))
+            cells = [f"{statistics.mean(a[k] for a in aucs):.3f}"
+                     for k in ("test", "dev", "train", "all")]
+            lines.append(f"| {rate:.0%} | {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(results: dict, args, wall: float) -> str:
     lines = ["| noise | training rows | loss | rows | " + " | ".join(METRICS) + " |",
              "|---|---|---|---|" + "---|" * len(METRICS)]
@@ -217,7 +259,8 @@ def table(results: dict, args, wall: float) -> str:
                    f"{d['R']:.2f} | {d['F1']:.2f} | {d['AUC']:.3f} |")
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     head = (f"seeds {args.seeds}, noise seed {args.noise_seed}, {args.steps} steps of "
-            f"{args.batch_size}, lr {args.lr}; wall {wall / 60:.1f} min, load average {load}")
+            f"{args.batch_size}, lr {args.lr}; this invocation's wall {wall / 60:.1f} min (fine-tunes "
+            f"a rerun reuses: 0 s), load average {load}")
     return "\n".join(["### noise detection (hpm, small config)", "", *det, "",
                       "### retrieval on the Flickr8k test split (%, mean ± sd over seeds)", "",
                       *lines, "", head])
@@ -249,7 +292,8 @@ def main(argv=None) -> None:
         det, got = one_rate(rate, args, work, eval_dir, log)
         counts = {s: rows_of(work, rate, s) for s in {s for s, _ in got}}
         results[rate] = (det, got, counts)
-    out = table(results, args, time.time() - t0)
+    itm = itm_table(work, results, args)
+    out = table(results, args, time.time() - t0) + "\n\n" + "\n".join(itm)
     print(out)
     if args.write:
         write_tables(Path(args.write), out.replace("### ", "## "))
