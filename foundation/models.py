@@ -172,6 +172,8 @@ def locate(spec: Any, family: str, kind: str) -> Located:
     ``family``: timm, sentence_transformer, clip, blip2 or torchvision."""
     if spec.random_init:
         return Located("random")
+    if family == "clip" and finetune_dir(spec):
+        return Located("finetune", spec.path)
     if spec.path:
         p = Path(spec.path).expanduser()
         if not p.exists():
@@ -299,6 +301,31 @@ class LoadedClip:
 
 TINY_CLIP = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "layers": 2, "heads": 2,
              "projection_dim": 32, "max_length": 32}
+
+
+FINETUNE_JSON = "encoder.json"        # what a `vlcurate finetune` output folder holds
+FINETUNE_LOADERS = "vlcurate.encoders"   # the entry-point group of its loader (the trainer's)
+
+
+def finetune_dir(spec: Any) -> Optional[str]:
+    """The spec's ``path`` when it is a ``vlcurate finetune`` output (a folder or URI holding
+    ``encoder.json``), else None: such a spec is a cross-modal model like a CLIPModel."""
+    from vlcurate.foundation import storage
+    if spec.random_init or not spec.path:
+        return None
+    return spec.path if storage.exists(storage.join(spec.path, FINETUNE_JSON)) else None
+
+
+def load_finetuned(folder: str, device: str) -> Any:
+    """The encoder pair of a finetune output, through the loader the trainer registers under the
+    entry-point group ``vlcurate.encoders`` (name ``finetune``): stages never import the trainer,
+    and any package can register a loader of its own models the same way."""
+    from importlib.metadata import entry_points
+    found = list(entry_points(group=FINETUNE_LOADERS, name="finetune"))
+    if not found:
+        raise ModelNotFound(f"{folder}: a finetune output, but no loader is registered under "
+                            f"the entry points {FINETUNE_LOADERS!r} (reinstall vlcurate)")
+    return found[0].load()(folder, device)
 
 
 def load_clip(spec: Any, kind: str = "dual encoder") -> LoadedClip:

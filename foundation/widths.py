@@ -98,6 +98,11 @@ def sentence_dim(model: Any) -> int:
 @functools.lru_cache(maxsize=8)
 def cross_width(spec: Any) -> int:
     loc = models.locate(spec, "clip", "cross-modal encoder")
+    if loc.source == "finetune":           # a `vlcurate finetune` output: its encoder.json
+        from vlcurate.foundation import storage
+        from vlcurate.foundation.params import ModelSpec, build
+        info = storage.read_json(storage.join(loc.where, models.FINETUNE_JSON)) or {}
+        return int(info.get("embed_dim") or cross_width(build(ModelSpec, info["model"], "model")))
     if loc.source == "random":             # models._random_clip: TINY_CLIP under the options
         return int({**models.TINY_CLIP, **dict(spec.options or {})}["projection_dim"])
     from transformers import AutoConfig

@@ -33,6 +33,9 @@ def cross_text_emb(dim: int, float16: bool = False) -> pa.Field:
 
 
 CROSS_MODEL = pa.field("cross_model", pa.string(), metadata={"doc": "cross-modal encoder id"})
+CROSS_SCORE = pa.field("cross_score", pa.float32(), metadata={"doc": (
+    "the pair's cosine under the cross-modal encoder (DataComp's CLIP score; the filter of "
+    "export.min_score)")})
 
 # stage ``recaption_embed``: FFF sec. 4.3's extra captions in the same cross-modal text space
 RECAPTION_CROSS_EMB_NAME = "recaption_cross_emb"

@@ -63,6 +63,14 @@ class EncoderPair:
     std: tuple
     device: str
     info: dict
+    tokenizer: Any = None       # the raw tokeniser (a fixed-shape caller pads to max_length)
+    max_length: int = 0
+
+    @property
+    def random(self) -> bool:
+        """True when a tower or model it was built from had random weights (tests, demos)."""
+        return any(bool((self.info.get(k) or {}).get("random_init"))
+                   for k in ("model", "image_tower", "text_tower"))
 
     def encode_images(self, images: Sequence[Any], batch_size: int = 64) -> np.ndarray:
         return embed_images(self.model, images, self.image_size, self.mean, self.std,
@@ -118,4 +126,4 @@ def load_encoder(out_dir: str, device: str = "cpu") -> EncoderPair:
     tok = functools.partial(tokenize, built.tokenizer, padding=meta["padding"],
                             max_length=meta["max_length"])
     return EncoderPair(model, tok, meta["image_size"], tuple(meta["mean"]),
-                       tuple(meta["std"]), device, meta)
+                       tuple(meta["std"]), device, meta, built.tokenizer, meta["max_length"])

