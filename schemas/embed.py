@@ -37,6 +37,9 @@ CROSS_SCORE = pa.field("cross_score", pa.float32(), metadata={"doc": (
     "the pair's cosine under the cross-modal encoder (DataComp's CLIP score; the filter of "
     "export.min_score)")})
 
+# the export policy's cut on cross_score (export.min_score): below it, or no score at all
+REASON_CODES = {"LOW_CROSS_SCORE": "export.low_cross_score"}
+
 # stage ``recaption_embed``: FFF sec. 4.3's extra captions in the same cross-modal text space
 RECAPTION_CROSS_EMB_NAME = "recaption_cross_emb"
 

@@ -76,8 +76,12 @@ class ExportParams(Params):
     embeddings: tuple[str, ...] = doc((), (
         "embed's vectors added to each sample as {key}.{name}.npy members (the image layout: "
         "the captions' vectors stacked), e.g. [image_emb, cross_image_emb]"))
+    min_score: Optional[float] = doc(None, (
+        "drop pairs whose cross_score (embed.cross_model's cosine) is below this, or missing "
+        "(DataComp's CLIP-score threshold); null: no cut"))
     out_dir: Optional[str] = doc(None, "a folder or URI; null: <run_dir>/export")
     resources: Resources = Resources()
+    fingerprint_when_set = ("min_score",)
 
     def check(self) -> Iterable[tuple[str, str]]:
         bad = sorted(set(self.embeddings) - set(EMBEDDINGS))
@@ -99,6 +103,11 @@ class ExportStage(SinkStage):
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
         cols: list[pa.Field] = []
+        if config.export.min_score is not None and upstream and not any(
+                E.CROSS_SCORE.name in s.names for s in upstream.values()):
+            from vlcurate.foundation.params import ConfigError
+            raise ConfigError("export.min_score cuts on cross_score, which embed writes only "
+                              "with embed.cross_model set")
         for name, schema in upstream.items():
             keep = set(cls.input_columns(name, schema, config))
             cols += [f for f in schema if f.name in keep]
@@ -107,8 +116,11 @@ class ExportStage(SinkStage):
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         schema: pa.Schema = self.schema
-        drops = [drop_reasons(rs, self.config.export.drop)
-                 for rs in batch.column(F.ALL_REASONS.name).to_pylist()]
+        every = score_cut(batch, self.config.export.min_score)
+        batch = batch.set_column(batch.schema.get_field_index(F.ALL_REASONS.name),
+                                 F.ALL_REASONS.name, pa.array(every, F.ALL_REASONS.type))
+        drops = [drop_reasons(rs, self.config.export.drop) + [r for r in rs if r == LOW_SCORE]
+                 for rs in every]
         t = batch.append_column(F.KEEP.name, pa.array([not d for d in drops], pa.bool_()))
         t = t.append_column(F.REASONS.name, pa.array(drops, F.REASONS.type))
         t = t.append_column(F.REASON_DETAIL.name, pa.array(
@@ -132,6 +144,21 @@ class ExportStage(SinkStage):
         publish = publish_shards if storage.is_local(final) else publish_in_place
         return publish(out, final, rows, list(config.export.drop), config.export.layout,
                        tuple(config.export.embeddings))
+
+
+LOW_SCORE = R.LOW_CROSS_SCORE
+
+
+def score_cut(batch: pa.Table, min_score: Optional[float]) -> list[list[str]]:
+    """Every row's reasons, plus ``export.low_cross_score`` where ``export.min_score`` is set and
+    the row's ``cross_score`` is below it or missing (a row embed never scored). The cut always
+    drops: it is the policy itself, whatever ``export.drop`` says."""
+    every = batch.column(F.ALL_REASONS.name).to_pylist()
+    if min_score is None:
+        return every
+    scores = batch.column(E.CROSS_SCORE.name).to_pylist()
+    return [rs + [LOW_SCORE] if s is None or s < min_score else rs
+            for rs, s in zip(every, scores)]
 
 
 # --- shards ---------------------------------------------------------------------------------------
