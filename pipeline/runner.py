@@ -343,7 +343,7 @@ class Runner:
         part (one that ``spans_parts``, on its chunks' neighbours), so any redone upstream part
         redoes all of it (and so export's finalize reruns)."""
         redone = set().union(*(results[u].redone for u in ancestors(self.dag, node)))
-        if redone and (node.stage.kind == Kind.GLOBAL or node.stage.spans_parts):
+        if redone and (node.stage.has_prepare(self.view(node.stage)) or node.stage.spans_parts):
             return set(range(n_parts))
         return {p for p in redone if p < n_parts} | set(sd.damaged(n_parts))
 
@@ -425,7 +425,7 @@ class Runner:
         """A global stage's prepare (one Ray task, with the stage's GPUs), and where its state
         is kept for workers: beside the stage's tables, not in _tmp, so that an actor still
         starting when the stage finishes finds it (the next attempt replaces it)."""
-        if node.stage.kind != Kind.GLOBAL:
+        if not node.stage.has_prepare(self.view(node.stage)):
             return None, None
         kinds = {n.name: n.stage.kind for n in self.dag}
         ups = [self.stage_dir(a) for a in ancestors(self.dag, node) if kinds[a] == Kind.GLOBAL]

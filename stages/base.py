@@ -14,7 +14,8 @@ global     ``prepare(cfg, read, n_parts, workdir) -> state`` once over every par
            task), then ``__call__`` per chunk with that ``state``. A redone upstream part redoes
            all of it.
 sink       ``__call__`` on every row (kept or not) with every upstream reason, then
-           ``finalize`` writes the outputs (export's shards).
+           ``finalize`` writes the outputs (export's shards). ``has_prepare(cfg)`` may ask for
+           a global step first, as a global stage has (export's keep_top_fraction).
 =========  ===================================================================================
 
 Lifecycle of an instance, on a worker: ``Stage(cfg, state, schema)`` is cheap (no model load:
@@ -188,6 +189,13 @@ class Stage:
         decoding for a GPU encoder). It sees every row of the part, with ``F.ACTIVE``, and must
         leave inactive rows alone."""
         return table
+
+    @classmethod
+    def has_prepare(cls, cfg: Any) -> bool:
+        """Whether the runner calls ``prepare`` before the parts: a global stage always; a sink
+        when its config asks for a run-wide step (export's keep_top_fraction). Such a stage
+        depends on every upstream part: one redone upstream part redoes all of it."""
+        return cls.kind == Kind.GLOBAL
 
     @classmethod
     def finalize(cls, cfg: Any, ctx: Any) -> dict:

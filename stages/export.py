@@ -36,6 +36,7 @@ from vlcurate.schemas import reasons as R
 from vlcurate.schemas import recaption as RC
 from vlcurate.foundation import storage
 from vlcurate.foundation.params import Params, doc, positive
+from vlcurate.stages import score_cut as cut
 from vlcurate.stages.base import Resources, SinkStage
 from vlcurate.foundation.layout import samples
 
@@ -79,11 +80,20 @@ class ExportParams(Params):
     min_score: Optional[float] = doc(None, (
         "drop pairs whose cross_score (embed.cross_model's cosine) is below this, or missing "
         "(DataComp's CLIP-score threshold); null: no cut"))
+    keep_top_fraction: Optional[float] = doc(None, (
+        "keep the top share of the pool by cross_score, exact over the whole run (DataComp's "
+        "0.3); the pool: rows the rest of the policy keeps (stages/score_cut.py); null: no cut"))
+    top_fraction_per: Literal["run", "image_group"] = doc("run", (
+        "keep_top_fraction over the whole pool (run), or of each image's pooled captions "
+        "(image_group: every image keeps at least one)"))
     out_dir: Optional[str] = doc(None, "a folder or URI; null: <run_dir>/export")
     resources: Resources = Resources()
-    fingerprint_when_set = ("min_score",)
+    fingerprint_when_set = ("min_score", "keep_top_fraction", "top_fraction_per")
 
     def check(self) -> Iterable[tuple[str, str]]:
+        f = self.keep_top_fraction
+        if f is not None and not 0 < f <= 1:
+            yield ("keep_top_fraction", f"must be in (0, 1], got {f}")
         bad = sorted(set(self.embeddings) - set(EMBEDDINGS))
         if bad:
             yield ("embeddings", f"unknown embedding(s) {bad}; embed writes {list(EMBEDDINGS)}")
@@ -103,10 +113,12 @@ class ExportStage(SinkStage):
     @classmethod
     def output_schema(cls, upstream: Mapping[str, pa.Schema], config: Any) -> pa.Schema:
         cols: list[pa.Field] = []
-        if config.export.min_score is not None and upstream and not any(
-                E.CROSS_SCORE.name in s.names for s in upstream.values()):
+        ex = config.export
+        cut = "min_score" if ex.min_score is not None else "keep_top_fraction" \
+            if ex.keep_top_fraction is not None else None
+        if cut and upstream and not any(E.CROSS_SCORE.name in s.names for s in upstream.values()):
             from vlcurate.foundation.params import ConfigError
-            raise ConfigError("export.min_score cuts on cross_score, which embed writes only "
+            raise ConfigError(f"export.{cut} cuts on cross_score, which embed writes only "
                               "with embed.cross_model set")
         for name, schema in upstream.items():
             keep = set(cls.input_columns(name, schema, config))
@@ -114,13 +126,27 @@ class ExportStage(SinkStage):
         return tables.stage_table(*tables.merge([pa.schema(cols)]).remove(0),
                                   *tables.EXPORT_DECISION)
 
+    @classmethod
+    def has_prepare(cls, cfg: Any) -> bool:
+        return cfg.export.keep_top_fraction is not None
+
+    @classmethod
+    def prepare(cls, cfg: Any, read: Callable, n_parts: int, workdir: str) -> Any:
+        """keep_top_fraction's exact cut over every part (stages/score_cut.py)."""
+        ex = cfg.export
+        return cut.plan_cut(read, n_parts, ex.keep_top_fraction, ex.top_fraction_per != "run",
+                            functools.partial(kept_by_policy, drop=tuple(ex.drop),
+                                              min_score=ex.min_score))
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         schema: pa.Schema = self.schema
-        every = score_cut(batch, self.config.export.min_score)
+        ex = self.config.export
+        every = cut.with_min_score(batch, batch.column(F.ALL_REASONS.name).to_pylist(),
+                                   ex.min_score)
+        every = cut.with_top_fraction(batch, every, self.state, ex.top_fraction_per != "run")
         batch = batch.set_column(batch.schema.get_field_index(F.ALL_REASONS.name),
                                  F.ALL_REASONS.name, pa.array(every, F.ALL_REASONS.type))
-        drops = [drop_reasons(rs, self.config.export.drop) + [r for r in rs if r == LOW_SCORE]
-                 for rs in every]
+        drops = [policy_drops(rs, ex.drop) for rs in every]
         t = batch.append_column(F.KEEP.name, pa.array([not d for d in drops], pa.bool_()))
         t = t.append_column(F.REASONS.name, pa.array(drops, F.REASONS.type))
         t = t.append_column(F.REASON_DETAIL.name, pa.array(
@@ -146,19 +172,17 @@ class ExportStage(SinkStage):
                        tuple(config.export.embeddings))
 
 
-LOW_SCORE = R.LOW_CROSS_SCORE
+def policy_drops(reasons: list[str], drop: Iterable[str]) -> list[str]:
+    """The reasons that drop a row under the policy: ``drop_reasons``, and the score cut (the
+    policy itself, whatever ``export.drop`` says)."""
+    return drop_reasons(reasons, drop) + [r for r in reasons if r == cut.LOW_SCORE]
 
 
-def score_cut(batch: pa.Table, min_score: Optional[float]) -> list[list[str]]:
-    """Every row's reasons, plus ``export.low_cross_score`` where ``export.min_score`` is set and
-    the row's ``cross_score`` is below it or missing (a row embed never scored). The cut always
-    drops: it is the policy itself, whatever ``export.drop`` says."""
-    every = batch.column(F.ALL_REASONS.name).to_pylist()
-    if min_score is None:
-        return every
-    scores = batch.column(E.CROSS_SCORE.name).to_pylist()
-    return [rs + [LOW_SCORE] if s is None or s < min_score else rs
-            for rs, s in zip(every, scores)]
+def kept_by_policy(table: pa.Table, drop: tuple[str, ...], min_score: Optional[float]
+                   ) -> list[bool]:
+    """Which rows the policy keeps before keep_top_fraction: keep_top_fraction's pool."""
+    every = cut.with_min_score(table, table.column(F.ALL_REASONS.name).to_pylist(), min_score)
+    return [not policy_drops(rs, drop) for rs in every]
 
 
 # --- shards ---------------------------------------------------------------------------------------

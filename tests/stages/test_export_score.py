@@ -19,6 +19,7 @@ from vlcurate.pipeline.summary import problems
 from vlcurate.schemas import F
 from vlcurate.schemas import embed as E
 from vlcurate.schemas import reasons as R
+from vlcurate.stages import score_cut
 
 STAGES = ["ids", "embed"]
 
@@ -71,3 +72,82 @@ def test_min_score_without_a_cross_model_is_a_config_error(tmp_path):
                                              "export.min_score": 0.1})
     with pytest.raises(ConfigError, match="embed.cross_model"):
         run(cfg, executor="local", log=quiet)
+
+
+def top_share(rows: list[dict], fraction: float) -> set[str]:
+    """The test's own reading of keep_top_fraction: of the rows no other reason drops and that
+    have a score, the first ceil(f·N) by (score desc, sample_id asc)."""
+    pool = sorted((-r[E.CROSS_SCORE.name], r[F.SAMPLE_ID.name]) for r in rows
+                  if r[E.CROSS_SCORE.name] is not None
+                  and not set(r[F.ALL_REASONS.name]) - {R.LOW_CROSS_SCORE})
+    return {sid for _, sid in pool[:int(np.ceil(round(fraction * len(pool), 9)))]}
+
+
+def test_keep_top_fraction_is_exact_and_the_same_for_any_parts_and_executor(tmp_path, ray_local):
+    data = make_demo(tmp_path / "data", n=40, seed=3)
+    over = {"run.stages": STAGES, "export.keep_top_fraction": 0.3}
+    kept = {}
+    for name, executor, per_part in (("local", "local", 16), ("ray", "ray", 7)):
+        run_dir = tmp_path / name
+        results = run(cfg_for(data, run_dir, **over, **{"source.rows_per_part": per_part}),
+                      executor=executor, log=quiet)
+        assert not problems(results)
+        t = export_rows(run_dir).to_pylist()
+        kept[name] = {r[F.SAMPLE_ID.name] for r in t if r[F.KEEP.name]}
+        assert kept[name] == top_share(t, 0.3) and shard_keys(run_dir) == kept[name]
+        assert all(R.LOW_CROSS_SCORE in r[F.REASONS.name] for r in t
+                   if not r[F.KEEP.name] and r[E.CROSS_SCORE.name] is not None
+                   and not set(r[F.ALL_REASONS.name]) - {R.LOW_CROSS_SCORE})
+    assert kept["local"] == kept["ray"] and len(kept["local"]) > 3
+    n_parts = [StageDir(str(tmp_path / n), "export").manifest()["parts"] for n in kept]
+    assert n_parts[0] != n_parts[1]
+
+
+class Parts:
+    """plan_cut's ``read`` over in-memory parts: ``read(part)`` and ``read.map``."""
+
+    def __init__(self, parts: list[pa.Table]) -> None:
+        self.parts = parts
+
+    def __call__(self, part: int) -> pa.Table:
+        return self.parts[part]
+
+    def map(self, fn, items):
+        return [fn(x) for x in items]
+
+
+def scored(rows: list[tuple]) -> pa.Table:
+    sid, group, score, reasons = zip(*rows)
+    return pa.table({F.SAMPLE_ID.name: list(sid), F.IMAGE_GROUP.name: list(group),
+                     E.CROSS_SCORE.name: pa.array(score, pa.float32()),
+                     F.ALL_REASONS.name: pa.array(reasons, F.ALL_REASONS.type)})
+
+
+def every_row_kept(table: pa.Table) -> list[bool]:
+    return [not rs for rs in table.column(F.ALL_REASONS.name).to_pylist()]
+
+
+def kept_ids(parts: list[pa.Table], cuts, per_group: bool) -> set[str]:
+    out = set()
+    for t in parts:
+        reasons = score_cut.with_top_fraction(t, [[] for _ in range(t.num_rows)], cuts, per_group)
+        out |= {s for s, rs in zip(t.column(F.SAMPLE_ID.name).to_pylist(), reasons) if not rs}
+    return out
+
+
+def test_ties_at_the_cut_go_by_sample_id_and_image_groups_cut_each_their_own():
+    rows = [("a", "g1", 0.5, []), ("b", "g1", 0.5, []), ("c", "g1", 0.5, []), ("d", "g2", 0.9, []),
+            ("e", "g2", 0.1, []), ("f", "g2", None, []), ("g", "g3", 0.99, ["dedup.exact"]),
+            ("h", "g3", 0.2, []), ("i", "g1", 0.7, [])]
+    for split in ([rows], [rows[:4], rows[4:]], [rows[i:i + 1] for i in range(len(rows))]):
+        parts = [scored(p) for p in split]
+        cuts = score_cut.plan_cut(Parts(parts), len(parts), 0.5, False, every_row_kept)
+        # pool: a b c d e h i (f has no score, g is dropped); ceil(0.5·7) = 4: d i, then a b of
+        # the three tied at 0.5
+        assert kept_ids(parts, cuts, False) == {"d", "i", "a", "b", "g"}
+        cuts = score_cut.plan_cut(Parts(parts), len(parts), 0.5, True, every_row_kept)
+        # g1 (a b c i): 2 of 4: i, a; g2 (d e): d; g3 (h alone): h
+        assert kept_ids(parts, cuts, True) == {"i", "a", "d", "h", "g"}
+    parts = [scored(rows)]
+    cuts = score_cut.plan_cut(Parts(parts), 1, 0.3, False, every_row_kept)
+    assert len(kept_ids(parts, cuts, False) - {"g"}) == 3     # 0.3 of 7 read as a decimal: 2.1
