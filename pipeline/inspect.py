@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 
 from vlcurate.schemas import F
+from vlcurate.schemas import embed as E
 
 from vlcurate.foundation import storage
 from .rundir import StageDir, read_json
@@ -102,8 +104,26 @@ def _annotated(exp: StageDir, rows: int) -> list[str]:
     with pd.option_context("display.width", 160, "display.max_colwidth", 48):
         out.append(t.select(show).slice(0, rows).to_pandas().to_string(index=False))
     sm = read_json(exp.uri("shards", "manifest.json"))
+    if E.CROSS_SCORE.name in t.column_names:
+        out.append(score_line(t, (sm or {}).get("policy", {})))
     if sm:
+        policy = ", ".join(f"{k}={v}" for k, v in sm["policy"].items())
         out.append(f"\nshards: {sm['samples']} samples in {sm['shards']} files, "
-                   f"{sm['bytes'] / 1e6:.1f} MB, policy drop={sm['policy']['drop']} "
-                   f"({display(exp.uri('shards'))})")
+                   f"{sm['bytes'] / 1e6:.1f} MB, policy {policy} ({display(exp.uri('shards'))})")
+    return out
+
+
+def score_line(t: pa.Table, policy: dict) -> str:
+    """cross_score's distribution over the scored rows, and where the policy's cut falls."""
+    v = t.column(E.CROSS_SCORE.name).drop_null().to_numpy()
+    if not v.size:
+        return "\ncross_score: no row has a score"
+    q = np.quantile(v, [0, 0.1, 0.25, 0.5, 0.75, 0.9, 1])
+    out = (f"\ncross_score over {v.size} scored rows: min {q[0]:.3f}  p10 {q[1]:.3f}  "
+           f"p25 {q[2]:.3f}  median {q[3]:.3f}  p75 {q[4]:.3f}  p90 {q[5]:.3f}  max {q[6]:.3f}")
+    for key in ("min_score", "cut_score"):
+        if policy.get(key) is not None:
+            c = float(policy[key])
+            out += (f"\n   cut at {key} {c:.4f}: {(v >= c).mean():.1%} of scored rows at or "
+                    "above it")
     return out

@@ -72,6 +72,9 @@ class RunData:
         self.stat_parts: list[int] = [int(p) for p in chosen]
         self.stat_rows = int(round(per_part * len(self.stat_parts))) if self.total_rows else 0
         self._cache: dict[tuple, Optional[pa.Table]] = {}
+        export = self.dirs.get("export")
+        shards = read_json(export.uri("shards", "manifest.json")) if export else None
+        self.policy: dict = (shards or {}).get("policy", {})
 
     def where(self, f: pa.Field) -> Optional[str]:
         """The stage whose table has column ``f`` (a stage's own table before export's copy)."""
@@ -385,7 +388,17 @@ HISTOGRAMS = [
     ("Hard-pair support (pairs with a positive score)", M.SUPPORT, True, None, ("hpm", "k"),
      "k (fewer: noise pair)"),
     ("Recaption sequence scores", RC.RECAPTION_SCORES, False, None, None, ""),
+    ("Cross-modal score (embed.cross_model)", E.CROSS_SCORE, False, None,
+     ("policy", "cut_score", "min_score"), "export cut"),
 ]
+
+
+def marker_value(d: RunData, key: tuple) -> Any:
+    """A histogram's marker: a config value (section, name), or the first of the names the shard
+    manifest's policy records ("policy", names...: where export's score cut fell)."""
+    if key[0] == "policy":
+        return next((d.policy[k] for k in key[1:] if d.policy.get(k) is not None), None)
+    return (d.config.get(key[0]) or {}).get(key[1])
 
 
 def histograms(r: Report) -> None:
@@ -400,13 +413,12 @@ def histograms(r: Report) -> None:
             boxes.append(f'<div class="hbox"><div class="t">{esc(title)}</div><p class="meta">'
                          f'{f.name}: no values in the sampled rows (all null or empty)</p></div>')
             continue
-        marker = None
-        if marker_key:
-            marker = (r.data.config.get(marker_key[0]) or {}).get(marker_key[1])
+        marker = marker_value(r.data, marker_key) if marker_key else None
+        marker = float(marker) if isinstance(marker, (int, float)) else None
         lo, hi = rng if rng else (None, None)
-        svg = svg_histogram(v, integer=integer, lo=lo, hi=hi,
-                            marker=float(marker) if isinstance(marker, (int, float)) else None,
-                            marker_label=f"{marker_label} = {marker}" if marker is not None else "")
+        svg = svg_histogram(v, integer=integer, lo=lo, hi=hi, marker=marker,
+                            marker_label=f"{marker_label} = {marker:.4g}" if marker is not None
+                            else "")
         boxes.append(f'<div class="hbox"><div class="t">{esc(title)}</div>{svg}<br><small>'
                      f'{f.name}: n={v.size}, mean {v.mean():.3g}, median {np.median(v):.3g}, '
                      f'min {v.min():.3g}, max {v.max():.3g}</small></div>')

@@ -148,6 +148,7 @@ class FinalizeCtx:
     root: str
     tmp_dir: str
     workdir: str
+    state: Any = None     # what the stage's global step returned (has_prepare), else None
 
     def uri(self, name: str) -> str:
         return storage.join(self.root, name)
@@ -438,6 +439,13 @@ class Runner:
         storage.write_bytes(uri, pickle.dumps(state))
         return state, uri
 
+    def state_of(self, stage: type[Stage], sd: StageDir) -> Any:
+        """The global step's state this attempt kept beside the stage's tables (global_step)."""
+        uri = sd.uri("_state.pkl")
+        if not stage.has_prepare(self.view(stage)) or not storage.exists(uri):
+            return None
+        return pickle.loads(storage.read_bytes(uri))
+
     def workdir(self, sd: StageDir) -> Workdir:
         return workdir_for(str(sd.root), (sd.attempt() or {}).get(F.MK.FINGERPRINT, "none"))
 
@@ -449,7 +457,8 @@ class Runner:
         ctx = FinalizeCtx(counts=counts, read=TableReader(str(self.run_dir),
                                                           tuple(self.roots.items())),
                           map=self.executor.map, root=str(sd.root), tmp_dir=tmp,
-                          workdir=workdir.fetch() if stage.kind == Kind.GLOBAL else workdir.local)
+                          workdir=workdir.fetch() if stage.kind == Kind.GLOBAL else workdir.local,
+                          state=self.state_of(stage, sd))
         with pinned_threads(self.config.run.intra_op_threads):
             return stage.finalize(self.view(stage), ctx) or {}
 

@@ -168,7 +168,7 @@ class ExportStage(SinkStage):
                                          layout=config.export.layout,
                                          embeddings=tuple(config.export.embeddings)), specs)
         publish = publish_shards if storage.is_local(final) else publish_in_place
-        return publish(out, final, rows, list(config.export.drop), config.export.layout,
+        return publish(out, final, rows, policy(config.export, ctx.state), config.export.layout,
                        tuple(config.export.embeddings))
 
 
@@ -176,6 +176,21 @@ def policy_drops(reasons: list[str], drop: Iterable[str]) -> list[str]:
     """The reasons that drop a row under the policy: ``drop_reasons``, and the score cut (the
     policy itself, whatever ``export.drop`` says)."""
     return drop_reasons(reasons, drop) + [r for r in reasons if r == cut.LOW_SCORE]
+
+
+def policy(ex: ExportParams, cuts: Optional[cut.Cuts]) -> dict:
+    """The keep policy as the shard manifest records it, with where keep_top_fraction cut: the
+    score of the last row kept (a run-wide share), or how many image groups lost captions."""
+    out: dict = {"drop": list(ex.drop)}
+    if ex.min_score is not None:
+        out["min_score"] = ex.min_score
+    if ex.keep_top_fraction is not None:
+        out |= {"keep_top_fraction": ex.keep_top_fraction, "per": ex.top_fraction_per}
+        if ex.top_fraction_per == "run":
+            out["cut_score"] = (cuts or {}).get(None, (None,))[0]
+        else:
+            out["image_groups_cut"] = len(cuts or {})
+    return out
 
 
 def kept_by_policy(table: pa.Table, drop: tuple[str, ...], min_score: Optional[float]
@@ -389,7 +404,7 @@ def dataset_card(layout: str, embeddings: Iterable[str] = ()) -> str:
             f"WebDataset shards written by vlcurate (layout: {layout}); see manifest.json.\n")
 
 
-def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str,
+def _shard_files(folder: str, rows: list[dict], policy: dict, layout: str,
                  embeddings: Iterable[str] = ()) -> dict:
     """Write sizes.json and the dataset card, then manifest.json (last: it makes the shards
     visible); the summary."""
@@ -397,7 +412,7 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str,
     table = conform(pa.Table.from_pylist(rows, schema=tables.SHARDS), tables.SHARDS)
     summary = {"shards": len(rows), "samples": sum(r[F.SH_SAMPLES.name] for r in rows),
                F.SH_ROWS.name: sum(r[F.SH_ROWS.name] for r in rows),
-               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": {"drop": drop},
+               "bytes": sum(r[F.SH_BYTES.name] for r in rows), "policy": policy,
                "layout": layout,
                MISSING: missing}
     storage.write_bytes(storage.join(folder, "sizes.json"), json.dumps(
@@ -409,12 +424,12 @@ def _shard_files(folder: str, rows: list[dict], drop: list[str], layout: str,
     return summary
 
 
-def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
+def publish_in_place(folder: str, final: str, rows: list[dict], policy: dict,
                      layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
     """On an object store the shards were written under their final names (the old manifest
     removed first, so no reader pairs it with new shards); the manifest goes last, then the
     shards and index files of an earlier export that it does not list are deleted."""
-    summary = _shard_files(final, rows, drop, layout, embeddings)
+    summary = _shard_files(final, rows, policy, layout, embeddings)
     keep = {r[F.SH_NAME.name] for r in rows} | {"sizes.json", "manifest.json", "README.md"}
     keep |= {n.replace(".tar", ".parquet") for n in keep if n.endswith(".tar")}
     for info in storage.list_files(final):
@@ -423,11 +438,11 @@ def publish_in_place(folder: str, final: str, rows: list[dict], drop: list[str],
     return summary
 
 
-def publish_shards(tmp: str, final: str, rows: list[dict], drop: list[str],
+def publish_shards(tmp: str, final: str, rows: list[dict], policy: dict,
                    layout: str = "pair", embeddings: tuple[str, ...] = ()) -> dict:
     """Write sizes.json, the dataset card and manifest.json beside the shards, then swap the
     folder in whole."""
-    summary = _shard_files(tmp, rows, drop, layout, embeddings)
+    summary = _shard_files(tmp, rows, policy, layout, embeddings)
     tmp, final = Path(storage.local_path(tmp)), Path(storage.local_path(final))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -445,3 +460,4 @@ class FinalizeContext(Protocol):
     map: Callable[[Callable, list], list]      # parallel map (Ray tasks or in-process)
     root: str                                  # the stage's folder (a path or a URI)
     tmp_dir: str                               # scratch under the stage's _tmp, every worker sees
+    state: Any                                 # what the stage's prepare returned, or None

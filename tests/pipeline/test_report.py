@@ -27,6 +27,7 @@ from vlcurate.pipeline.runner import run
 from vlcurate.schemas import F, tables
 from vlcurate.schemas import cat as CS
 from vlcurate.schemas import mining as M
+from vlcurate.schemas import embed as E
 from vlcurate.schemas import recaption as RC
 
 IMG_RE = re.compile(r'<img src="data:image/jpeg;base64,([A-Za-z0-9+/=]+)"')
@@ -98,9 +99,10 @@ def test_report_of_a_demo_run_has_every_section(demo_run, tmp_path):
         for code, n in m["reason_counts"].items():
             assert f"{code} <b>{n}</b>" in funnel
     hists = section(page, "histograms")
-    for col in (CS.CAT_COMPLEXITY, CS.OCR_CONFS, M.HARD_SCORES, M.SUPPORT, RC.RECAPTION_SCORES):
+    for col in (CS.CAT_COMPLEXITY, CS.OCR_CONFS, M.HARD_SCORES, M.SUPPORT, RC.RECAPTION_SCORES,
+                E.CROSS_SCORE):
         assert f"{col.name}: n=" in hists
-    assert hists.count("<svg") == 5
+    assert hists.count("<svg") == 6
     grid = section(page, "hard-pairs")
     assert grid.count('class="card target"') == 4
     assert len(IMG_RE.findall(grid)) >= 4 * 3        # targets and their hard pairs, with images

@@ -13,6 +13,8 @@ import pytest
 from tests.pipeline.test_runner import by_stage, cfg_for, quiet
 from vlcurate.foundation.params import ConfigError
 from vlcurate.pipeline.demo import make_demo
+from vlcurate.pipeline.inspect import inspect_run
+from vlcurate.pipeline.report import write_report
 from vlcurate.pipeline.rundir import StageDir
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import problems
@@ -98,9 +100,21 @@ def test_keep_top_fraction_is_exact_and_the_same_for_any_parts_and_executor(tmp_
         assert all(R.LOW_CROSS_SCORE in r[F.REASONS.name] for r in t
                    if not r[F.KEEP.name] and r[E.CROSS_SCORE.name] is not None
                    and not set(r[F.ALL_REASONS.name]) - {R.LOW_CROSS_SCORE})
+        shown_policy(run_dir, t, kept[name])
     assert kept["local"] == kept["ray"] and len(kept["local"]) > 3
     n_parts = [StageDir(str(tmp_path / n), "export").manifest()["parts"] for n in kept]
     assert n_parts[0] != n_parts[1]
+
+
+def shown_policy(run_dir, t: list[dict], kept: set[str]) -> None:
+    """The shard manifest records where the cut fell; inspect and the report show it."""
+    policy = json.loads((run_dir / "export" / "shards" / "manifest.json").read_text())["policy"]
+    lowest = min(r[E.CROSS_SCORE.name] for r in t if r[F.SAMPLE_ID.name] in kept)
+    assert policy["keep_top_fraction"] == 0.3 and policy["cut_score"] == lowest
+    text = inspect_run(run_dir)
+    assert f"cut at cut_score {lowest:.4f}" in text and "keep_top_fraction=0.3" in text
+    page, _ = write_report(run_dir)
+    assert f"export cut = {lowest:.4g}" in page.read_text()
 
 
 class Parts:
