@@ -28,6 +28,12 @@ cannot be had offline, ``fff_recaptions: 0``). Concept distillation (DiHT, ``con
 concepts stage as well (``concepts_run``), both arms trained on its export. Seeds ``--seeds`` (the trainer's seed:
 initial projections and batch order); the table gives mean ± sd.
 
+Round 2 (the DFN loop, ``--round2`` fractions at ``--round2-rates``): the same noisy rows
+curated again with round 1's checkpoint (``export`` trained with InfoNCE, seed 0) as
+``embed.cross_model``, exported by the score alone (``export.drop: [ingest.*]``,
+``export.keep_top_fraction`` 0.7 and 0.8), and trained as round 1 was; beside round 1, all rows
+and the clean ceiling, with the share of swapped captions each training set still holds.
+
     PYTHONPATH=<pkg> python tests/benchmarks/bench_efficacy.py                 # the table
     PYTHONPATH=<pkg> python tests/benchmarks/bench_efficacy.py --write docs/efficacy.md
 
@@ -96,9 +102,10 @@ def curate(work: Path, name: str, rows: list, keys: list, extra: dict) -> C.Conf
     return cfg
 
 
-def re_export(cfg: C.Config, out: Path, drop: list) -> C.Config:
+def re_export(cfg: C.Config, out: Path, drop: list, **policy) -> C.Config:
     """The same run under another export policy (only export recomputes)."""
-    cfg = cfg.replace(**{"export.drop": drop, "export.out_dir": str(out)})
+    cfg = cfg.replace(**{"export.drop": drop, "export.out_dir": str(out),
+                         **{f"export.{k}": v for k, v in policy.items()}})
     run(cfg, executor="local", only={"export"}, log=lambda _: None)
     return cfg
 
@@ -181,7 +188,7 @@ def mean_sd(xs: list) -> str:
 
 def one_rate(rate: float, args, work: Path, eval_dir: Path, log) -> tuple[dict, dict]:
     """(noise detection, {(set, loss): [eval per seed]}) at one noise rate."""
-    rows = D.flickr_rows(("train", "dev"))
+    rows = D.flickr_rows(("train", "dev"))[:args.max_rows]
     noisy, labels = D.inject_noise(rows, rate, args.noise_seed)
     keys = list(range(len(noisy)))
     name = f"noise{int(rate * 100)}"
@@ -211,6 +218,62 @@ def one_rate(rate: float, args, work: Path, eval_dir: Path, log) -> tuple[dict, 
             log(f"{name} {s:8s} {loss:13s} seed {seed}: t2i R@1 {100 * ev['t2i_R@1']:.1f} "
                 f"({time.time() - t0:.0f}s)")
     return det, got
+
+
+def round2(rate: float, args, work: Path, eval_dir: Path, log) -> dict:
+    """{training set: (rows, swapped share, [eval per seed])}: round 1 (export, all, clean) and
+    round 2 (the pool scored by round 1's checkpoint, its top fractions)."""
+    rows = D.flickr_rows(("train", "dev"))[:args.max_rows]
+    noisy, labels = D.inject_noise(rows, rate, args.noise_seed)
+    keys = list(range(len(noisy)))
+    name = f"noise{int(rate * 100)}"
+    r1 = work / "ft" / f"{name}-export-clip-{args.seeds[0]}"
+    t0 = time.time()
+    cfg = curate(work, f"{name}-r2", noisy, keys, {"embed.cross_model": {
+        "id": "round1", "path": str(r1), "random_init": False}})
+    log(f"{name} round 2: curated with round 1's checkpoint in {time.time() - t0:.0f}s")
+    # (shards, the fine-tunes' folder name): round 1's sets are one_rate's own fine-tunes
+    sets = {"round 1: export": (work / "runs" / name / "export" / "shards", "export"),
+            "all rows": (work / "runs" / f"{name}-all" / "shards", "all")}
+    for f in args.round2:
+        top = re_export(cfg, work / "runs" / f"{name}-r2-top{int(f * 100)}", ["ingest.*"],
+                        keep_top_fraction=f)
+        sets[f"round 2: top {f:.0%} by score"] = (Path(shards_of(top)), f"r2-top{int(f * 100)}")
+    sets["clean (ceiling)"] = (work / "runs" / f"{name}-clean-all" / "shards", "clean")
+    out = {}
+    for s, (shards, ft) in sets.items():
+        evs = [finetune(str(shards), work / "ft" / f"{name}-{ft}-clip-{seed}", work,
+                        eval_dir, "clip", seed, args) for seed in args.seeds]
+        n, swapped = swapped_share(Path(shards), labels)
+        out[s] = (n, swapped, evs)
+        log(f"{name} {s}: {n} rows, {swapped:.1%} swapped, t2i R@1 "
+            f"{100 * statistics.mean(e['t2i_R@1'] for e in evs):.1f}")
+    return out
+
+
+def swapped_share(shards: Path, labels: np.ndarray) -> tuple[int, float]:
+    """(samples, share of them with an injected caption) of a training set, from its shard
+    index (sample ids) and the annotated table's keys."""
+    import pyarrow.dataset as ds
+    ids = set(ds.dataset(str(shards / "index")).to_table().column(F.SAMPLE_ID.name).to_pylist())
+    data = shards.parent / "data" if (shards.parent / "data").exists() else \
+        shards.parent / "export" / "data"
+    t = ds.dataset(str(data)).to_table(columns=[F.SAMPLE_ID.name, F.KEY.name]).to_pylist()
+    keys = [int(r[F.KEY.name]) for r in t if r[F.SAMPLE_ID.name] in ids]
+    return len(keys), float(np.mean(labels[keys])) if keys else 0.0
+
+
+def round2_table(results: dict, args) -> list:
+    lines = ["## round 2: the pool scored by round 1's checkpoint (the DFN loop; InfoNCE, %, "
+             "mean ± sd over seeds)", "",
+             "| noise | training rows | rows | swapped | " + " | ".join(METRICS) + " |",
+             "|---|---|---|---|" + "---|" * len(METRICS)]
+    for rate, got in results.items():
+        for s, (n, swapped, evs) in got.items():
+            cells = [mean_sd([e[m] for e in evs]) for m in METRICS]
+            lines.append(f"| {rate:.0%} | {s} | {n} | {swapped:.1%} | " + " | ".join(cells)
+                         + " |")
+    return lines
 
 
 def concepts_run(work: Path, name: str, rows: list, keys: list) -> tuple[str, dict]:
@@ -275,6 +338,11 @@ def main(argv=None) -> None:
     ap.add_argument("--concept-rates", type=float, nargs="*", default=[0.2],
                     help="noise rates with a concept distillation on/off pair (a run with "
                          "the teacher and concepts stages)")
+    ap.add_argument("--round2", type=float, nargs="*", default=[0.7, 0.8],
+                    help="round 2's export.keep_top_fraction values (none: no round 2)")
+    ap.add_argument("--round2-rates", type=float, nargs="*", default=[0.2, 0.4])
+    ap.add_argument("--max-rows", type=int, default=None,
+                    help="the first N training rows only (a quick check of the script)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -293,7 +361,11 @@ def main(argv=None) -> None:
         counts = {s: rows_of(work, rate, s) for s in {s for s, _ in got}}
         results[rate] = (det, got, counts)
     itm = itm_table(work, results, args)
+    r2 = {rate: round2(rate, args, work, eval_dir, log) for rate in args.round2_rates
+          if rate in results and args.round2}
     out = table(results, args, time.time() - t0) + "\n\n" + "\n".join(itm)
+    if r2:
+        out += "\n\n" + "\n".join(round2_table(r2, args))
     print(out)
     if args.write:
         write_tables(Path(args.write), out.replace("### ", "## "))

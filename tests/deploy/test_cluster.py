@@ -9,7 +9,7 @@ machine); it stops the processes carrying this cluster's marker, and checks none
 """
 from __future__ import annotations
 
-import json
+import io
 import math
 import os
 import shutil
@@ -90,51 +90,58 @@ def cluster():
         assert not left, f"processes of the cluster left after `down`: {left}"
 
 
-def test_demo_job_on_a_two_node_cluster(cluster, tmp_path):
+def test_demo_job_on_a_two_node_cluster_with_its_run_directory_in_a_bucket(s3, cluster, tmp_path):
+    """The demo job on two nodes with ``run.run_dir`` in a bucket (a real S3 HTTP API on
+    loopback; the cluster's processes get the endpoint and credentials from the standard AWS
+    environment): no shared folder for the run, every stage committed in the bucket; then
+    deploy/submit.sh resubmits it and every stage is up to date."""
     d, info = cluster
     from ray.util.state import list_jobs, list_nodes, list_tasks
+    from vlcurate.foundation import storage
     dash = info["DASHBOARD"]
     assert dash.startswith("http://127.0.0.1:")
     nodes = [n for n in list_nodes(address=dash) if n.state == "ALIVE"]
     assert sorted(n.resources_total["CPU"] for n in nodes) == [1.0, 2.0]
     assert marked(d), "the cluster's processes carry the marker"
 
-    out = tmp_path / "demo"
+    out, run_dir = tmp_path / "demo", f"{s3.bucket()}/runs/demo"
     t0 = time.time()
     job = sh(CLUSTER, "submit", d, "--", "vlcurate", "demo", "--out", out, "--n", "40",
-             "--set", "source.rows_per_part=16", timeout=900)
+             "--set", "source.rows_per_part=16", "--set", f"run.run_dir={run_dir}", timeout=900)
     took = time.time() - t0
     assert job.returncode == 0, job.stdout[-6000:]
     assert "succeeded" in job.stdout
     assert "no row lost: yes" in job.stdout
+    assert not (out / "run").exists(), "nothing of the run on local disk"
 
     # --- the outputs: summary, manifests, tables, shards --------------------------------------
-    run_dir = out / "run"
-    run = json.loads((run_dir / "run.json").read_text())
-    summary = pq.read_table(run_dir / "summary.parquet").to_pylist()
+    run = storage.read_json(f"{run_dir}/run.json")
+    summary = pq.read_table(io.BytesIO(storage.read_bytes(f"{run_dir}/summary.parquet")))
+    summary = summary.to_pylist()
     assert [r["stage"] for r in summary] == run["dag"]
     n_records = len((out / "data" / "captions.csv").read_bytes().splitlines()) - 1
     n_parts = math.ceil(n_records / 16)
     for row in summary:
-        m = json.loads((run_dir / row["stage"] / "_manifest.json").read_text())
+        m = storage.read_json(f"{run_dir}/{row['stage']}/_manifest.json")
         assert m["status"] == "complete" and m["fingerprint"] == row["fingerprint"]
         assert m["rows"] == n_records                               # co-partitioned: every row
         assert m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
         assert m["parts"] == n_parts
-        assert StageDir(str(run_dir), row["stage"]).committed() == list(range(n_parts))
-    ingest = json.loads((run_dir / "ingest" / "_manifest.json").read_text())
+        assert StageDir(run_dir, row["stage"]).committed() == list(range(n_parts))
+    ingest = storage.read_json(f"{run_dir}/ingest/_manifest.json")
     assert set(ingest["reason_counts"]) == {
         "ingest.missing_file", "ingest.truncated_image", "ingest.undecodable_image",
         "ingest.zero_byte", "ingest.empty_caption", "ingest.non_utf8_caption"}
-    ids = json.loads((run_dir / "ids" / "_manifest.json").read_text())
+    ids = storage.read_json(f"{run_dir}/ids/_manifest.json")
     assert ids["reason_counts"] == {"ingest.duplicate_id": 1}
-    export = json.loads((run_dir / "export" / "_manifest.json").read_text())
-    shards = json.loads((run_dir / "export" / "shards" / "manifest.json").read_text())
-    sizes = json.loads((run_dir / "export" / "shards" / "sizes.json").read_text())
+    export = storage.read_json(f"{run_dir}/export/_manifest.json")
+    shards = storage.read_json(f"{run_dir}/export/shards/manifest.json")
+    sizes = storage.read_json(f"{run_dir}/export/shards/sizes.json")
     assert shards["samples"] == export["rows_kept"] == sum(sizes.values()) > 0
     members = 0
     for f in shards["files"]:
-        with tarfile.open(run_dir / "export" / "shards" / f["shard"]) as tf:
+        data = storage.read_bytes(f"{run_dir}/export/shards/{f['shard']}")
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
             names = tf.getnames()
         members += len(names)
         assert {n.rsplit(".", 1)[1] for n in names} == {"jpg", "txt", "json"}
@@ -160,32 +167,3 @@ def test_demo_job_on_a_two_node_cluster(cluster, tmp_path):
     for stage in run["dag"]:
         assert f"[{stage}] up to date" in again.stdout
     print(f"demo job on the 2-node cluster: {took:.0f}s")
-
-
-def test_demo_job_with_its_run_directory_in_a_bucket(s3, cluster, tmp_path):
-    """The same two-node job with ``run.run_dir`` in a bucket (a real S3 HTTP API on
-    loopback; the cluster's processes get the endpoint and credentials from the standard AWS
-    environment): no shared folder for the run, every stage committed in the bucket."""
-    d, info = cluster
-    from ray.util.state import list_nodes, list_tasks
-    dash = info["DASHBOARD"]
-    nodes = [n for n in list_nodes(address=dash) if n.state == "ALIVE"]
-    run_dir = f"{s3.bucket()}/runs/demo"
-    job = sh(CLUSTER, "submit", d, "--", "vlcurate", "demo", "--out", tmp_path / "demo",
-             "--n", "24", "--set", "source.rows_per_part=16", "--set", f"run.run_dir={run_dir}",
-             timeout=900)
-    assert job.returncode == 0, job.stdout[-6000:]
-    assert "no row lost: yes" in job.stdout
-    from vlcurate.foundation import storage
-    run = storage.read_json(f"{run_dir}/run.json")
-    for stage in run["dag"]:
-        m = storage.read_json(f"{run_dir}/{stage}/_manifest.json")
-        assert m["status"] == "complete" and m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
-        assert StageDir(run_dir, stage).committed() == list(range(m["parts"]))
-    shards = storage.read_json(f"{run_dir}/export/shards/manifest.json")
-    export = storage.read_json(f"{run_dir}/export/_manifest.json")
-    assert shards["samples"] == export["rows_kept"] > 0
-    assert not (tmp_path / "demo" / "run").exists(), "nothing of the run on local disk"
-    tasks = list_tasks(address=dash, detail=True, limit=10000, raise_on_missing_output=False,
-                       filters=[("state", "=", "FINISHED")])
-    assert {n.node_id for n in nodes} <= {t.node_id for t in tasks}, "both nodes ran tasks"

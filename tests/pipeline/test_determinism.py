@@ -1,5 +1,6 @@
 """Resources never change a byte: the same DAG (demo-like tiny models) with three batch sizes,
-two concurrencies and both executors writes identical tables, commit records and shards."""
+two concurrencies and both executors writes identical tables, commit records and shards (export
+with keep_top_fraction: its run-wide step runs as a Ray task, its reads as Ray tasks)."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurre
                                     "run.chunk_rows": 4, "hpm.engine.chunk_rows": 10,
                                     "embed.text_batch_size": 2,
                                     "embed.image_batch_size": 2, "export.samples_per_shard": 20,
+                                    "export.keep_top_fraction": 0.6,   # a global step too
                                     **resources(batch_size, concurrency), **(gpus or {})})
     res = run(cfg, executor=executor, log=quiet)
     assert not problems(res) and [r.manifest["stage"] for r in res] == list(STAGES)
