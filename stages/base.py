@@ -238,7 +238,7 @@ class GlobalStage(Stage):
         """The global step: ``read(part)`` gives a part's still-kept rows (with ``F.PART`` and
         ``F.ROW``); ``read.map(fn, items)`` spreads work over tasks; ``read.prepared(name)``
         is an upstream global stage's state and files (a :class:`Prepared`: positives reads
-        hpm's sorted vectors so). Its result is every instance's ``state``: keep it small (big
+        hpm's sorted vectors so); ``read.narrowed(names)``, the same reader of fewer columns. Its result is every instance's ``state``: keep it small (big
         things, an index say, go as files in ``workdir``, which every worker sees; return their
         paths)."""
         raise NotImplementedError

@@ -134,6 +134,7 @@ class ExportStage(SinkStage):
     def prepare(cls, cfg: Any, read: Callable, n_parts: int, workdir: str) -> Any:
         """keep_top_fraction's exact cut over every part (stages/score_cut.py)."""
         ex = cfg.export
+        read = read.narrowed([E.CROSS_SCORE.name, F.IMAGE_GROUP.name])   # and every reason
         return cut.plan_cut(read, n_parts, ex.keep_top_fraction, ex.top_fraction_per != "run",
                             functools.partial(kept_by_policy, drop=tuple(ex.drop),
                                               min_score=ex.min_score))

@@ -4,6 +4,7 @@ Kept apart from the runner so that a worker unpickling these functions imports o
 and the stage it runs, not the whole DAG (every stage's heavy libraries)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import pyarrow as pa
 
@@ -147,6 +148,13 @@ class Upstream:
                 workdir.fetch()
                 return Prepared(pickle.loads(storage.read_bytes(uri)), workdir)
         return None
+
+    def narrowed(self, names: Iterable[str]) -> "Upstream":
+        """The same reader with only the columns ``names`` of the stage's inputs (and always
+        sample_id, the positions and, for a sink, every upstream reason)."""
+        keep = set(names)
+        cols = {u: [c for c in cs if c in keep] for u, cs in self.io.columns.items()}
+        return dataclasses.replace(self, io=dataclasses.replace(self.io, columns=cols))
 
     def __call__(self, part: int) -> pa.Table:
         t = read_inputs(self.io, part)
