@@ -21,7 +21,9 @@ import pyarrow.compute as pc
 from vlcurate.schemas import F, conform, tables
 from vlcurate.stages.arrow import spread
 from vlcurate.schemas import reasons as R
+from vlcurate.stages.images import image_pass
 
+from . import homes
 from .rundir import StageDir
 
 ACTIVE = F.ACTIVE
@@ -57,6 +59,8 @@ class PartIO:
     done: frozenset = frozenset()           # parts committed already: read (a spanning chunk's
                                             # context), never written again
     groups_from: Optional[str] = None       # a per-image stage: the stage holding image_group
+    images: Any = None                      # a per-image stage's image pass (homes.ImagesIO)
+    funnel: bool = True                     # compute every row of a kept row's image group
 
     def dir(self, stage: Optional[str] = None) -> StageDir:
         if stage is None or stage == self.stage:
@@ -177,11 +181,25 @@ def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
     table, levels = _read_ancestors(io, part, levels)
     top = MANDATORY if io.compute_on_flagged else FLAGGED
     active = np.ones(table.num_rows, bool) if io.all_rows else levels < top
-    if io.groups_from is None or io.all_rows or active.all():
+    if io.groups_from is None or io.all_rows or (io.images is None and (
+            active.all() or not io.funnel)):
         return _with_position(table, part, active, levels)
-    groups = io.dir(io.groups_from).read(part, columns=[F.IMAGE_GROUP.name]).column(0)
-    return _with_position(table, part, group_rows(groups.to_pylist(), active, levels), levels,
-                          active)
+    groups = io.dir(io.groups_from).read(part, columns=[F.IMAGE_GROUP.name]).column(0).to_pylist()
+    computed = group_rows(groups, active, levels) if io.funnel else active
+    t = _with_position(table, part, computed, levels, active)
+    return t if io.images is None else homes.attach(io, part, t, groups)
+
+
+def computed_groups(io: PartIO, part: int) -> list[str]:
+    """The distinct image groups a per-image stage computes in ``part`` (``group_rows``), in
+    order: what ``homes.plan`` reads of each part."""
+    import dataclasses
+    t = _read(dataclasses.replace(io, columns={}, preprocess=None, images=None), part, None)
+    if not t.num_rows:
+        return []
+    groups = io.dir(io.groups_from).read(part, columns=[F.IMAGE_GROUP.name]).column(0).to_pylist()
+    active = t.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+    return list(dict.fromkeys(g for g, a in zip(groups, active) if a and g is not None))
 
 
 def _committed_levels(io: PartIO, part: int) -> Optional[np.ndarray]:
@@ -251,6 +269,7 @@ class StageCall:
             self.stage = stage_cls(cfg, state, self.schema)
             self.stage.setup()
         self.wants_position, self.spans = stage_cls.wants_position, stage_cls.spans_parts
+        self.counts_images = stage_cls.image_homes
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         bounds = (spanning_chunk(batch, self.chunk_rows) if self.spans
@@ -261,11 +280,15 @@ class StageCall:
 
     def call_chunk(self, batch: pa.Table) -> pa.Table:
         active = batch.column(ACTIVE.name).to_numpy(zero_copy_only=False)
+        passes = [c for c in (F.IMAGE_HOME.name, F.IMAGE_VALUE.name) if c in batch.column_names]
         drop = [c for c in INTERNAL if not (self.wants_position and c in (F.PART.name, F.ROW.name))]
-        sub = batch.drop_columns(drop)
+        sub = batch.drop_columns(drop + passes)
         if not active.all():
             sub = sub.filter(pa.array(active))
-        out = self.stage(sub) if sub.num_rows else self.schema.empty_table()
+        home = F.IMAGE_HOME.name in passes
+        replay = homes.replay_of(batch, active) if F.IMAGE_VALUE.name in passes else None
+        with image_pass(sub.num_rows, replay, record=home) as ctx:
+            out = self.stage(sub) if sub.num_rows else self.schema.empty_table()
         if out.num_rows != sub.num_rows:
             raise RuntimeError(f"{type(self.stage).__name__} returned {out.num_rows} rows for "
                                f"{sub.num_rows}: a stage must return one row per input row")
@@ -278,6 +301,13 @@ class StageCall:
             out = scatter(out, active, batch.column(F.SAMPLE_ID.name), wanted)
         for c in INTERNAL:
             out = out.append_column(c, batch.column(c))
+        if self.counts_images:
+            computed = np.zeros(out.num_rows, np.int64)
+            computed[:1] = ctx.computed
+            out = out.append_column(F.IMAGES, pa.array(computed))
+        if home:
+            out = out.append_column(F.IMAGE_HOME, batch.column(F.IMAGE_HOME.name)).append_column(
+                F.IMAGE_VALUE, homes.values_of(batch.column(F.IMAGE_HOME.name), active, ctx))
         return out
 
 
@@ -312,9 +342,13 @@ def write_fragments(batch: pa.Table, io: PartIO) -> pa.Table:
     for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(part)]):
         frag = batch.slice(lo, hi - lo)
         p, r0, r1 = int(part[lo]), int(row[lo]), int(row[hi - 1]) + 1
+        if F.IMAGE_HOME.name in frag.column_names:
+            frag = homes.spill(frag, io.images.root, p, r0).select(
+                [c for c in (F.SAMPLE_ID.name, *INTERNAL, F.IMAGES.name) if c in frag.column_names])
         counts = fragment_counts(frag)
         rejects = rejects_of(frag, io.stage)
-        sd.write_fragment(p, r0, r1, frag.drop_columns(list(INTERNAL)), rejects)
+        data = frag.drop_columns([c for c in (*INTERNAL, F.IMAGES.name) if c in frag.column_names])
+        sd.write_fragment(p, r0, r1, data, rejects)
         records.append(json.dumps({"part": p, F.MK.ROWS: r1 - r0, "part_rows":
                                    int(frag.column(F.PART_ROWS.name)[0].as_py()), **counts,
                                    F.MK.FIRST_ROW: r0,
@@ -342,8 +376,10 @@ def fragment_counts(frag: pa.Table) -> dict:
     flagged, reasons = _flagged_active(frag)
     active = frag.column(F.WANTED.name).to_numpy(zero_copy_only=False)
     rc = Counter(r for i in np.flatnonzero(flagged) for r in reasons[i])
+    images = frag.column(F.IMAGES.name) if F.IMAGES.name in frag.column_names else None
     return {F.MK.ROWS_IN: int(active.sum()), F.MK.ROWS_KEPT: int((active & ~flagged).sum()),
-            F.MK.ROWS_REJECTED: int(flagged.sum()), F.MK.REASON_COUNTS: dict(rc)}
+            F.MK.ROWS_REJECTED: int(flagged.sum()), F.MK.REASON_COUNTS: dict(rc),
+            **({F.MK.IMAGES: int(pc.sum(images).as_py() or 0)} if images is not None else {})}
 
 
 def rejects_of(frag: pa.Table, stage: str) -> Optional[pa.Table]:
@@ -357,7 +393,7 @@ def rejects_of(frag: pa.Table, stage: str) -> Optional[pa.Table]:
     return conform(t, tables.REJECTS)
 
 
-_COUNTS = (F.MK.ROWS, F.MK.ROWS_IN, F.MK.ROWS_KEPT, F.MK.ROWS_REJECTED)
+_COUNTS = (F.MK.ROWS, F.MK.ROWS_IN, F.MK.ROWS_KEPT, F.MK.ROWS_REJECTED, F.MK.IMAGES)
 
 
 def empty_counts() -> dict:

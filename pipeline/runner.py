@@ -25,14 +25,14 @@ from vlcurate.stages.base import Kind, Stage, StageConfig
 from vlcurate.schemas import F
 
 from . import config as C
-from . import executors, guards
+from . import executors, guards, homes
 from vlcurate.foundation import storage
 from .dag import Node, ancestors, default_dag, frontier, select, topo_order
 from .executors import Work, spanning_items, work_items
 from .executors.tasks import TableReader, Upstream, Workdir, prepare_step, workdir_for
 from vlcurate.foundation.params import DEFAULT_RESOURCES, Resources
-from .parts import Committer, PartIO, add_counts, batch_rows, empty_counts, pinned_threads, \
-    write_null_part
+from .parts import Committer, PartIO, add_counts, batch_rows, computed_groups, empty_counts, \
+    pinned_threads, write_null_part
 from .rundir import StageDir, fingerprint, manifests_table, now, read_json, write_json, write_table
 from vlcurate.foundation.versions import versions
 
@@ -67,7 +67,7 @@ def resources(stage: type[Stage], config: Any) -> Resources:
 def _groups_from(stage: type[Stage], ups: tuple[str, ...], schemas: dict) -> Optional[str]:
     """A per-image stage's funnel decides per image group: the upstream stage holding the
     rows' ``image_group`` (``ids``), if it ran."""
-    if not stage.per_image:
+    if not (stage.per_image or stage.image_homes):
         return None
     return next((u for u in ups if F.IMAGE_GROUP.name in schemas.get(u, pa.schema([])).names),
                 None)
@@ -201,6 +201,7 @@ class Runner:
         self.run_dir = str(config.run.run_dir)
         self.roots = {"export": config.export.out_dir} if config.export.out_dir else {}
         self.speed = C.speed_only(self.dag)
+        self.images: dict[str, dict] = {}    # per-image stages: distinct images, home pass's count
 
     @property
     def executor(self) -> Any:
@@ -323,6 +324,10 @@ class Runner:
             raise RunError(f"[{name}] parts {missing[:10]} did not commit; rerun to resume")
         counts = [sd.part_counts(p) for p in range(n_parts)]
         info = _with_notes(self.finalize(stage, sd, counts), notes)
+        if name in self.images:
+            seen = self.images[name]
+            info["images"] = {"distinct": seen["distinct"], "computed": seen["home_pass"] + sum(
+                c.get(F.MK.IMAGES, 0) for c in counts)}
         manifest = self.manifest(name, fp, upstream, stage, counts, len(before), t0, started)
         warn = guards.warning(manifest, self.config.run.warn_reject_fraction, self.dag)
         if warn:
@@ -344,7 +349,8 @@ class Runner:
         part (one that ``spans_parts``, on its chunks' neighbours), so any redone upstream part
         redoes all of it (and so export's finalize reruns)."""
         redone = set().union(*(results[u].redone for u in ancestors(self.dag, node)))
-        if redone and (node.stage.has_prepare(self.view(node.stage)) or node.stage.spans_parts):
+        if redone and (node.stage.has_prepare(self.view(node.stage)) or node.stage.spans_parts
+                       or (node.stage.image_homes and homes.spanned(sd.uri("_homes")))):
             return set(range(n_parts))
         return {p for p in redone if p < n_parts} | set(sd.damaged(n_parts))
 
@@ -372,7 +378,7 @@ class Runner:
                     source_cfg=view if source else None,
                     read_source=stage.read_part if source else None,
                     preprocess=functools.partial(stage.preprocess, view),
-                    groups_from=_groups_from(stage, ups, schemas))
+                    groups_from=_groups_from(stage, ups, schemas), funnel=stage.per_image)
         return io, schemas
 
     def compute(self, node: Node, sd: StageDir, n_parts: int, pending: list[int],
@@ -395,6 +401,7 @@ class Runner:
             committer.finish(pending, out_schema)
             return
         state, state_uri = self.global_step(node, sd, io, n_parts, res)
+        io = self.image_homes(node, sd, io, n_parts, pending, res, rows, out_schema)
         io, items = self.items(node, io, n_parts, pending, rows, specs is None)
         work = Work(io, stage, view, state, state_uri,
                     self.workdir(sd) if stage.kind == Kind.GLOBAL else None, res,
@@ -406,6 +413,37 @@ class Runner:
             committer.finish(pending, out_schema)
         finally:
             bar.close()
+
+    def image_homes(self, node: Node, sd: StageDir, io: PartIO, n_parts: int, pending: list[int],
+                    res: Resources, rows: int, schema: pa.Schema) -> PartIO:
+        """A per-image stage's plan and home pass (``homes.py``): each image whose rows lie in
+        several parts computed once, in its home part; the io of the stage's pass replays it."""
+        if io.groups_from is None or not node.stage.image_homes:
+            return io
+        root = sd.uri("_homes")
+        if len(pending) == n_parts:          # nothing of this attempt to resume
+            storage.delete(root)
+        distinct, spanning = homes.plan(functools.partial(computed_groups, io), n_parts,
+                                        self.executor.map, root)
+        self.images[node.name] = {"distinct": distinct, "home_pass": 0}
+        if not spanning:
+            return io
+        scratch = StageDir(self.run_dir, node.name, root)
+        scratch.begin({F.MK.FINGERPRINT: (sd.attempt() or {}).get(F.MK.FINGERPRINT)})
+        todo = sorted(set(homes.home_parts(root, n_parts)) - set(scratch.committed()))
+        self.log(f"[{node.name}] {spanning} of {distinct} images have rows in several parts: "
+                 f"each computed once, in the first ({len(todo)} home parts to compute)")
+        if todo:
+            hio = dataclasses.replace(io, stage_root=root, images=homes.ImagesIO("home", root))
+            sizes = {p: self.stage_dir(io.ancestors[0]).part_counts(p)[F.MK.ROWS] for p in todo}
+            work = Work(hio, node.stage, self.view(node.stage), None, None, None, res,
+                        work_items(todo, sizes, rows), None, schema)
+            committer = Committer(scratch)
+            self.executor.parts(work, committer)
+            committer.finish(todo, schema)
+        self.images[node.name]["home_pass"] = sum(scratch.part_counts(p).get(F.MK.IMAGES, 0)
+                                                  for p in homes.home_parts(root, n_parts))
+        return dataclasses.replace(io, images=homes.ImagesIO("replay", root))
 
     def items(self, node: Node, io: PartIO, n_parts: int, pending: list[int], rows: int,
               sized: bool) -> tuple[PartIO, list]:

@@ -59,6 +59,13 @@ def _second_count(results: list) -> list[str]:
     return [said + ")"]
 
 
+def _images(results: list) -> list[str]:
+    """Each per-image stage's images computed against the distinct images it had to compute."""
+    said = [f"{r.manifest['stage']} {n['computed']:,} of {n['distinct']:,}" for r in results
+            if isinstance(r.info, dict) and (n := r.info.get("images"))]
+    return [f"  (images computed, of the distinct images: {'; '.join(said)})"] if said else []
+
+
 def format_summary(results: Iterable) -> str:
     rows = [("stage", "status", "parts", "rows", "in", "kept", "rejected", "wall", "top reasons")]
     results = list(results)
@@ -79,6 +86,6 @@ def format_summary(results: Iterable) -> str:
     bad = problems(results)
     lines.append("rows in = rows kept + rows rejected for every stage, no row lost: "
                  + ("yes" if not bad else "NO (a bug: please report it)"))
-    lines += _second_count(results)
+    lines += _second_count(results) + _images(results)
     lines += [f"  ! {p}" for p in bad]
     return "\n".join(lines)

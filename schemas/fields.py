@@ -80,6 +80,12 @@ WANTED = pa.field("_wanted", pa.bool_(), nullable=False)
 # how far a row is flagged after the stages so far (pipeline/parts.py): 0 kept, 1 flagged, 2
 # flagged by a mandatory (ingest) reason; committed per part in each stage's commit record
 FLAG_LEVEL = pa.field("_flag_level", pa.int8(), nullable=False)
+# a per-image stage's image passes (pipeline/homes.py): the row's image group when its part is
+# the group's home (the home pass), the results its home computed for it (pickled), and the
+# distinct images a call computed (on its first row)
+IMAGE_HOME = pa.field("_image_home", pa.string())
+IMAGE_VALUE = pa.field("_image_value", pa.binary())
+IMAGES = pa.field("_images", pa.int64(), nullable=False)
 KEEP = pa.field("keep", pa.bool_(), nullable=False, metadata={"doc": "export decision under the policy"})
 ALL_REASONS = pa.field("all_reasons", pa.list_(pa.string()), nullable=False,
                        metadata={"doc": "every reason code any stage flagged the row with"})
@@ -125,6 +131,7 @@ class MK:
     FINGERPRINT = M_FINGERPRINT.name
     FLAG_LEVELS = "flag_levels"     # a commit record's rows' flag levels (zlib, base64)
     FIRST_ROW = "first_row"         # a fragment record's first row in its part
+    IMAGES = "images"               # distinct images a per-image stage computed in the part
 
 # --- shard manifest ----------------------------------------------------------------------------
 SH_NAME = pa.field("shard", pa.string(), nullable=False)

@@ -39,7 +39,7 @@ in ``reasons``; it never drops rows.
 from __future__ import annotations
 
 import enum
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -49,6 +49,8 @@ import pyarrow as pa
 
 from vlcurate.foundation.params import Params, Resources
 from vlcurate.schemas import F
+
+from .images import COMPUTED, once_per_image  # noqa: F401 - the stages' import
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,10 @@ class Stage:
     # kept (within a part), so every caption of that image gets it; the stage's reasons still
     # count only on the rows still kept
     per_image: ClassVar[bool] = False
+    # it computes per image through once_per_image (stages/images.py), on F.IMAGE: an image
+    # whose rows lie in several parts is computed once in the run, in the first of them
+    # (pipeline/homes.py), and the run counts the images it computed
+    image_homes: ClassVar[bool] = False
 
     # --- what the preflight and the guards know of the stage (pipeline/preflight.py, guards.py)
     # the models setup() loads, each (config key, model family, what messages call it): the
@@ -306,36 +312,3 @@ def decoded_batches(images: Sequence[bytes], decode: Callable[[bytes], Any], bat
             batch = [ahead.popleft().result() for _ in range(min(batch_size, len(images) - lo))]
             ahead.extend(pool.submit(decode, b) for b in islice(rest, batch_size))
             yield lo, batch
-
-
-# distinct images each stage class computed in this process (the key: the class that called
-# once_per_image): how the per-image stages' calls per image are counted (bench_groups.py)
-COMPUTED: Counter = Counter()
-
-
-def once_per_image(images: Sequence[bytes], compute: Callable[[list[bytes]], list],
-                   cache: Any = None, hashes: Optional[Sequence[str]] = None) -> list:
-    """``compute`` on each distinct image once, fanned back out to every row that shows it: the
-    rows of an image with several captions (COCO and Flickr give five) share one OCR pass, one
-    embedding, one set of recaptions. Rows are grouped by their bytes (equal bytes, equal
-    ``image_hash``), in order of first appearance, so the result depends only on the batch.
-    With a ``cache`` (``stages/cache.py``) and the rows' ``hashes``, images it holds are not
-    computed at all."""
-    from .cache import cached
-    if cache is not None and (hashes is None or len(hashes) != len(images)):
-        raise ValueError("once_per_image: a cache needs every row's image hash")
-    index: dict[bytes, int] = {}
-    first = [index.setdefault(b, len(index)) for b in images]
-    distinct = list(index)
-    keys = [""] * len(distinct)
-    for b, h in zip(images, hashes or ()):
-        keys[index[b]] = h
-    counter = getattr(compute, "__qualname__", "").split(".")[0]
-
-    def counted(todo: list[int]) -> list:
-        COMPUTED[counter] += len(todo)
-        return compute([distinct[i] for i in todo])
-    results = cached(cache, keys, counted)
-    if len(results) != len(index):
-        raise RuntimeError(f"{len(results)} results for {len(index)} distinct images")
-    return [results[i] for i in first]

@@ -14,6 +14,7 @@ from vlcurate.schemas import F, conform
 from vlcurate.schemas import cat as S
 from vlcurate.schemas import reasons as R
 from vlcurate.stages.base import Finding, MapStage, Resources, once_per_image, opened
+from vlcurate.stages.images import count_again, recording
 from vlcurate.foundation.versions import installed
 from vlcurate.stages.cache import ImageCache
 
@@ -124,6 +125,7 @@ class TextSpotStage(MapStage):
     output = S.TEXTSPOT
     resources = Resources(num_cpus=1, batch_size=64)
     on_actors = True
+    image_homes = True
     expected_reject = 0.30    # text in the image that repeats the caption
     knobs = {R.CAT_TEXT_SPOTTED: "textspot.min_chars / textspot.min_conf"}
 
@@ -172,7 +174,9 @@ class TextSpotStage(MapStage):
             wanted.setdefault(b, []).append(cap)
 
         def read(ims: list) -> list:
-            return list(zip(*T.spot_all(self.ocr, ims, c.max_side, [wanted[b] for b in ims])))
+            # the home pass reads for the image's rows in every part: no early stop
+            caps = None if recording() else [wanted[b] for b in ims]
+            return list(zip(*T.spot_all(self.ocr, ims, c.max_side, caps)))
         pairs = once_per_image(images, read, self.cache,
                                batch.column(F.IMAGE_HASH.name).to_pylist())
         spots, errors = self._seen(images, caps, pairs, read)
@@ -206,6 +210,7 @@ class TextSpotStage(MapStage):
         todo = list(dict.fromkeys(b for b, s, p in zip(images, seen, pairs)
                                   if s is None and p[0] is not None))
         again = dict(zip(todo, read(todo))) if todo else {}
+        count_again(type(self).__name__, len(todo))
         for i, b in enumerate(images):
             if b in again:
                 pairs[i] = again[b]

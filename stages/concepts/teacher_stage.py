@@ -39,6 +39,7 @@ class TeacherStage(MapStage):
     name = "teacher"
     version = "2"                         # every caption of a kept image (per_image)
     per_image = True
+    image_homes = True
     Params = TeacherParams
     speed_only = ("decode_threads",)
     reads = ("concepts.teacher", "concepts.teacher_batch_size")

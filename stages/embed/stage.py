@@ -60,6 +60,7 @@ class EmbedStage(MapStage):
     name = "embed"
     version = "4"                     # the cross-modal score column
     per_image = True
+    image_homes = True
     Params = EmbedParams
     speed_only = ("decode", "decode_threads")   # where / how many threads decode (same pixels)
     inputs = {"ingest": (F.IMAGE, F.CAPTION)}

@@ -54,6 +54,7 @@ class RecaptionStage(MapStage):
     name = "recaption"
     version = "2"                       # every caption of a kept image (per_image)
     per_image = True
+    image_homes = True
     Params = RecaptionParams
     inputs = {"ingest": (F.IMAGE,)}
     output = R.RECAPTION
