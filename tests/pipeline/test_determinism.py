@@ -11,6 +11,7 @@ import pytest
 
 from tests.pipeline.test_runner import cfg_for, quiet
 from vlcurate.foundation import storage
+from vlcurate.pipeline import homes
 from vlcurate.pipeline.demo import make_demo
 from vlcurate.pipeline.rundir import KINDS, StageDir, without_attempt
 from vlcurate.pipeline.runner import run
@@ -23,7 +24,13 @@ VOLATILE = {"run.json", "summary.parquet", "_manifest.json", "_info.json", "_sta
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return make_demo(tmp_path_factory.mktemp("det") / "data", n=60, seed=3)
+    """The demo, plus a second caption for six images of the first part in the last part: their
+    per-image work goes through the image pass (pipeline/homes.py)."""
+    out = make_demo(tmp_path_factory.mktemp("det") / "data", n=60, seed=3)
+    with open(out / "captions.csv", "ab") as fh:
+        for i in range(0, 12, 2):
+            fh.write(f"again-{i},img_{i:05d}.jpg,a second caption of picture {i}\n".encode())
+    return out
 
 
 def resources(batch_size: int, concurrency=None) -> dict:
@@ -47,6 +54,9 @@ def run_once(data: Path, run_dir: Path, executor: str, batch_size: int, concurre
                                     **resources(batch_size, concurrency), **(gpus or {})})
     res = run(cfg, executor=executor, log=quiet)
     assert not problems(res) and [r.manifest["stage"] for r in res] == list(STAGES)
+    embed = next(r for r in res if r.manifest["stage"] == "embed")
+    assert homes.spanned(StageDir(str(run_dir), "embed").uri("_homes"))
+    assert embed.info["images"]["computed"] == embed.info["images"]["distinct"]
     return snapshot(run_dir)
 
 
@@ -60,7 +70,7 @@ def snapshot(run_dir) -> dict:
     for info in storage.list_files(str(run_dir)):
         rel = info.path[len(root) + 1:]
         bits = rel.split("/")
-        if info.base_name in VOLATILE or "_prepare" in bits:
+        if info.base_name in VOLATILE or "_prepare" in bits or "_homes" in bits:
             continue
         uri = storage.join(str(run_dir), rel)
         if len(bits) == 4 and bits[1] in KINDS:          # <stage>/<kind>/part-N/<file>
