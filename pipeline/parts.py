@@ -11,7 +11,7 @@ import json
 import sys
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -193,8 +193,7 @@ def _read(io: PartIO, part: int, spec: Optional[dict]) -> pa.Table:
 def computed_groups(io: PartIO, part: int) -> list[str]:
     """The distinct image groups a per-image stage computes in ``part`` (``group_rows``), in
     order: what ``homes.plan`` reads of each part."""
-    import dataclasses
-    t = _read(dataclasses.replace(io, columns={}, preprocess=None, images=None), part, None)
+    t = _read(replace(io, columns={}, preprocess=None, images=None), part, None)
     if not t.num_rows:
         return []
     groups = io.dir(io.groups_from).read(part, columns=[F.IMAGE_GROUP.name]).column(0).to_pylist()
