@@ -1,7 +1,7 @@
 """Per-image work once per distinct image across parts (pipeline/homes.py), through the real
 runner: a shuffled source with three captions per image (as img2dataset users have it: every
-image's rows in several parts) runs text spotting, the embeddings, the recaptioner and the
-teacher; each computes each distinct image once in the run (counted where it computes and in
+image's rows in several parts) runs the full DAG; text spotting, the embeddings, the recaptioner
+and the teacher: each computes each distinct image once in the run (counted where it computes and in
 the summary), every row of an image carries that one result, and the outputs do not depend on
 the parts, the batch size or an interrupted attempt."""
 from __future__ import annotations
@@ -47,6 +47,11 @@ def _cfg(data, run_dir, **over):
     return cfg_for(data, run_dir, **{"run.stages": STAGES, "source.rows_per_part": 7, **over})
 
 
+def _full_dag(data, run_dir):
+    """Every stage of the default DAG (cat before text spotting, dedup, concepts, export)."""
+    return cfg_for(data, run_dir, **{"source.rows_per_part": 7, "hpm.k": 1})
+
+
 def _table(run_dir, stage) -> pa.Table:
     sd = StageDir(str(run_dir), stage)
     return pa.concat_tables([sd.read(p) for p in range(sd.manifest()["parts"])]) \
@@ -62,7 +67,7 @@ def _groups(run_dir) -> dict[str, str]:
 def test_each_image_is_computed_once_in_the_run_whatever_its_parts(shuffled, tmp_path):
     data, n_images = shuffled
     before = dict(images.COMPUTED)
-    results = by_stage(run(_cfg(data, tmp_path / "run"), executor="local", log=quiet))
+    results = by_stage(run(_full_dag(data, tmp_path / "run"), executor="local", log=quiet))
     assert not problems(list(results.values()))
     groups = _groups(tmp_path / "run")
     parts_of: dict[str, set] = {}
@@ -72,13 +77,14 @@ def test_each_image_is_computed_once_in_the_run_whatever_its_parts(shuffled, tmp
             parts_of.setdefault(g, set()).add(p)
     assert sum(len(v) > 1 for v in parts_of.values()) >= n_images - 2   # the source is shuffled
     said = {stage: results[stage].info["images"] for stage in STAGES[1:]}
-    assert said["textspot"]["distinct"] == n_images     # after it, images text spotting dropped
-    assert all(n_images - 3 <= n["distinct"] <= n_images for n in said.values())
+    # the images with a caption still kept before each stage (cat drops most demo captions)
+    assert all(5 <= n["distinct"] <= said["textspot"]["distinct"] for n in said.values()), said
     for stage, n in said.items():                  # what the run says
         assert n["computed"] == n["distinct"], (stage, n)
     for stage, counter in COUNTED.items():         # where each stage computes
         assert images.COMPUTED[counter] - before.get(counter, 0) == said[stage]["distinct"], stage
-    assert f"textspot {n_images} of {n_images}" in format_summary(list(results.values()))
+    n = said["textspot"]["distinct"]
+    assert f"textspot {n} of {n}" in format_summary(list(results.values()))
     # every row of an image carries the one result: the same bytes in every part
     emb = _table(tmp_path / "run", "embed")
     by_group: dict[str, set] = {}
