@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tests.pipeline.test_runner import by_stage, cfg_for, quiet
+from vlcurate.foundation import storage
 from vlcurate.pipeline.rundir import StageDir
 from vlcurate.pipeline.runner import run
 from vlcurate.pipeline.summary import format_summary, problems
@@ -99,34 +100,28 @@ def test_each_image_is_computed_once_in_the_run_whatever_its_parts(shuffled, tmp
 
 
 def test_the_image_pass_changes_no_byte_with_batch_size_or_a_resume(shuffled, tmp_path):
+    """The same tables with another batch size and after an interrupted attempt; text
+    spotting's rows (their image and caption only: textspot.seen_by) as with every caption in
+    one part, the home pass reading whole images."""
     data, _ = shuffled
     run(_cfg(data, tmp_path / "a"), executor="local", log=quiet)
     small = {f"{s}.resources": {"batch_size": 3} for s in ("textspot", "embed", "teacher")}
     run(_cfg(data, tmp_path / "b", **small), executor="local", log=quiet)
     for stage in STAGES[1:]:
         assert _table(tmp_path / "a", stage).equals(_table(tmp_path / "b", stage)), stage
+    run(_cfg(data, tmp_path / "one", **{"source.rows_per_part": 1000}), executor="local",
+        log=quiet)
+    cols = [F.SAMPLE_ID.name, "ocr_match", "ocr_match_chars", F.REASONS.name]
+    spotted = _table(tmp_path / "a", "textspot").select(cols)
+    assert spotted.equals(_table(tmp_path / "one", "textspot").select(cols))
+    assert any(spotted.column(F.REASONS.name).to_pylist()), "no row text-spotted: shows nothing"
     # an interrupted attempt: embed's committed parts and its home pass kept, the rest redone
     sd = StageDir(str(tmp_path / "b"), "embed")
     m = sd.manifest()
     sd.uncommit([1, 3])
     sd.write_json("_attempt.json", {F.MK.FINGERPRINT: m[F.MK.FINGERPRINT], "parts": m["parts"],
                                     F.MK.STARTED: m[F.MK.STARTED]})
-    storage_manifest = sd.manifest_path
-    from vlcurate.foundation import storage
-    storage.delete(storage_manifest)
+    storage.delete(sd.manifest_path)
     res = by_stage(run(_cfg(data, tmp_path / "b", **small), executor="local", log=quiet))
     assert res["embed"].status == "resumed"
     assert _table(tmp_path / "a", "embed").equals(_table(tmp_path / "b", "embed"))
-
-
-def test_text_spotting_decides_as_with_every_caption_in_one_part(shuffled, tmp_path):
-    """Text spotting's rows depend on their image and caption only (textspot.seen_by): split
-    over parts, with the home pass reading whole images, each row is what one part gives."""
-    data, _ = shuffled
-    run(_cfg(data, tmp_path / "parts"), executor="local", log=quiet)
-    run(_cfg(data, tmp_path / "one", **{"source.rows_per_part": 1000}), executor="local",
-        log=quiet)
-    cols = [F.SAMPLE_ID.name, "ocr_match", "ocr_match_chars", F.REASONS.name]
-    a, b = (_table(tmp_path / d, "textspot").select(cols) for d in ("parts", "one"))
-    assert a.equals(b)
-    assert any(a.column(F.REASONS.name).to_pylist()), "no row text-spotted: the test shows nothing"
