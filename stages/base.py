@@ -291,10 +291,6 @@ def reasons_array(per_row: list[list[str]]) -> pa.Array:
     return pa.array(per_row, type=F.REASONS.type)
 
 
-def passthrough_ids(batch: pa.Table) -> pa.Array:
-    return batch.column(F.SAMPLE_ID.name)
-
-
 def decoded_batches(images: Sequence[bytes], decode: Callable[[bytes], Any], batch_size: int,
                     threads: int = 0) -> Iterator[tuple[int, list]]:
     """(offset, decoded batch) in order. With ``threads`` > 0 a pool decodes up to two batches
