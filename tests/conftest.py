@@ -21,10 +21,11 @@ def shared_data(sub: str) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole test session (ray.init takes ~2 s)."""
+    """One local Ray for the whole test session (ray.init takes ~2 s), with one logical GPU:
+    stages asking for GPUs get scheduled (with no device they run on the CPU)."""
     import ray
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

@@ -25,7 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from vlcurate.pipeline.dag import default_dag
 from vlcurate.pipeline.rundir import StageDir
+from vlcurate.schemas import F
+from vlcurate.schemas import recaption as R
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "deploy" / "local_cluster.sh"
@@ -128,7 +131,20 @@ def test_demo_job_on_a_two_node_cluster_with_its_run_directory_in_a_bucket(s3, c
         assert m["rows_in"] == m["rows_kept"] + m["rows_rejected"]
         assert m["parts"] == n_parts
         assert StageDir(run_dir, row["stage"]).committed() == list(range(n_parts))
-    ingest = storage.read_json(f"{run_dir}/ingest/_manifest.json")
+    m = {row["stage"]: storage.read_json(f"{run_dir}/{row['stage']}/_manifest.json")
+         for row in summary}
+    assert list(m) == [n.name for n in default_dag()]       # every stage, in the DAG's order
+    assert m["embed"]["rows_in"] == m["textspot"]["rows_kept"] == m["hpm"]["rows_in"]
+    assert m["recaption"]["rows_in"] == m["positives"]["rows_kept"] == m["hpm"]["rows_kept"]
+    assert m["dedup"]["rows_in"] == m["positives"]["rows_kept"]
+    # the teacher runs beside dedup, so a twin dedup flags still gets its concept targets
+    assert m["concepts"]["rows_in"] == m["teacher"]["rows_in"] == m["dedup"]["rows_in"]
+    assert m["export"]["rows_kept"] == m["dedup"]["rows_kept"]
+    ann = StageDir(run_dir, "export").read_all([F.KEEP.name, R.RECAPTIONS.name])
+    kept = ann.filter(ann.column(F.KEEP.name))
+    assert kept.num_rows == m["export"]["rows_kept"] > 0
+    assert all(len(r) == 5 for r in kept.column(R.RECAPTIONS.name).to_pylist())   # BLIP-2's 5 beams
+    ingest = m["ingest"]
     assert set(ingest["reason_counts"]) == {
         "ingest.missing_file", "ingest.truncated_image", "ingest.undecodable_image",
         "ingest.zero_byte", "ingest.empty_caption", "ingest.non_utf8_caption"}

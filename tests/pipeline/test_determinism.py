@@ -1,6 +1,7 @@
 """Resources never change a byte: the same DAG (demo-like tiny models) with three batch sizes,
-two concurrencies and both executors writes identical tables, commit records and shards (export
-with keep_top_fraction: its run-wide step runs as a Ray task, its reads as Ray tasks)."""
+an actor pool, stages asking for GPUs and both executors writes identical tables, commit records
+and shards (export with keep_top_fraction: its run-wide step runs as a Ray task, its reads as Ray
+tasks)."""
 from __future__ import annotations
 
 import json
@@ -105,18 +106,23 @@ def reference(data, tmp_path_factory):
     return ref
 
 
-# (executor, resources.batch_size, embed's actor-pool size)
-VARIANTS = {"local-3": ("local", 3, None), "local-10": ("local", 10, None),
-            "ray-3": ("ray", 3, None), "ray-10": ("ray", 10, 1)}
+# Half a GPU for a stage in tasks (ids) and one on an actor pool (embed): on the session's Ray,
+# which has one logical GPU (tests/conftest.py; no device, so the models run on the CPU), they go
+# through Ray Data's public map_batches, which wants an int batch size when GPUs are asked for.
+HALF_GPU = {f"{s}.resources.num_gpus": 0.5 for s in ("ids", "embed")}
+# (executor, resources.batch_size, embed's actor-pool size, GPUs asked for)
+VARIANTS = {"local-3": ("local", 3, None, None), "local-10": ("local", 10, None, None),
+            "ray-3-gpus": ("ray", 3, 1, HALF_GPU)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_outputs_are_identical_whatever_the_resources(variant, data, reference, tmp_path, request):
-    executor, bs, conc = VARIANTS[variant]
+    executor, bs, conc, gpus = VARIANTS[variant]
     if executor == "ray":
         request.getfixturevalue("ray_local")
-    assert differing(run_once(data, tmp_path / "run", executor, bs, conc), reference) == []
+    got = run_once(data, tmp_path / "run", executor, bs, conc, gpus)
+    assert differing(got, reference) == []
     assert went_through_homes(tmp_path / "run")
 
 

@@ -20,7 +20,6 @@ import yaml
 
 from tests.conftest import shared_data
 from vlcurate.pipeline import config as C
-from vlcurate.pipeline.dag import default_dag
 from vlcurate.pipeline.demo import DEMO_MODELS, demo_overrides, make_demo
 from vlcurate.pipeline.rundir import StageDir
 from vlcurate.pipeline.runner import run
@@ -117,27 +116,6 @@ def test_open_clip_loader_reads_the_shards(tmp_path):
     assert n == info.dataloader.num_batches * 5
 
 
-def test_every_stage_of_the_dag_runs_on_ray(ray_local, tmp_path):
-    """The whole default DAG (CAT, OCR, embed, BLIP-2, concepts) on actor pools, on a small demo."""
-    data = make_demo(tmp_path / "data", n=24, seed=7)
-    cfg = C.load(None, {**demo_overrides(data, tmp_path / "run"), "run.progress": False,
-                        "source.rows_per_part": 16})
-    res = run(cfg, executor="ray", log=lambda _: None)
-    assert not problems(res)
-    m = {r.manifest["stage"]: r.manifest for r in res}
-    assert list(m) == [n.name for n in default_dag()]       # every stage, in the DAG's order
-    assert m["embed"]["rows_in"] == m["textspot"]["rows_kept"] == m["hpm"]["rows_in"]
-    assert m["recaption"]["rows_in"] == m["positives"]["rows_kept"] == m["hpm"]["rows_kept"]
-    assert m["dedup"]["rows_in"] == m["positives"]["rows_kept"]
-    # the teacher runs beside dedup, so a twin dedup flags still gets its concept targets
-    assert m["concepts"]["rows_in"] == m["teacher"]["rows_in"] == m["dedup"]["rows_in"]
-    assert m["export"]["rows_kept"] == m["dedup"]["rows_kept"]
-    ann = table(tmp_path / "run" / "export" / "data")
-    kept = ann.filter(ann.column(F.KEEP.name))
-    assert kept.num_rows == m["export"]["rows_kept"] > 0
-    assert all(len(r) == 5 for r in kept.column("recaptions").to_pylist())
-
-
 def _committed(stage_dir: Path) -> list[Path]:
     """The folders of the committed parts (those with a commit record)."""
     sd = StageDir(stage_dir.parent, stage_dir.name)
@@ -185,32 +163,6 @@ def test_killed_mid_stage_resumes_without_redoing_committed_parts(tmp_path):
         assert table(tmp_path / "run" / stage / "data").equals(table(tmp_path / "clean" / stage / "data"))
     for s in (tmp_path / "clean" / "export" / "shards").glob("*.tar"):
         assert s.read_bytes() == (tmp_path / "run" / "export" / "shards" / s.name).read_bytes()
-
-
-GPU_RUN = """
-import ray
-from tests.pipeline.test_determinism import differing, run_once
-from vlcurate.pipeline.demo import make_demo
-ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="WARNING")
-root = __import__("pathlib").Path({root!r})
-data = make_demo(root / "data", n=60, seed=3)
-gpus = {{f"{{s}}.resources.num_gpus": 0.5 for s in ("ids", "embed")}}
-on_gpus = run_once(data, root / "ray", "ray", 3, gpus=gpus)
-print("differing:", differing(on_gpus, run_once(data, root / "local", "local", 0)))
-"""
-
-
-def test_stages_asking_for_gpus_run_on_ray_with_the_same_bytes(tmp_path):
-    """A stage asking for GPUs, on an actor pool (embed) and in tasks (ids), goes through Ray
-    Data's public map_batches (which wants an int batch size with GPUs) and writes what the
-    local executor writes. Ray here has one logical GPU (no device: the models run on CPU),
-    in a process of its own, as the session's Ray has none."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "-c", GPU_RUN.format(root=str(tmp_path))], env=env,
-                         capture_output=True, text=True, timeout=900,
-                         cwd=Path(__file__).resolve().parents[2])
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "differing: []" in out.stdout, out.stdout[-3000:]
 
 
 def test_gpu_stages_run_on_ray(ray_local, cuda, tmp_path):
