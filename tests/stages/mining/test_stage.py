@@ -595,3 +595,47 @@ def test_positives_on_another_node_fetch_hpms_vectors_from_the_bucket(source, tm
     got = pa.concat_tables(StageDir(remote, "positives").read(p) for p in range(res[-1]
                                                                               .manifest["parts"]))
     assert got.equals(table(local, "positives"))
+
+
+CAL_N = 640
+CAL_IMG, CAL_TXT = pairs(CAL_N, D, seed=4, spread=0.5, n_clusters=12)
+
+
+class CalEmbed(FakeEmbed):
+    vectors = {f"calibrate {i}": (CAL_IMG[i], CAL_TXT[i]) for i in range(CAL_N)}
+
+
+@pytest.fixture(scope="module")
+def cal_source(tmp_path_factory) -> Path:
+    return corpus.folder(tmp_path_factory.mktemp("cal_src"),
+                         [(f"c{i:03d}.jpg", c) for i, c in enumerate(CalEmbed.vectors)])
+
+
+def test_the_stage_calibrates_its_probe_to_hpm_engine_recall(cal_source, tmp_path):
+    """engine.probe null on a partial pass (80 clusters, more than pass_io.AUTO's 60): hpm's global
+    step calibrates the probe (calibrate.py) to hpm.engine.recall; the run summary says which
+    probe, a higher recall asks for more clusters, and the hard pairs reach the recall."""
+    small = [Node(IngestStage), Node(CalEmbed, after=("ingest",)), Node(HpmStage, after=("embed",))]
+    exact = hpm.exact_hpm(CAL_IMG, CAL_TXT, K, 0.3, 0.3, 0.98)
+    got = {}
+    for recall in (0.8, 0.99):
+        over = {"source.rows_per_part": 320, "hpm.method": "blocks", "hpm.engine.clusters": 80,
+                "hpm.engine.recall": recall}
+        res = run(cfg(cal_source, tmp_path / str(recall), **over), small, executor="local",
+                  log=quiet)
+        info = {r.manifest["stage"]: r.info for r in res}["hpm"]
+        assert info["clusters"] == 80 and 1 <= info["probe"] < 60, info
+        rows = table(tmp_path / str(recall), "hpm").to_pylist()
+        at = {f"calibrate {i}": i for i in range(CAL_N)}
+        caps = table(tmp_path / str(recall), "ingest").column(F.CAPTION.name).to_pylist()
+        ids = table(tmp_path / str(recall), "ingest").column(F.SAMPLE_ID.name).to_pylist()
+        row_of = {s: at[c] for s, c in zip(ids, caps)}
+        found = want = 0
+        for r in rows:
+            i = row_of[r[F.SAMPLE_ID.name]]
+            truth = {j for j in exact.idx[i] if j >= 0} if not exact.noise[i] else set()
+            found += len(truth & {row_of[s] for s in r[M.HARD_IDS.name] or []})
+            want += len(truth)
+        got[recall] = (info["probe"], found / want)
+    assert got[0.8][0] < got[0.99][0], got
+    assert got[0.8][1] >= 0.8 - 0.05 and got[0.99][1] >= 0.99 - 0.02, got
