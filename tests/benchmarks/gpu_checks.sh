@@ -20,6 +20,7 @@ timeout 240 $py -m pytest -q -p no:cacheprovider -k "cuda or gpu" \
     tests/stages/mining/test_hpm.py tests/stages/mining/test_stage.py \
     tests/stages/mining/test_spaces.py \
     tests/trainer/test_losses.py tests/stages/test_embed.py tests/pipeline/test_ray.py \
+    tests/pipeline/test_determinism.py \
     2>&1 | tee "$out/tests.txt"
 timeout 450 $py tests/benchmarks/bench_mining.py --device cuda --set synth --n 1000000 \
     --targets 200000 --chunk 8192 --precisions fp32 bf16 int8 --ks 10 50 100 2>&1 | tee "$out/mining.txt"
