@@ -626,10 +626,9 @@ def test_the_stage_calibrates_its_probe_to_hpm_engine_recall(cal_source, tmp_pat
         info = {r.manifest["stage"]: r.info for r in res}["hpm"]
         assert info["clusters"] == 80 and 1 <= info["probe"] < 60, info
         rows = table(tmp_path / str(recall), "hpm").to_pylist()
-        at = {f"calibrate {i}": i for i in range(CAL_N)}
-        caps = table(tmp_path / str(recall), "ingest").column(F.CAPTION.name).to_pylist()
-        ids = table(tmp_path / str(recall), "ingest").column(F.SAMPLE_ID.name).to_pylist()
-        row_of = {s: at[c] for s, c in zip(ids, caps)}
+        ingest = table(tmp_path / str(recall), "ingest").to_pydict()
+        row_of = {s: int(c.split()[-1])        # sample id -> row of CAL_IMG ("calibrate i")
+                  for s, c in zip(ingest[F.SAMPLE_ID.name], ingest[F.CAPTION.name])}
         found = want = 0
         for r in rows:
             i = row_of[r[F.SAMPLE_ID.name]]
